@@ -1,0 +1,138 @@
+"""Shared benchmark harness: the cell grid, the row record and the timer.
+
+Imported by every peer, including ``torchrl_peer.py`` which runs in a separate venv with another torch
+release, so this module depends on the standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+FLOAT32_BYTES = 4
+FULL_CAPACITY = 100_000
+LARGE_DIM = 4096
+LARGE_DIM_CAPACITY = 8192
+ALPHA = 0.6
+BETA = 0.4
+
+
+def capacity_for(dim: int) -> int:
+    """Buffer capacity used by every system for a cell of transition size ``dim`` (float32 values)."""
+    return FULL_CAPACITY if dim < LARGE_DIM else LARGE_DIM_CAPACITY
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured configuration; the same cell is run by each system."""
+
+    op: str  # "insert" | "sample"
+    sampler: str  # "uniform" | "prioritized"
+    batch: int
+    dim: int
+    capacity: int
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes moved by one call: ``batch`` rows of ``dim`` float32 values."""
+        return self.batch * self.dim * FLOAT32_BYTES
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-able) form."""
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Cell:
+        """Inverse of :meth:`to_dict`."""
+        return Cell(**{k: d[k] for k in ("op", "sampler", "batch", "dim", "capacity")})
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to time each cell: ``rounds`` rounds of at least ``min_time / rounds`` seconds each."""
+
+    min_time: float = 0.2
+    rounds: int = 5
+    warmup: int = 3
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-able) form."""
+        return dataclasses.asdict(self)
+
+
+def make_grid(batches: Iterable[int], dims: Iterable[int], ops: Iterable[str], samplers: Iterable[str]) -> list[Cell]:
+    """The cross product of the given axes, with each dim's capacity."""
+    return [
+        Cell(op, sampler, b, d, capacity_for(d))
+        for d in dims
+        for sampler in samplers
+        for op in ops
+        for b in batches
+    ]
+
+
+def group_by_buffer(cells: Iterable[Cell]) -> dict[tuple[str, int, int], list[Cell]]:
+    """Cells keyed by (sampler, dim, capacity): one prefilled buffer serves each group."""
+    groups: dict[tuple[str, int, int], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.sampler, c.dim, c.capacity), []).append(c)
+    return groups
+
+
+def time_call(fn: Callable[[], object], timing: Timing) -> float:
+    """Median seconds per call of ``fn`` over ``timing.rounds`` rounds, after ``timing.warmup`` calls.
+
+    Each round repeats ``fn`` until it has run at least ``min_time / rounds`` seconds, so every cell is
+    timed for at least ``min_time`` in total; the median over rounds damps scheduler noise.
+    """
+    for _ in range(timing.warmup):
+        fn()
+    round_time = timing.min_time / timing.rounds
+    per_call: list[float] = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(timing.rounds):
+            n = 0
+            t0 = time.perf_counter()
+            while True:
+                fn()
+                n += 1
+                elapsed = time.perf_counter() - t0
+                if elapsed >= round_time:
+                    break
+            per_call.append(elapsed / n)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return statistics.median(per_call)
+
+
+def make_row(cell: Cell, system: str, seconds_per_call: float, **extra: Any) -> dict[str, Any]:
+    """The flat result record of one cell for one system."""
+    row: dict[str, Any] = {
+        "op": cell.op,
+        "sampler": cell.sampler,
+        "batch": cell.batch,
+        "dim": cell.dim,
+        "capacity": cell.capacity,
+        "system": system,
+        "us_per_call": seconds_per_call * 1e6,
+        "items_per_s": cell.batch / seconds_per_call,
+        "gb_per_s": cell.nbytes / seconds_per_call / 1e9,
+    }
+    row.update(extra)
+    return row
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    """One human-readable progress line for a finished row."""
+    return (
+        f"  {row['system']:<8} {row['op']:<6} {row['sampler']:<11} B={row['batch']:<5} dim={row['dim']:<6} "
+        f"{row['us_per_call']:>11.1f} us/call {row['items_per_s']:>13,.0f} items/s {row['gb_per_s']:>8.3f} GB/s"
+    )

@@ -1,0 +1,124 @@
+"""Preallocated ring storage on one tier: one tensor per column plus per-slot bookkeeping."""
+
+from __future__ import annotations
+
+import torch
+
+from conduit.batch import ColumnBatch, Ragged
+from conduit.buffer.tiers import allocate, tier_device
+from conduit.errors import CapacityError, ConfigError
+from conduit.schema import Column, Schema
+
+
+class RingStorage:
+    """Fixed-size slots for ``capacity`` items of ``schema`` on ``tier``.
+
+    Fixed columns are ``[capacity, *shape]``; ragged columns are padded per slot to
+    ``[capacity, max_len, *shape]`` with a length per slot, so a write or a gather is a single
+    vectorised index operation. Each slot also records the policy ``version`` that wrote it and a
+    ``generation`` (the global insert count at write time; 0 = never written), which lets priority
+    updates for batches still in flight detect that their slot was overwritten meanwhile.
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        capacity: int,
+        tier: str = "host",
+        disk_dir: str | None = None,
+        capacity_bytes: int | None = None,
+    ) -> None:
+        per_item = schema.nbytes_per_item
+        if capacity_bytes is not None:
+            if per_item > capacity_bytes:
+                raise CapacityError(
+                    f"one item needs {per_item} bytes, more than the tier's capacity of {capacity_bytes} bytes"
+                )
+            if capacity * per_item > capacity_bytes:
+                raise CapacityError(
+                    f"{capacity} items x {per_item} bytes = {capacity * per_item} bytes exceed capacity_bytes="
+                    f"{capacity_bytes}; lower capacity to {capacity_bytes // per_item} or raise the budget"
+                )
+        self.schema = schema
+        self.capacity = capacity
+        self.tier = tier
+        self.device = tier_device(tier)
+        self._disk_dir = disk_dir
+        self.data: dict[str, torch.Tensor] = {}
+        self.lengths: dict[str, torch.Tensor] = {}
+        for col in schema:
+            self._allocate_column(col)
+        self.generation = allocate((capacity,), torch.int64, tier, disk_dir)
+        self.version = allocate((capacity,), torch.int64, tier, disk_dir)
+
+    def _allocate_column(self, col: Column) -> None:
+        if col.ragged:
+            assert col.max_len is not None
+            self.data[col.name] = allocate((self.capacity, col.max_len, *col.shape), col.dtype, self.tier, self._disk_dir)
+            self.lengths[col.name] = allocate((self.capacity,), torch.int64, self.tier, self._disk_dir)
+        else:
+            self.data[col.name] = allocate((self.capacity, *col.shape), col.dtype, self.tier, self._disk_dir)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.data.values(), *self.lengths.values(), self.generation, self.version]
+        return sum(t.nbytes for t in tensors)
+
+    def write(self, slots: torch.Tensor, batch: ColumnBatch, version: int, first_generation: int) -> None:
+        """Write ``batch`` into ``slots`` (already validated against the schema)."""
+        slots = slots.to(self.device)
+        for col in self.schema:
+            src = batch.columns[col.name]
+            dst = self.data[col.name]
+            if isinstance(src, Ragged):
+                assert col.max_len is not None
+                padded, _ = src.to_padded(max_len=col.max_len)
+                dst.index_copy_(0, slots, padded.to(self.device))
+                self.lengths[col.name].index_copy_(0, slots, src.lengths.to(self.device))
+            else:
+                dst.index_copy_(0, slots, src.to(self.device))
+        n = slots.numel()
+        gens = torch.arange(first_generation, first_generation + n, dtype=torch.int64, device=self.device)
+        self.generation.index_copy_(0, slots, gens)
+        self.version.index_fill_(0, slots, version)
+
+    def read(self, slots: torch.Tensor) -> ColumnBatch:
+        """Gather ``slots`` into a new batch on the storage's device (one gather per column)."""
+        slots = slots.to(self.device)
+        out: dict[str, torch.Tensor | Ragged] = {}
+        for col in self.schema:
+            rows = self.data[col.name].index_select(0, slots)
+            if col.ragged:
+                out[col.name] = Ragged.from_padded(rows, self.lengths[col.name].index_select(0, slots))
+            else:
+                out[col.name] = rows
+        return ColumnBatch(out, slots.numel())
+
+    def grow_ragged(self, name: str, max_len: int) -> Column:
+        """Raise the maximum length of ragged column ``name``, keeping its contents (one copy)."""
+        col = self.schema[name]
+        if not col.ragged or col.max_len is None:
+            raise ConfigError(f"column {name!r} is not ragged; only ragged columns can grow")
+        if max_len < col.max_len:
+            raise ConfigError(f"column {name!r}: cannot shrink max_len {col.max_len} -> {max_len}")
+        new_col = Column(col.name, col.dtype, col.shape, ragged=True, max_len=max_len)
+        old = self.data[name]
+        self.data[name] = allocate((self.capacity, max_len, *col.shape), col.dtype, self.tier, self._disk_dir)
+        self.data[name][:, : col.max_len].copy_(old)
+        self.schema = self.schema.with_column(new_col)
+        return new_col
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = {f"data/{k}": v.cpu() for k, v in self.data.items()}
+        state.update({f"lengths/{k}": v.cpu() for k, v in self.lengths.items()})
+        state["generation"] = self.generation.cpu()
+        state["version"] = self.version.cpu()
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for k, v in self.data.items():
+            v.copy_(state[f"data/{k}"])
+        for k, v in self.lengths.items():
+            v.copy_(state[f"lengths/{k}"])
+        self.generation.copy_(state["generation"])
+        self.version.copy_(state["version"])

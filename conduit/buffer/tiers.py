@@ -1,0 +1,58 @@
+"""Memory tiers: where a buffer's preallocated storage lives, and how it is allocated there."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+import torch
+
+from conduit.errors import DeviceUnavailableError
+
+
+def tier_device(tier: str) -> torch.device:
+    """The torch device whose memory backs ``tier`` (host tiers are all ``cpu``)."""
+    return torch.device(tier) if tier.startswith("cuda") else torch.device("cpu")
+
+
+def check_tier_available(tier: str) -> None:
+    """Raise :class:`DeviceUnavailableError` if this machine cannot provide ``tier``."""
+    if tier.startswith("cuda") or tier == "pinned":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                f"tier {tier!r} needs CUDA, but torch.cuda.is_available() is False on this machine; "
+                "use tier='host', 'shm' or 'disk'"
+            )
+        if tier.startswith("cuda:"):
+            index = int(tier.split(":")[1])
+            if index >= torch.cuda.device_count():
+                raise DeviceUnavailableError(
+                    f"tier {tier!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+                )
+
+
+def allocate(shape: tuple[int, ...], dtype: torch.dtype, tier: str, disk_dir: str | None = None) -> torch.Tensor:
+    """A zero-filled tensor of ``shape``/``dtype`` on ``tier``.
+
+    ``shm`` memory is shared across processes (``Tensor.share_memory_``); ``disk`` is a file-backed
+    memory map under ``disk_dir`` (a temporary directory if None) that is deleted when unlinked.
+    """
+    check_tier_available(tier)
+    if tier == "host":
+        return torch.zeros(shape, dtype=dtype)
+    if tier == "pinned":
+        return torch.zeros(shape, dtype=dtype).pin_memory()
+    if tier == "shm":
+        return torch.zeros(shape, dtype=dtype).share_memory_()
+    if tier == "disk":
+        directory = disk_dir or tempfile.gettempdir()
+        os.makedirs(directory, exist_ok=True)
+        numel = 1
+        for s in shape:
+            numel *= s
+        path = os.path.join(directory, f"conduit-{uuid.uuid4().hex}.bin")
+        flat = torch.from_file(path, shared=True, size=max(numel, 1), dtype=dtype)
+        os.unlink(path)  # the mapping stays valid; the file disappears with the last reference
+        return flat[:numel].view(shape)
+    return torch.zeros(shape, dtype=dtype, device=tier)

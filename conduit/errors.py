@@ -1,0 +1,54 @@
+"""The ConduitError hierarchy: every bad input gets an error that names the problem.
+
+Each error is raised *before* any state changes, so a failed call leaves the buffer as it was.
+"""
+
+from __future__ import annotations
+
+
+class ConduitError(Exception):
+    """Base class of every error Conduit raises on purpose."""
+
+
+class SchemaError(ConduitError):
+    """A batch does not match the buffer's schema (a column missing or extra)."""
+
+
+class DTypeError(SchemaError):
+    """A column has the wrong dtype."""
+
+
+class ShapeError(SchemaError):
+    """A column has the wrong per-item shape, or columns disagree on the item count."""
+
+
+class RaggedLengthError(SchemaError):
+    """A ragged item is longer than its column's configured maximum length."""
+
+
+class CapacityError(ConduitError):
+    """An item or a write is larger than the storage tier can hold."""
+
+
+class InsufficientDataError(ConduitError):
+    """More items were requested than the rate limiter allows (error mode)."""
+
+
+class StaleDataError(ConduitError):
+    """Items are older than the declared maximum staleness in policy versions."""
+
+
+class ConfigError(ConduitError, ValueError):
+    """An unknown config key, or a knob value out of its range."""
+
+
+class ClosedError(ConduitError):
+    """The buffer or runtime was used after ``close()``."""
+
+
+class DeviceUnavailableError(ConduitError):
+    """A tier or device was requested that this machine does not have (e.g. CUDA without a GPU)."""
+
+
+class OperatorError(ConduitError):
+    """An ingestion or delivery operator failed or returned a batch of the wrong shape."""

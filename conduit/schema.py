@@ -1,0 +1,104 @@
+"""Schemas: the name, dtype and per-item shape of every column, validated on each write."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from conduit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of experience.
+
+    Args:
+        name: the column's key, e.g. ``"obs"``.
+        dtype: the torch dtype every write must have.
+        shape: the per-item shape (for ragged columns: the shape of each token / step).
+        ragged: whether items have a variable length along a leading axis (token-level data).
+        max_len: for ragged columns, the longest item the column accepts.
+
+    Example:
+        >>> Column("obs", torch.float32, (4,))
+        >>> Column("response_ids", torch.int64, ragged=True, max_len=512)
+    """
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...] = ()
+    ragged: bool = False
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ConfigError(f"column name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.dtype, torch.dtype):
+            raise ConfigError(f"column {self.name!r}: dtype must be a torch.dtype, got {self.dtype!r}")
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if any(s < 0 for s in self.shape):
+            raise ConfigError(f"column {self.name!r}: negative size in shape {self.shape}")
+        if self.ragged and (self.max_len is None or self.max_len < 1):
+            raise ConfigError(f"ragged column {self.name!r} needs max_len >= 1, got {self.max_len!r}")
+        if not self.ragged and self.max_len is not None:
+            raise ConfigError(f"column {self.name!r}: max_len only applies to ragged columns")
+
+    @property
+    def numel_per_item(self) -> int:
+        """Elements one item occupies in storage (ragged: at its maximum length)."""
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * (self.max_len if self.ragged else 1)
+
+    @property
+    def nbytes_per_item(self) -> int:
+        """Bytes one item occupies in storage (ragged: at its maximum length)."""
+        return self.numel_per_item * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class Schema:
+    """An ordered set of columns. ``schema["obs"]`` returns the column named ``obs``."""
+
+    columns: tuple[Column, ...]
+    _by_name: dict[str, Column] = field(init=False, repr=False, compare=False)
+
+    def __init__(self, columns: Iterable[Column]) -> None:
+        cols = tuple(columns)
+        by_name: dict[str, Column] = {}
+        for c in cols:
+            if not isinstance(c, Column):
+                raise ConfigError(f"schema entries must be Column, got {type(c).__name__}")
+            if c.name in by_name:
+                raise ConfigError(f"duplicate column name {c.name!r} in schema")
+            by_name[c.name] = c
+        if not cols:
+            raise ConfigError("a schema needs at least one column")
+        object.__setattr__(self, "columns", cols)
+        object.__setattr__(self, "_by_name", by_name)
+
+    def __getitem__(self, name: str) -> Column:
+        return self._by_name[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[Column]:
+        return iter(self.columns)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def nbytes_per_item(self) -> int:
+        """Bytes one item occupies in storage, all columns together."""
+        return sum(c.nbytes_per_item for c in self.columns)
+
+    def with_column(self, column: Column) -> Schema:
+        """A copy with ``column`` added, or replacing the column of the same name."""
+        cols = [c for c in self.columns if c.name != column.name]
+        return Schema([*cols, column])

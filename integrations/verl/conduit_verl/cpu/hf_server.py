@@ -1,0 +1,147 @@
+"""A token-in/token-out generation server (a Ray actor) that runs ``transformers.generate`` on CPU.
+
+It plays the role vLLM's ``vLLMHttpServer`` plays for verl's agent loop: ``generate`` returns a
+``TokenOutput`` tagged with the weight version (``global_steps``), and ``load_weights`` receives the
+actor's updated weights after every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class HFGenerationServer:
+    """Holds one CPU copy of the policy and generates one request at a time."""
+
+    def __init__(self, model_path: str, response_length: int, prompt_length: int, num_threads: int = 1) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(num_threads)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, torch_dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.eos_token_id: int = int(tokenizer.eos_token_id)
+        self.pad_token_id: int = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id)
+        self.response_length = response_length
+        self.prompt_length = prompt_length
+        self.global_steps: int | None = None
+        self.weight_version = 0
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ generation
+    def _generate_sync(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[list[int], list[float]]:
+        max_tokens = int(params.pop("max_tokens", params.pop("max_new_tokens", self.response_length)))
+        max_tokens = max(1, min(max_tokens, self.response_length))
+        temperature = float(params.get("temperature", 1.0) or 0.0)
+        top_p = float(params.get("top_p", 1.0) or 1.0)
+        top_k = int(params.get("top_k", -1) or -1)
+        do_sample = temperature > 0
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=max_tokens,
+            do_sample=do_sample,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        if do_sample:
+            gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **gen_kwargs)
+        tokens = out.sequences[0, input_ids.shape[1] :].tolist()
+        # log-probs of the sampled tokens under logits / temperature (what verl recomputes)
+        scale = temperature if do_sample else 1.0
+        log_probs: list[float] = []
+        for step, token in enumerate(tokens):
+            logp = torch.log_softmax(out.logits[step][0].float() / scale, dim=-1)
+            log_probs.append(float(logp[token]))
+        # keep the EOS token (it is part of the response), drop anything after it
+        if self.eos_token_id in tokens:
+            cut = tokens.index(self.eos_token_id) + 1
+            tokens, log_probs = tokens[:cut], log_probs[:cut]
+        return tokens, log_probs
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        **_kwargs: Any,
+    ) -> Any:
+        """verl's server ``generate`` contract: token ids in, ``TokenOutput`` out."""
+        from verl.workers.rollout.replica import TokenOutput
+
+        params = dict(sampling_params)
+        want_logprobs = bool(params.pop("logprobs", False))
+        async with self._lock:
+            tokens, log_probs = await asyncio.to_thread(self._generate_sync, list(prompt_ids), params)
+            steps = self.global_steps
+        stop = "completed" if tokens and tokens[-1] == self.eos_token_id else "length"
+        return TokenOutput(
+            token_ids=tokens,
+            log_probs=log_probs if want_logprobs else None,
+            stop_reason=stop,
+            extra_fields={"global_steps": steps, "weight_version": self.weight_version},
+        )
+
+    # ------------------------------------------------------------------ weights
+    async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Load a full (HF-named) state dict from the trainer; returns the count of tensors loaded."""
+        async with self._lock:
+            own = self.model.state_dict()
+            loaded = 0
+            with torch.no_grad():
+                for name, tensor in state_dict.items():
+                    if name in own:
+                        own[name].copy_(tensor.to(own[name].dtype))
+                        loaded += 1
+                if getattr(self.model.config, "tie_word_embeddings", False):
+                    self.model.tie_weights()
+            self.weight_version += 1
+            if global_steps is not None:
+                self.global_steps = global_steps
+        return loaded
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def get_weight_version(self) -> int:
+        return self.weight_version
+
+    # ------------------------------------------------------------------ no-op lifecycle (CPU)
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
+        return {}
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def start_profile(self, **_kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None

@@ -1,0 +1,93 @@
+"""Process-local fixes that let verl 0.9.1's V1 trainer run on a CPU-only machine.
+
+Each fix is a small, idempotent monkeypatch applied in every verl process (through the
+``verl.plugins`` entry point) when ``CONDUIT_VERL_CPU=1``. Nothing in verl's files changes.
+The numbers refer to the obstacles in ``notes/verl-0.9.1.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CPU_MODE_ENV = "CONDUIT_VERL_CPU"
+
+#: Environment every verl process needs in CPU mode (fixes 3 and 5).
+CPU_ENV: dict[str, str] = {
+    CPU_MODE_ENV: "1",
+    "VERL_PLATFORM": "cpu",  # 3: our PlatformCPU (gloo, torch.cpu device module)
+    "VERL_ENGINE_DEVICE": "cuda",  # 5: pick the FSDP engine registered for cuda/nvidia
+    "VERL_ENGINE_VENDOR": "nvidia",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+_applied = False
+
+
+def cpu_mode_enabled() -> bool:
+    """True when this process runs verl in Conduit's CPU mode."""
+    return os.environ.get(CPU_MODE_ENV, "") == "1"
+
+
+def _dedup_backend(backend: Any) -> Any:
+    """Collapse ``cpu:gloo,cpu:gloo`` (device "cpu" + gloo) to ``cpu:gloo`` (fix 4)."""
+    if not isinstance(backend, str) or "," not in backend:
+        return backend
+    parts: list[str] = []
+    for part in backend.split(","):
+        if part and part not in parts:
+            parts.append(part)
+    return ",".join(parts)
+
+
+def _patch_init_process_group() -> None:
+    dist = torch.distributed
+    original = dist.init_process_group
+    if getattr(original, "_conduit_patched", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        if "backend" in kwargs:
+            kwargs["backend"] = _dedup_backend(kwargs["backend"])
+        elif args:
+            args = (_dedup_backend(args[0]), *args[1:])
+        return original(*args, **kwargs)
+
+    init_process_group._conduit_patched = True  # type: ignore[attr-defined]
+    dist.init_process_group = init_process_group
+
+
+def _patch_pin_memory() -> None:
+    """Make ``Tensor.pin_memory`` a no-op without CUDA (fix 8: FSDP2 CPU offload pins)."""
+    if torch.cuda.is_available() or getattr(torch.Tensor.pin_memory, "_conduit_patched", False):
+        return
+
+    def pin_memory(self: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
+        return self
+
+    pin_memory._conduit_patched = True  # type: ignore[attr-defined]
+    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]
+
+
+def apply() -> None:
+    """Register the CPU platform and the "hf" rollout, and apply the process-local fixes."""
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+    from conduit_verl.cpu import platform as _platform  # noqa: F401  (registers PlatformCPU)
+    from conduit_verl.cpu.rollout import register as register_rollout
+
+    _patch_init_process_group()
+    _patch_pin_memory()
+    register_rollout()
+    logger.debug("conduit_verl CPU mode applied in pid %s", os.getpid())
