@@ -116,11 +116,26 @@ class Conduit:
             delivery.wait()
             return delivery
 
-    def update_priorities(self, delivery: Delivery, priorities: torch.Tensor) -> int:
-        """Send new priorities for ``delivery``'s items back; returns how many were applied."""
+    def update_priorities(self, delivery: Delivery, priorities: torch.Tensor) -> None:
+        """Send new priorities for ``delivery``'s items back.
+
+        Sync: applied now. Async: queued and applied by the delivery worker before its next sample.
+        Either way an item whose slot was overwritten since it was sampled keeps its new occupant's
+        priority (counted as ``count/priority_updates_skipped``).
+        """
         self._check_open()
+        priorities = priorities.detach().flatten()
+        if priorities.shape != delivery.slots.shape:
+            from conduit.errors import ShapeError
+
+            raise ShapeError(
+                f"{priorities.numel()} priorities for a delivery of {delivery.slots.numel()} items"
+            )
         with self.metrics.span("update_priorities", exposed=True):
-            return self.buffer.update_priorities(delivery.slots, delivery.generations, priorities.detach().flatten())
+            if self._prefetcher is not None:
+                self._prefetcher.update_priorities(delivery.slots, delivery.generations, priorities.to("cpu"))
+            else:
+                self.buffer.update_priorities(delivery.slots, delivery.generations, priorities)
 
     def end_iteration(self) -> dict[str, float]:
         """This iteration's metrics (exposed_s, per-operator seconds, bytes, queues), then reset."""

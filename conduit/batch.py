@@ -60,7 +60,9 @@ class Ragged:
         mask = steps.unsqueeze(0) < lengths.to(padded.device).unsqueeze(1)
         return cls.from_lengths(padded[mask], lengths.to(padded.device))
 
-    def to_padded(self, max_len: int | None = None, pad_value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def to_padded(
+        self, max_len: int | None = None, pad_value: float = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad to ``[N, L, *shape]``; returns ``(padded, mask)``."""
         lengths = self.lengths
         n = len(self)
@@ -166,7 +168,8 @@ class ColumnBatch:
     def slice(self, start: int, stop: int) -> ColumnBatch:
         """Items ``start:stop`` as zero-copy views."""
         out: dict[str, ColumnData] = {
-            k: (c.slice(start, stop) if isinstance(c, Ragged) else c[start:stop]) for k, c in self.columns.items()
+            k: (c.slice(start, stop) if isinstance(c, Ragged) else c[start:stop])
+            for k, c in self.columns.items()
         }
         return ColumnBatch(out, stop - start)
 
@@ -262,7 +265,9 @@ class ConsolidatedBatch:
         self.size = size
 
     @classmethod
-    def pack(cls, batch: ColumnBatch, pin_memory: bool = False, share_memory: bool = False) -> ConsolidatedBatch:
+    def pack(
+        cls, batch: ColumnBatch, pin_memory: bool = False, share_memory: bool = False
+    ) -> ConsolidatedBatch:
         parts: list[tuple[str, str, torch.Tensor]] = []
         for k, c in batch.columns.items():
             if isinstance(c, Ragged):
@@ -309,7 +314,9 @@ def validate(schema: Schema, batch: ColumnBatch) -> None:
     missing = [n for n in schema.names if n not in names]
     extra = sorted(names - set(schema.names))
     if missing or extra:
-        raise SchemaError(f"batch does not match the schema: missing columns {missing}, extra columns {extra}")
+        raise SchemaError(
+            f"batch does not match the schema: missing columns {missing}, extra columns {extra}"
+        )
     for col in schema:
         data = batch.columns[col.name]
         if col.ragged:
@@ -326,7 +333,9 @@ def validate(schema: Schema, batch: ColumnBatch) -> None:
             raise DTypeError(f"column {col.name!r}: expected dtype {col.dtype}, got {t.dtype}")
         if tuple(t.shape[1:]) != col.shape:
             what = "per-token" if col.ragged else "per-item"
-            raise ShapeError(f"column {col.name!r}: expected {what} shape {col.shape}, got {tuple(t.shape[1:])}")
+            raise ShapeError(
+                f"column {col.name!r}: expected {what} shape {col.shape}, got {tuple(t.shape[1:])}"
+            )
         if col.ragged and batch.size > 0:
             assert isinstance(data, Ragged) and col.max_len is not None
             longest = int(data.lengths.max())

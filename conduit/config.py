@@ -112,12 +112,18 @@ class BufferConfig(_FromDict):
     rate_limit: RateLimit = field(default_factory=RateLimit)
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.capacity, int) and self.capacity >= 1, f"capacity must be >= 1, got {self.capacity}")
+        _check(
+            isinstance(self.capacity, int) and self.capacity >= 1,
+            f"capacity must be >= 1, got {self.capacity}",
+        )
         _check(
             self.capacity_bytes is None or self.capacity_bytes >= 1,
             f"capacity_bytes must be >= 1, got {self.capacity_bytes}",
         )
-        _check(bool(TIER_PATTERN.match(self.tier)), f"unknown tier {self.tier!r}; use host, pinned, shm, disk or cuda[:N]")
+        _check(
+            bool(TIER_PATTERN.match(self.tier)),
+            f"unknown tier {self.tier!r}; use host, pinned, shm, disk or cuda[:N]",
+        )
         _check(self.writer in WRITERS, f"writer must be one of {WRITERS}, got {self.writer!r}")
         _check(self.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         _check(self.group_size >= 1, f"group_size must be >= 1, got {self.group_size}")

@@ -81,7 +81,9 @@ class AsyncIngestor(_Worker):
             if self.closed:
                 raise ClosedError("put() after close()")
             if not ok:
-                raise InsufficientDataError(f"ingestion queue stayed full ({self.capacity} fragments) for {timeout:g}s")
+                raise InsufficientDataError(
+                    f"ingestion queue stayed full ({self.capacity} fragments) for {timeout:g}s"
+                )
             self.queue.append((batch, version))
             self.metrics.set_gauge("ingest_queue", len(self.queue))
             self.cond.notify_all()
@@ -92,12 +94,16 @@ class AsyncIngestor(_Worker):
             self.flushing += 1
             self.cond.notify_all()
             try:
-                ok = self.cond.wait_for(lambda: self.error is not None or (not self.queue and not self.busy), timeout)
+                ok = self.cond.wait_for(
+                    lambda: self.error is not None or (not self.queue and not self.busy), timeout
+                )
             finally:
                 self.flushing -= 1
             self.raise_pending()
             if not ok:
-                raise InsufficientDataError(f"flush() timed out after {timeout:g}s with {len(self.queue)} fragments queued")
+                raise InsufficientDataError(
+                    f"flush() timed out after {timeout:g}s with {len(self.queue)} fragments queued"
+                )
 
     def run(self) -> None:
         while True:
@@ -143,6 +149,9 @@ class Prefetcher(_Worker):
         self.version: int | None = None
         self.blocked_reason: str | None = None
         self.error_mode = on_error_mode
+        self.priorities: collections.deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
+            collections.deque()
+        )
         self.stream = torch.cuda.Stream(plan.device) if plan.device.type == "cuda" else None
 
     def get(self, batch_size: int, version: int | None, timeout: float) -> Delivery:
@@ -158,8 +167,12 @@ class Prefetcher(_Worker):
             self.batch_size, self.version = batch_size, version
             self.cond.notify_all()
             ok = self.cond.wait_for(
-                lambda: bool(self.ready) or self.error is not None or self.closed
-                or (self.error_mode and self.blocked_reason is not None),
+                lambda: (
+                    bool(self.ready)
+                    or self.error is not None
+                    or self.closed
+                    or (self.error_mode and self.blocked_reason is not None)
+                ),
                 timeout,
             )
             self.raise_pending()
@@ -175,15 +188,36 @@ class Prefetcher(_Worker):
                 raise InsufficientDataError(f"get() timed out after {timeout:g}s: {reason}")
             raise InsufficientDataError(f"get() refused: {reason}")
 
+    def update_priorities(
+        self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
+    ) -> None:
+        """Queue a priority update; the worker applies it before its next sample, in order."""
+        with self.cond:
+            self.raise_pending()
+            self.priorities.append((slots, generations, priorities))
+            self.cond.notify_all()
+
+    def _apply_priorities(self) -> None:
+        with self.cond:
+            pending = list(self.priorities)
+            self.priorities.clear()
+        for slots, generations, priorities in pending:
+            with self.metrics.span("deliver/update_priorities"):
+                self.buffer.update_priorities(slots, generations, priorities)
+
+    def _has_room(self) -> bool:
+        return self.batch_size is not None and len(self.ready) + self.g_del <= max(self.depth, self.g_del)
+
     def run(self) -> None:
         while True:
             with self.cond:
-                self.cond.wait_for(
-                    lambda: self.closed or (self.batch_size is not None and len(self.ready) + self.g_del <= max(self.depth, self.g_del))
-                )
+                self.cond.wait_for(lambda: self.closed or bool(self.priorities) or self._has_room())
                 if self.closed:
                     return
-                batch_size, version = self.batch_size, self.version
+                batch_size, version, room = self.batch_size, self.version, self._has_room()
+            self._apply_priorities()
+            if not room:
+                continue
             assert batch_size is not None
             reason = self.buffer.wait_sampleable(batch_size * self.g_del, timeout=0.5)
             with self.cond:
@@ -193,7 +227,9 @@ class Prefetcher(_Worker):
                 continue
             try:
                 with self.metrics.span("deliver/batch"):
-                    out = self.plan.prepare(self.buffer, batch_size, self.g_del, self.metrics, version, self.stream)
+                    out = self.plan.prepare(
+                        self.buffer, batch_size, self.g_del, self.metrics, version, self.stream
+                    )
             except InsufficientDataError as e:  # another reader got there first; try again
                 with self.cond:
                     self.blocked_reason = str(e)
@@ -207,5 +243,3 @@ class Prefetcher(_Worker):
                     self.ready.extend(out)  # never drop consume-once data; get() reports the mismatch
                 self.metrics.set_gauge("delivery_ready", len(self.ready))
                 self.cond.notify_all()
-
-

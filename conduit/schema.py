@@ -51,7 +51,7 @@ class Column:
         n = 1
         for s in self.shape:
             n *= s
-        return n * (self.max_len if self.ragged else 1)
+        return n * (self.max_len or 1 if self.ragged else 1)
 
     @property
     def nbytes_per_item(self) -> int:

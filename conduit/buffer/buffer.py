@@ -66,7 +66,9 @@ class ExperienceBuffer:
         elif cfg.sampler == "fifo":
             self.sampler = FifoSampler(cfg.capacity, device)
         else:
-            self.sampler = PrioritizedSampler(cfg.capacity, device, cfg.alpha, cfg.beta, cfg.priority_eps, generator)
+            self.sampler = PrioritizedSampler(
+                cfg.capacity, device, cfg.alpha, cfg.beta, cfg.priority_eps, generator
+            )
         self.writer = (
             GroupedWriter(cfg.capacity, device, cfg.group_size)
             if cfg.writer == "grouped"
@@ -120,7 +122,9 @@ class ExperienceBuffer:
         if self.sampler.consumes:
             free = self.config.capacity - self.sampler.available()
             if n > free:
-                return f"only {free} free slots for {n} items: unconsumed on-policy items are never overwritten"
+                return (
+                    f"only {free} free slots for {n} items: unconsumed on-policy items are never overwritten"
+                )
         return self.limiter.insert_blocker(n, self.writer.inserted, self.sampled)
 
     # -- reading ---------------------------------------------------------------------------------
@@ -138,7 +142,9 @@ class ExperienceBuffer:
         with self._cond:
             self._wait(lambda: self._sample_blocker(n), "sample")
             check_stale = (
-                self.sampler.consumes and version is not None and self.config.rate_limit.max_staleness is not None
+                self.sampler.consumes
+                and version is not None
+                and self.config.rate_limit.max_staleness is not None
             )
             if check_stale and self.config.rate_limit.mode == "error":
                 self._check_staleness(n, version)  # type: ignore[arg-type]
@@ -174,7 +180,9 @@ class ExperienceBuffer:
         evicted = slots.numel() - fresh.numel()
         if evicted:
             self.metrics.incr("stale_evicted", evicted)
-            log.warning("evicted %d stale item(s) (max_staleness=%d, consumer version %d)", evicted, bound, version)
+            log.warning(
+                "evicted %d stale item(s) (max_staleness=%d, consumer version %d)", evicted, bound, version
+            )
         return fresh
 
     def _check_staleness(self, n: int, version: int) -> None:
@@ -188,7 +196,9 @@ class ExperienceBuffer:
                 f"for consumer version {version}"
             )
 
-    def update_priorities(self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor) -> int:
+    def update_priorities(
+        self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
+    ) -> int:
         """Set new priorities for sampled items; returns how many were applied.
 
         Items whose slot was overwritten since they were sampled (their generation changed) are

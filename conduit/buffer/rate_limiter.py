@@ -18,7 +18,9 @@ class RateLimiter:
     def __init__(self, config: RateLimit) -> None:
         self.config = config
 
-    def sample_blocker(self, n: int, available: int, inserted: int, sampled: int, consumes: bool) -> str | None:
+    def sample_blocker(
+        self, n: int, available: int, inserted: int, sampled: int, consumes: bool
+    ) -> str | None:
         """Why a sample of ``n`` cannot run now, or None if it can."""
         cfg = self.config
         if inserted < cfg.min_size:

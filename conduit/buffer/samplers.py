@@ -130,7 +130,9 @@ class PrioritizedSampler(Sampler):
 
     def on_insert(self, slots: torch.Tensor, total_inserted: int) -> None:
         self.size = min(total_inserted, self.capacity)
-        value = torch.full((slots.numel(),), self.max_priority**self.alpha, dtype=torch.float64, device=self.device)
+        value = torch.full(
+            (slots.numel(),), self.max_priority**self.alpha, dtype=torch.float64, device=self.device
+        )
         self.tree.update(slots.to(self.device), value)
 
     def available(self) -> int:

@@ -54,7 +54,9 @@ class RingStorage:
     def _allocate_column(self, col: Column) -> None:
         if col.ragged:
             assert col.max_len is not None
-            self.data[col.name] = allocate((self.capacity, col.max_len, *col.shape), col.dtype, self.tier, self._disk_dir)
+            self.data[col.name] = allocate(
+                (self.capacity, col.max_len, *col.shape), col.dtype, self.tier, self._disk_dir
+            )
             self.lengths[col.name] = allocate((self.capacity,), torch.int64, self.tier, self._disk_dir)
         else:
             self.data[col.name] = allocate((self.capacity, *col.shape), col.dtype, self.tier, self._disk_dir)

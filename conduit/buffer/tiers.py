@@ -32,7 +32,9 @@ def check_tier_available(tier: str) -> None:
                 )
 
 
-def allocate(shape: tuple[int, ...], dtype: torch.dtype, tier: str, disk_dir: str | None = None) -> torch.Tensor:
+def allocate(
+    shape: tuple[int, ...], dtype: torch.dtype, tier: str, disk_dir: str | None = None
+) -> torch.Tensor:
     """A zero-filled tensor of ``shape``/``dtype`` on ``tier``.
 
     ``shm`` memory is shared across processes (``Tensor.share_memory_``); ``disk`` is a file-backed

@@ -33,7 +33,9 @@ class Operator:
         except ConduitError:
             raise
         except Exception as e:
-            raise OperatorError(f"operator {self.name!r} failed on a batch of {batch.size} items: {e!r}") from e
+            raise OperatorError(
+                f"operator {self.name!r} failed on a batch of {batch.size} items: {e!r}"
+            ) from e
         if not isinstance(out, ColumnBatch):
             raise OperatorError(f"operator {self.name!r} returned {type(out).__name__}, expected ColumnBatch")
         return out

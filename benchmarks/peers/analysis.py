@@ -1,0 +1,177 @@
+"""Derived results: Conduit ÷ peer ratios, per-call overhead, and the pass/fail targets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Key = tuple[str, str, int, int]  # (op, sampler, batch, dim)
+
+OVERHEAD_BATCH = 256
+OVERHEAD_LIMIT_US = 10.0
+TARGET_BATCH = 256
+MIN_X_TORCHRL = 3.0
+MIN_X_RLLIB = 30.0
+GATHER_DIM = 16384
+MIN_MEMCPY_FRACTION = 0.5
+
+
+def index_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[Key, Mapping[str, Any]]]:
+    """Rows keyed by system, then by (op, sampler, batch, dim)."""
+    out: dict[str, dict[Key, Mapping[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["system"], {})[(r["op"], r["sampler"], r["batch"], r["dim"])] = r
+    return out
+
+
+def compute_ratios(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Conduit items/s ÷ each peer's items/s, for every cell both measured."""
+    by = index_rows(rows)
+    conduit = by.get("conduit", {})
+    out: list[dict[str, Any]] = []
+    for peer in sorted(s for s in by if s != "conduit"):
+        for key, prow in by[peer].items():
+            if key in conduit:
+                op, sampler, batch, dim = key
+                out.append(
+                    {
+                        "op": op,
+                        "sampler": sampler,
+                        "batch": batch,
+                        "dim": dim,
+                        "peer": peer,
+                        "conduit_over_peer": conduit[key]["items_per_s"] / prow["items_per_s"],
+                    }
+                )
+    return out
+
+
+def _fit_intercept(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares intercept (µs) of call time vs batch size; None with fewer than 2 batches."""
+    if len({b for b, _ in points}) < 2:
+        return None
+    n = len(points)
+    mx = sum(b for b, _ in points) / n
+    my = sum(t for _, t in points) / n
+    sxx = sum((b - mx) ** 2 for b, _ in points)
+    slope = sum((b - mx) * (t - my) for b, t in points) / sxx
+    return my - slope * mx
+
+
+def compute_overhead(rows: Iterable[Mapping[str, Any]], gather_s: Mapping[int, float]) -> dict[str, Any]:
+    """Conduit's per-call sample overhead.
+
+    ``minus_gather_us``: Conduit's sample call at batch 256 minus a bare ``index_select`` of 256 random
+    rows of the same store (per sampler and dim). ``intercept_us``: intercept of call time vs batch.
+    """
+    conduit = index_rows(rows).get("conduit", {})
+    per: list[dict[str, Any]] = []
+    for sampler in ("uniform", "prioritized"):
+        dims = sorted({k[3] for k in conduit if k[0] == "sample" and k[1] == sampler})
+        for dim in dims:
+            row = conduit.get(("sample", sampler, OVERHEAD_BATCH, dim))
+            pts = [(k[2], r["us_per_call"]) for k, r in conduit.items() if k[:2] == ("sample", sampler) and k[3] == dim]
+            g = gather_s.get(dim)
+            per.append(
+                {
+                    "sampler": sampler,
+                    "dim": dim,
+                    "batch": OVERHEAD_BATCH,
+                    "call_us": row["us_per_call"] if row else None,
+                    "gather_us": g * 1e6 if g is not None else None,
+                    "minus_gather_us": (row["us_per_call"] - g * 1e6) if (row and g is not None) else None,
+                    "intercept_us": _fit_intercept(pts),
+                }
+            )
+    return {
+        "method": "sample call at batch 256 minus a bare torch.index_select of 256 random rows "
+        "(preallocated output) from a store of the same shape; intercept_us = intercept of "
+        "call time vs batch size (least squares over the measured batches)",
+        "per_cell": per,
+    }
+
+
+def _not_evaluated(name: str, reason: str) -> dict[str, Any]:
+    return {"target": name, "passed": None, "status": "not evaluated", "reason": reason}
+
+
+def _speedup_target(
+    rows: Iterable[Mapping[str, Any]], peer: str, minimum: float, errors: Mapping[str, str]
+) -> dict[str, Any]:
+    name = f"prioritized sample+update at batch {TARGET_BATCH}: conduit >= {minimum:g}x {peer}"
+    if peer in errors:
+        return _not_evaluated(name, f"{peer} unavailable: {errors[peer]}")
+    by = index_rows(rows)
+    cells = []
+    for key, prow in sorted(by.get(peer, {}).items()):
+        op, sampler, batch, dim = key
+        crow = by.get("conduit", {}).get(key)
+        if (op, sampler, batch) == ("sample", "prioritized", TARGET_BATCH) and crow:
+            x = crow["items_per_s"] / prow["items_per_s"]
+            cells.append(
+                {
+                    "dim": dim,
+                    "conduit_items_per_s": crow["items_per_s"],
+                    f"{peer}_items_per_s": prow["items_per_s"],
+                    "ratio": x,
+                    "passed": x >= minimum,
+                }
+            )
+    if not cells:
+        return _not_evaluated(name, "no cell measured by both systems")
+    return {"target": name, "passed": all(c["passed"] for c in cells), "cells": cells}
+
+
+def _gather_target(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    name = f"uniform sample (gather) at dim {GATHER_DIM}: conduit GB/s >= {MIN_MEMCPY_FRACTION:.0%} of memcpy GB/s"
+    by = index_rows(rows)
+    cells = []
+    for sampler in ("uniform", "prioritized"):
+        for key, mrow in sorted(by.get("memcpy", {}).items()):
+            crow = by.get("conduit", {}).get(key)
+            if key[0] == "sample" and key[1] == sampler and key[3] == GATHER_DIM and crow:
+                frac = crow["gb_per_s"] / mrow["gb_per_s"]
+                cells.append(
+                    {
+                        "sampler": sampler,
+                        "batch": key[2],
+                        "conduit_gb_per_s": crow["gb_per_s"],
+                        "memcpy_gb_per_s": mrow["gb_per_s"],
+                        "fraction": frac,
+                        "passed": frac >= MIN_MEMCPY_FRACTION,
+                        "counts_for_target": sampler == "uniform",
+                    }
+                )
+    judged = [c for c in cells if c["counts_for_target"]]
+    if not judged:
+        return _not_evaluated(name, f"dim {GATHER_DIM} not measured")
+    return {"target": name, "passed": all(c["passed"] for c in judged), "cells": cells}
+
+
+def _overhead_target(overhead: Mapping[str, Any]) -> dict[str, Any]:
+    name = f"per-call sample overhead at batch {OVERHEAD_BATCH} <= {OVERHEAD_LIMIT_US:g} us (uniform, smallest dim)"
+    cands = [c for c in overhead["per_cell"] if c["sampler"] == "uniform" and c["minus_gather_us"] is not None]
+    if not cands:
+        return _not_evaluated(name, f"no uniform sample cell at batch {OVERHEAD_BATCH}")
+    c = min(cands, key=lambda c: c["dim"])
+    return {
+        "target": name,
+        "passed": c["minus_gather_us"] <= OVERHEAD_LIMIT_US,
+        "dim": c["dim"],
+        "overhead_us": c["minus_gather_us"],
+        "call_us": c["call_us"],
+        "gather_us": c["gather_us"],
+        "intercept_us": c["intercept_us"],
+    }
+
+
+def evaluate_targets(
+    rows: list[Mapping[str, Any]], overhead: Mapping[str, Any], errors: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The four project targets, each with pass/fail (None when it could not be evaluated) and numbers."""
+    return [
+        _speedup_target(rows, "torchrl", MIN_X_TORCHRL, errors),
+        _speedup_target(rows, "rllib", MIN_X_RLLIB, errors),
+        _gather_target(rows),
+        _overhead_target(overhead),
+    ]

@@ -1,0 +1,96 @@
+"""Human-facing output: the console table and the PNG plot of the rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from analysis import index_rows
+
+SYSTEMS = ("conduit", "torchrl", "rllib", "memcpy")
+PANELS = (("sample", "prioritized"), ("sample", "uniform"), ("insert", "prioritized"), ("insert", "uniform"))
+COLORS = {"conduit": "tab:blue", "torchrl": "tab:orange", "rllib": "tab:red", "memcpy": "tab:gray"}
+
+
+def _fmt_rate(r: Mapping[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    v = r["items_per_s"]
+    return f"{v / 1e6:.3f}M" if v >= 1e4 else f"{v / 1e3:.2f}k"
+
+
+def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
+    """One line per cell: items/s per system, Conduit's GB/s and its ratio to each peer."""
+    by = index_rows(rows)
+    systems = [s for s in SYSTEMS if s in by]
+    keys = sorted({k for rows_ in by.values() for k in rows_}, key=lambda k: (k[0] != "sample", k[1], k[3], k[2]))
+    peers = [s for s in systems if s != "conduit"]
+    head = f"{'op':<7}{'sampler':<12}{'batch':>6}{'dim':>7} | " + "".join(f"{s:>10}" for s in systems)
+    head += " | conduit GB/s | " + "".join(f"{'c/' + p:>10}" for p in peers)
+    lines = ["items/s per system (M = 1e6, k = 1e3); c/X = conduit items/s / X items/s", head, "-" * len(head)]
+    for k in keys:
+        c = by.get("conduit", {}).get(k)
+        line = f"{k[0]:<7}{k[1]:<12}{k[2]:>6}{k[3]:>7} | " + "".join(f"{_fmt_rate(by[s].get(k)):>10}" for s in systems)
+        line += f" | {c['gb_per_s']:>12.3f} | " if c else f" | {'-':>12} | "
+        for p in peers:
+            pr = by[p].get(k)
+            line += f"{c['items_per_s'] / pr['items_per_s']:>10.2f}" if (c and pr) else f"{'-':>10}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def format_targets(targets: Iterable[Mapping[str, Any]]) -> str:
+    """One line per target: PASS / FAIL / NOT EVALUATED and its key numbers."""
+    lines = []
+    for t in targets:
+        verdict = {True: "PASS", False: "FAIL", None: "NOT EVALUATED"}[t["passed"]]
+        detail = ""
+        if "cells" in t:
+            parts = []
+            for c in t["cells"]:
+                if "ratio" in c:
+                    parts.append(f"dim {c['dim']}: {c['ratio']:.1f}x")
+                elif c.get("counts_for_target"):
+                    parts.append(f"B={c['batch']}: {c['fraction']:.0%}")
+            detail = "; ".join(parts)
+        elif "overhead_us" in t:
+            icpt = t["intercept_us"]
+            detail = (
+                f"dim {t['dim']}: {t['call_us']:.1f} us call - {t['gather_us']:.1f} us gather = {t['overhead_us']:.1f} us"
+                + (f" (intercept {icpt:.1f} us)" if icpt is not None else "")
+            )
+        elif "reason" in t:
+            detail = t["reason"]
+        lines.append(f"[{verdict}] {t['target']}: {detail}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Mapping[str, Any]], path: str, title: str) -> None:
+    """Grouped bars of items/s (log scale) per cell and system, one panel per (op, sampler)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = index_rows(rows)
+    systems = [s for s in SYSTEMS if s in by]
+    fig, axes = plt.subplots(len(PANELS), 1, figsize=(13, 4.2 * len(PANELS)))
+    for ax, (op, sampler) in zip(axes, PANELS):
+        keys = sorted({k for s in systems for k in by[s] if k[:2] == (op, sampler)}, key=lambda k: (k[3], k[2]))
+        width = 0.8 / max(1, len(systems))
+        for i, s in enumerate(systems):
+            xs = [j + (i - (len(systems) - 1) / 2) * width for j, k in enumerate(keys) if k in by[s]]
+            ys = [by[s][k]["items_per_s"] for k in keys if k in by[s]]
+            ax.bar(xs, ys, width, label=s, color=COLORS.get(s))
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([f"B={k[2]}\ndim={k[3]}" for k in keys], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("items/s")
+        label = "sample + priority update" if (op, sampler) == ("sample", "prioritized") else op
+        ax.set_title(f"{label} ({sampler})")
+        ax.grid(axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=8, ncol=len(systems))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,138 @@
+"""RLlib's side of the benchmark: the replay path a DQN learner pays for (ray 2.60, new API stack).
+
+Insert: ``buffer.add([episode])`` of one finished ``SingleAgentEpisode`` holding ``B`` transitions into a
+full buffer (the buffer deep-copies it and evicts the oldest episodes).
+Sample: what ``DQN._training_step_new_api_stack`` + ``Learner`` run per update:
+``buffer.sample(num_items=B, n_step=1, ..., sample_episodes=True)`` -> the DQN learner connector
+pipeline (the one a real ``DQNTorchLearner`` builds) -> ``MultiAgentBatch`` of torch tensors ->
+``buffer.update_priorities(td_errors)`` (prioritized) — the priority update runs only for
+``PrioritizedEpisodeReplayBuffer``, the uniform case uses ``EpisodeReplayBuffer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from harness import ALPHA, BETA, Cell, Timing, group_by_buffer, make_row, time_call
+
+PREFILL_EPISODE_LEN = 200
+GAMMA = 0.99
+N_PRIORITY_SETS = 16
+
+
+def _spaces(dim: int) -> tuple[Any, Any]:
+    import gymnasium as gym
+
+    return gym.spaces.Box(-10.0, 10.0, (dim,), np.float32), gym.spaces.Discrete(2)
+
+
+def _episode(length: int, dim: int, rng: np.random.Generator) -> Any:
+    """A finished (terminated) numpy episode of ``length`` transitions with ``dim``-float observations."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    obs_space, act_space = _spaces(dim)
+    return SingleAgentEpisode(
+        observations=list(rng.standard_normal((length + 1, dim), dtype=np.float32)),
+        actions=list(rng.integers(0, 2, length)),
+        rewards=list(rng.standard_normal(length).astype(np.float32)),
+        observation_space=obs_space,
+        action_space=act_space,
+        terminated=True,
+        len_lookback_buffer=0,
+    ).to_numpy()
+
+
+def _make_learner(dim: int, sampler: str) -> Any:
+    """A built ``DQNTorchLearner`` for a ``dim``-float observation, 2-action problem."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+
+    obs_space, act_space = _spaces(dim)
+    buffer_type = "PrioritizedEpisodeReplayBuffer" if sampler == "prioritized" else "EpisodeReplayBuffer"
+    cfg = (
+        DQNConfig()
+        .environment(observation_space=obs_space, action_space=act_space)
+        .training(gamma=GAMMA, n_step=1, replay_buffer_config={"type": buffer_type, "alpha": ALPHA, "beta": BETA})
+    )
+    return cfg.build_learner(env=None)
+
+
+def _make_buffer(sampler: str, dim: int, capacity: int, rng: np.random.Generator) -> Any:
+    from ray.rllib.utils.replay_buffers import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
+
+    if sampler == "prioritized":
+        buf: Any = PrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=ALPHA)
+    else:
+        buf = EpisodeReplayBuffer(capacity=capacity)
+    while buf.get_num_timesteps() + PREFILL_EPISODE_LEN <= capacity:
+        buf.add([_episode(PREFILL_EPISODE_LEN, dim, rng)])
+    return buf
+
+
+def _insert_fn(buf: Any, template: Any) -> Callable[[], None]:
+    def step() -> None:
+        template.id_ = uuid.uuid4().hex  # a new episode each call; add() deep-copies it
+        buf.add([template])
+
+    return step
+
+
+def _sample_fn(buf: Any, learner: Any, batch: int, prioritized: bool, rng: np.random.Generator) -> Callable[[], None]:
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    prio_sets = [(rng.random(batch) * 2 + 1e-3).astype(np.float32) for _ in range(N_PRIORITY_SETS)]
+    k = [0]
+
+    def step() -> None:
+        episodes = buf.sample(
+            num_items=batch,
+            n_step=1,
+            batch_length_T=0,
+            lookback=0,
+            min_batch_length_T=0,
+            gamma=GAMMA,
+            beta=BETA if prioritized else 0.0,
+            sample_episodes=True,
+        )
+        data = learner._learner_connector(
+            rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=learner.metrics
+        )
+        MultiAgentBatch(
+            {mid: SampleBatch(cols) for mid, cols in data.items()}, env_steps=sum(len(e) for e in episodes)
+        )
+        if prioritized:
+            buf.update_priorities(prio_sets[k[0] % N_PRIORITY_SETS])
+            k[0] += 1
+
+    return step
+
+
+def run_rllib(cells: Iterable[Cell], timing: Timing, on_row: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """Time RLlib on each cell; one prefilled (full) episode buffer and DQN learner per (sampler, dim)."""
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    rng = np.random.default_rng(0)
+    rows: list[dict[str, Any]] = []
+    for (sampler, dim, cap), group in group_by_buffer(cells).items():
+        learner = _make_learner(dim, sampler)
+        buf = _make_buffer(sampler, dim, cap, rng)
+        for cell in sorted(group, key=lambda c: c.op == "insert"):
+            if cell.op == "insert":
+                fn = _insert_fn(buf, _episode(cell.batch, dim, rng))
+            else:
+                fn = _sample_fn(buf, learner, cell.batch, sampler == "prioritized", rng)
+            row = make_row(cell, "rllib", time_call(fn, timing))
+            rows.append(row)
+            on_row(row)
+        del buf, learner
+    return rows
+
+
+def rllib_version() -> str:
+    """The installed ray version."""
+    import ray
+
+    return str(ray.__version__)
