@@ -1,11 +1,13 @@
 """A k-ary sum tree (plus a parallel min tree) for proportional prioritized replay.
 
 Everything is vectorised in torch on the storage's device; the only Python loops run over tree levels.
-Each level is a ``[rows, arity + 1]`` tensor whose column 0 is a constant 0 (sum tree) or +inf (min
-tree), so the cumsum of a gathered row is directly the table of exclusive prefixes a descent needs.
-Entry ``(r, j)`` of a level is the total of row ``r * arity + j`` of the level below.
-
-TIMINGS
+Levels below the top are flat value vectors viewed as ``[rows, arity]``; entry ``r`` of the level above
+holds the sum (min tree: the min) of row ``r``. Unwritten leaves are 0 in the sum tree, +inf in the min.
+Below the top, a descent step gathers ``[B, arity]`` rows, cumsums them and searchsorts the target; the
+top level (<= _FLAT_TOP entries) is one flat cumsum + searchsorted. Measured on a shared 2-core AMD EPYC
+(load ~7-10), capacity 100k, batch 256, random slots, torch.set_num_threads(1), min over 100-call chunks:
+arity 32 float64: update 54 us, sample 71-77 us, update+sample 155-178 us; arity 64: 60/80/165-190 us;
+arity 16/128 slower; float32 ~5% faster. Random targets make searchsorted branch-mispredict (~18 us top).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import math
 import torch
 
 from conduit.errors import ConduitError, ConfigError, ShapeError
+
+_FLAT_TOP = 4096  # the top level is searched as one flat vector of at most this many entries
 
 __all__ = ["SumTree"]
 
@@ -26,7 +30,7 @@ class SumTree:
         self,
         capacity: int,
         device: torch.device | str = "cpu",
-        arity: int = 64,
+        arity: int = 32,
         dtype: torch.dtype = torch.float64,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -39,26 +43,28 @@ class SumTree:
             dev = torch.device(device)
         except (RuntimeError, TypeError) as exc:
             raise ConfigError(f"SumTree device {device!r} is not a valid torch device") from exc
-        self._capacity = capacity
-        self._arity = arity
-        self._dtype = dtype
-        self._device = dev
-        rows = [math.ceil(capacity / arity)]
-        while rows[0] > 1:
-            rows.insert(0, math.ceil(rows[0] / arity))
-        self._rows = rows
-        # Flat storage per level (top first); the final element is a scratch slot that swallows the
-        # losing writes of duplicate slots in update(), so the level views below never see it.
-        self._sum = [torch.zeros(r * (arity + 1) + 1, dtype=dtype, device=dev) for r in rows]
-        self._min = [torch.full((r * (arity + 1) + 1,), math.inf, dtype=dtype, device=dev) for r in rows]
-        self._sum2d = [s[:-1].view(r, arity + 1) for s, r in zip(self._sum, rows)]
-        self._min2d = [m[:-1].view(r, arity + 1) for m, r in zip(self._min, rows)]
-        self._scratch = rows[-1] * (arity + 1)
+        self._capacity, self._arity, self._dtype, self._device = capacity, arity, dtype, dev
+        # Row counts of the levels below the top, leaves first; the top is one flat vector.
+        self._rows = [math.ceil(capacity / arity)]
+        while self._rows[-1] > _FLAT_TOP:
+            self._rows.append(math.ceil(self._rows[-1] / arity))
+        inf = math.inf
+        # Lower levels: flat [rows * arity + 1]; the last element is a scratch slot that swallows the
+        # losing writes of duplicate slots in update(). The top keeps a constant 0 in front.
+        self._v = [torch.zeros(r * arity + 1, dtype=dtype, device=dev) for r in self._rows]
+        self._m = [torch.full((r * arity + 1,), inf, dtype=dtype, device=dev) for r in self._rows]
+        self._top = torch.zeros(self._rows[-1] + 1, dtype=dtype, device=dev)
+        self._top_m = torch.full((self._rows[-1],), inf, dtype=dtype, device=dev)
+        self._v2 = [v[:-1].view(r, arity) for v, r in zip(self._v, self._rows)]
+        self._m2 = [m[:-1].view(r, arity) for m, r in zip(self._m, self._rows)]
+        self._parent_v = self._v[1:] + [self._top[1:]]
+        self._parent_m = self._m[1:] + [self._top_m]
         # Last-writer-wins bookkeeping: the call-global sequence number of each slot's latest write.
         self._seq = 0
         self._last = torch.full((capacity,), -1, dtype=torch.int64, device=dev)
-        self._neg_inf = torch.tensor(-math.inf, dtype=dtype, device=dev)
-        self._ranges: dict[int, torch.Tensor] = {}
+        self._neg_inf = torch.tensor(-inf, dtype=dtype, device=dev)
+        self._zero = torch.zeros((), dtype=dtype, device=dev)
+        self._starts: dict[int, torch.Tensor] = {}  # segment starts i / n, per n
 
     @property
     def capacity(self) -> int:
@@ -72,10 +78,6 @@ class SumTree:
             if lo.item() < 0 or hi.item() >= self._capacity:
                 raise ConduitError(f"SumTree slots must lie in [0, {self._capacity}), got [{lo}, {hi}]")
         return slots
-
-    def _leaf_index(self, slots: torch.Tensor) -> torch.Tensor:
-        # Flat position of leaf `slot` in the bottom level: row * (arity + 1) + col + 1.
-        return torch.floor_divide(slots, self._arity).add_(slots).add_(1)
 
     def update(self, slots: torch.Tensor, values: torch.Tensor) -> None:
         """Set leaf ``slots[i]`` to ``values[i]``; for a repeated slot the last occurrence wins."""
@@ -94,86 +96,86 @@ class SumTree:
         seq = torch.arange(self._seq, self._seq + n, device=self._device)
         self._seq += n
         self._last.scatter_reduce_(0, slots, seq, "amax")
-        lost = self._last.index_select(0, slots).ne(seq)
-        idx = self._leaf_index(slots).masked_fill_(lost, self._scratch)
-        self._sum[-1].index_copy_(0, idx, values)
-        self._min[-1].index_copy_(0, idx, values)
+        idx = slots.masked_fill(self._last.index_select(0, slots).ne(seq), self._v[0].numel() - 1)
+        self._v[0].index_copy_(0, idx, values)
+        self._m[0].index_copy_(0, idx, values)
         # Recompute each touched ancestor from its children (duplicate rows write identical values).
         node = slots
-        for d in range(len(self._rows) - 1, 0, -1):
-            row = torch.floor_divide(node, self._arity)
-            dest = self._leaf_index(row)
-            self._sum[d - 1].index_copy_(0, dest, self._sum2d[d].index_select(0, row).sum(1))
-            self._min[d - 1].index_copy_(0, dest, self._min2d[d].index_select(0, row).amin(1))
-            node = row
+        for v2, m2, pv, pm in zip(self._v2, self._m2, self._parent_v, self._parent_m):
+            node = torch.floor_divide(node, self._arity)
+            pv.index_copy_(0, node, v2.index_select(0, node).sum(1))
+            pm.index_copy_(0, node, m2.index_select(0, node).amin(1))
 
     def get(self, slots: torch.Tensor) -> torch.Tensor:
         """Leaf values at ``slots`` (same shape as ``slots``)."""
-        flat = self._check_slots(slots)
-        return self._sum[-1].index_select(0, self._leaf_index(flat)).reshape(slots.shape)
+        return self._v[0].index_select(0, self._check_slots(slots)).reshape(slots.shape)
 
     def total(self) -> float:
         """Sum of all leaves."""
-        return float(self._sum2d[0].sum().item())
+        return float(self._top.sum().item())
 
     def min(self) -> float:
         """Minimum over leaves that were ever written (``inf`` if none)."""
-        return float(self._min2d[0].amin().item())
+        return float(self._top_m.amin().item())
 
     def find(self, targets: torch.Tensor) -> torch.Tensor:
         """Leaf ``i`` with ``prefix(i) <= t < prefix(i) + value(i)`` per target (clamped into [0, total)).
 
-        Never returns a zero-valued leaf while ``total() > 0``; with an all-zero tree the result is 0s.
+        Never returns a zero-valued leaf while ``total() > 0``; with an all-zero tree it returns 0s.
         """
-        shape = targets.shape
-        t = targets.to(device=self._device, dtype=self._dtype).reshape(-1)
-        cs = self._sum2d[0][0].cumsum(0)
-        t = torch.clamp(t, 0.0, torch.nextafter(cs[-1], self._neg_inf))
-        child = torch.searchsorted(cs, t, right=True).sub_(1)
-        t = t - cs.index_select(0, child)
-        node = child
-        for d in range(1, len(self._rows)):
-            cs = self._sum2d[d].index_select(0, node).cumsum_(1)
-            t = torch.minimum(t, torch.nextafter(cs[:, -1], self._neg_inf), out=t).unsqueeze_(1)
-            child = torch.searchsorted(cs, t, right=True).sub_(1)
-            t = t.sub_(cs.gather(1, child)).squeeze_(1)
+        t = targets.to(device=self._device, dtype=self._dtype).reshape(-1).nan_to_num(0.0)
+        return self._find(t, self._top.cumsum(0)).reshape(targets.shape)
+
+    def _find(self, t: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
+        # Top: cs = cumsum([0, top values]), so cs[-1] is the total and cs[i] the prefix before entry i.
+        t = torch.clamp(t, self._zero, torch.nextafter(cs[-1], self._neg_inf))
+        node = torch.searchsorted(cs[1:], t, right=True)
+        t = t.sub_(cs.index_select(0, node)).unsqueeze_(1)
+        for d in range(len(self._rows) - 1, -1, -1):
+            row = self._v2[d].index_select(0, node)
+            cs = row.cumsum(1)
+            # Keep t inside [0, row total) despite rounding, so a zero-valued child is never chosen.
+            t = torch.clamp(t, self._zero, torch.nextafter(cs[:, -1:], self._neg_inf))
+            child = torch.searchsorted(cs, t, right=True)
+            if d:
+                t = t.sub_(cs.gather(1, child)).add_(row.gather(1, child))
             node = child.squeeze_(1).add_(node, alpha=self._arity)
-        return node.reshape(shape)
+        return node
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Stratified proportional sample: one uniform target in each of ``n`` equal segments of [0, total)."""
+        """Stratified proportional sample: one uniform target in each of ``n`` equal segments of [0, total).
+
+        Leaf indices come out in ascending order; with an all-zero tree they are 0s (callers check total).
+        """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ConfigError(f"SumTree.sample n must be an int >= 0, got {n!r}")
-        ar = self._ranges.get(n)
-        if ar is None:
-            ar = self._ranges[n] = torch.arange(n, dtype=self._dtype, device=self._device)
+        starts = self._starts.get(n)
+        if starts is None:
+            starts = self._starts[n] = torch.arange(n, dtype=self._dtype, device=self._device) / max(n, 1)
+        cs = self._top.cumsum(0)
         u = torch.rand(n, generator=generator, dtype=self._dtype, device=self._device)
-        return self.find(u.add_(ar).mul_(self._sum2d[0].sum() / n))
+        return self._find(torch.add(starts, u, alpha=1.0 / max(n, 1)).mul_(cs[-1]), cs)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Leaf priorities and the written mask (enough to rebuild every internal node)."""
-        leaves = self._sum2d[-1][:, 1:].reshape(-1)[: self._capacity].clone()
-        written = self._min2d[-1][:, 1:].reshape(-1)[: self._capacity] < math.inf
-        return {"priorities": leaves, "written": written}
+        """Leaf priorities and which leaves were ever written (enough to rebuild every inner node)."""
+        cap = self._capacity
+        return {"priorities": self._v[0][:cap].clone(), "written": self._m[0][:cap] < math.inf}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore from :meth:`state_dict` (the whole tree is rebuilt from the leaves)."""
+        """Restore from :meth:`state_dict`; every inner node is recomputed from the leaves."""
         pri, written = state["priorities"], state["written"]
-        if pri.shape != (self._capacity,) or written.shape != (self._capacity,):
-            raise ShapeError(f"SumTree state for capacity {pri.shape} does not match {self._capacity}")
+        if tuple(pri.shape) != (self._capacity,) or tuple(written.shape) != (self._capacity,):
+            raise ShapeError(
+                f"SumTree state of shape {tuple(pri.shape)} does not fit capacity {self._capacity}"
+            )
         pri = pri.to(device=self._device, dtype=self._dtype)
         written = written.to(device=self._device, dtype=torch.bool)
-        if pri.numel() and not bool(((pri >= 0) & (pri < math.inf)).all()):
+        if not bool(((pri >= 0) & (pri < math.inf)).all()):
             raise ConduitError("SumTree state holds priorities that are negative or not finite")
-        pad = torch.nn.functional.pad
-        s = pad(pri, (0, self._rows[-1] * self._arity - self._capacity))
-        m = pad(torch.where(written, pri, math.inf), (0, s.numel() - self._capacity), value=math.inf)
-        for d in range(len(self._rows) - 1, -1, -1):
-            self._sum2d[d][:, 1:].copy_(s.view(-1, self._arity))
-            self._min2d[d][:, 1:].copy_(m.view(-1, self._arity))
-            if d:
-                extra = self._rows[d - 1] * self._arity - self._rows[d]
-                s = pad(self._sum2d[d].sum(1), (0, extra))
-                m = pad(self._min2d[d].amin(1), (0, extra), value=math.inf)
+        self._v[0].zero_()[: self._capacity].copy_(pri)
+        self._m[0].fill_(math.inf)[: self._capacity].copy_(pri.masked_fill(~written, math.inf))
+        for v2, m2, pv, pm in zip(self._v2, self._m2, self._parent_v, self._parent_m):
+            pv.zero_()[: v2.shape[0]].copy_(v2.sum(1))
+            pm.fill_(math.inf)[: m2.shape[0]].copy_(m2.amin(1))
         self._last.fill_(-1)
         self._seq = 0

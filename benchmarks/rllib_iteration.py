@@ -1,0 +1,231 @@
+"""RLlib iteration time, native vs Conduit, alternating iteration by iteration (A B A B) in one run.
+
+    python benchmarks/rllib_iteration.py [--quick] [--env ID] [--algo dqn|ppo]
+        [--train-batch-size N] [--iters N] [--overlap sync|async] [--out FILE]
+
+Per iteration it records end-to-end wall time and exposed experience-path latency: for native RLlib
+the sum of buffer add + sample + priority update + learner connector + minibatch iteration (wrapped
+methods, see ``rllib_native_timing.py``); for Conduit the time the training step is blocked in the
+plugin's Conduit calls (``conduit/exposed_s``) plus any RLlib minibatch iteration still on its path.
+Writes JSON rows and a PNG bar plot of the median ratios (Conduit ÷ native) per workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rllib_native_timing import PathTimer, install  # noqa: E402
+
+MA_ENV = "MultiAgentCartPole"
+
+
+@dataclass(frozen=True)
+class Workload:
+    algo: str
+    env: str
+    train_batch_size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.algo} {self.env} b{self.train_batch_size}"
+
+
+DEFAULT_SWEEP = [
+    Workload("dqn", "CartPole-v1", 32),
+    Workload("dqn", "CartPole-v1", 256),
+    Workload("dqn", "MountainCar-v0", 32),
+    Workload("dqn", MA_ENV, 32),
+    Workload("ppo", "CartPole-v1", 4000),
+    Workload("ppo", MA_ENV, 4000),
+]
+
+
+def make_config(w: Workload, steps_per_iter: int, seed: int):  # noqa: ANN201
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    if w.algo == "dqn":
+        cfg = DQNConfig().training(
+            train_batch_size=w.train_batch_size, num_steps_sampled_before_learning_starts=steps_per_iter
+        )
+        cfg = cfg.reporting(min_sample_timesteps_per_iteration=steps_per_iter)
+    else:
+        cfg = PPOConfig().training(train_batch_size=w.train_batch_size, minibatch_size=128, num_epochs=30)
+    cfg = cfg.env_runners(num_env_runners=0).debugging(seed=seed)
+    if w.env == MA_ENV:
+        from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+        from ray.tune.registry import register_env
+
+        register_env(MA_ENV, lambda c: MultiAgentCartPole({"num_agents": 2}))
+        cfg = cfg.environment(MA_ENV).multi_agent(
+            policies={"p0", "p1"}, policy_mapping_fn=lambda aid, *a, **k: f"p{aid}"
+        )
+        if w.algo == "dqn":  # RLlib's single-agent episode buffer cannot sample multi-agent episodes
+            cfg = cfg.training(
+                replay_buffer_config={
+                    "type": "MultiAgentPrioritizedEpisodeReplayBuffer",
+                    "capacity": 50_000,
+                    "alpha": 0.6,
+                    "beta": 0.4,
+                }
+            )
+    else:
+        cfg = cfg.environment(w.env)
+    return cfg
+
+
+def run_workload(
+    w: Workload, iters: int, warmup: int, steps: int, overlap: str, timer: PathTimer
+) -> list[dict]:
+    import conduit_rllib
+
+    wrap_buffer = install(timer)
+    native = make_config(w, steps, seed=1).build_algo()
+    wrap_buffer(native)
+    conduit = conduit_rllib.enable(make_config(w, steps, seed=1), overlap=overlap).build_algo()
+    rows = []
+    try:
+        for it in range(warmup + iters):
+            for system, algo in (("native", native), ("conduit", conduit)):
+                timer.take()
+                timer.active = True
+                t0 = time.perf_counter()
+                result = algo.train()
+                wall = time.perf_counter() - t0
+                timer.active = False
+                path, parts = timer.take()
+                exposed = path + (result["conduit"]["exposed_s"] if system == "conduit" else 0.0)
+                if it < warmup:
+                    continue
+                rows.append(
+                    {
+                        "algo": w.algo,
+                        "env": w.env,
+                        "train_batch_size": w.train_batch_size,
+                        "system": system,
+                        "iteration": it - warmup,
+                        "wall_s": wall,
+                        "exposed_s": exposed,
+                        "native_path_parts": parts,
+                        "return_mean": result["env_runners"].get("episode_return_mean"),
+                    }
+                )
+                print(
+                    f"{w.name:32s} {system:8s} it={it - warmup} wall={wall:.3f}s exposed={exposed:.4f}s",
+                    flush=True,
+                )
+    finally:
+        native.stop()
+        conduit.stop()
+    return rows
+
+
+def ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    keys = sorted({(r["algo"], r["env"], r["train_batch_size"]) for r in rows})
+    for algo, env, tb in keys:
+        sel = [r for r in rows if (r["algo"], r["env"], r["train_batch_size"]) == (algo, env, tb)]
+        med = {
+            (s, m): statistics.median(r[m] for r in sel if r["system"] == s)
+            for s in ("native", "conduit")
+            for m in ("wall_s", "exposed_s")
+        }
+        out[f"{algo} {env} b{tb}"] = {
+            "native_wall_s": med[("native", "wall_s")],
+            "conduit_wall_s": med[("conduit", "wall_s")],
+            "native_exposed_s": med[("native", "exposed_s")],
+            "conduit_exposed_s": med[("conduit", "exposed_s")],
+            "wall": med[("conduit", "wall_s")] / med[("native", "wall_s")],
+            "exposed": med[("conduit", "exposed_s")] / max(med[("native", "exposed_s")], 1e-9),
+        }
+    return out
+
+
+def plot(rat: dict[str, dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rat)
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 4))
+    ax.bar([i - 0.2 for i in x], [rat[n]["wall"] for n in names], 0.4, label="end-to-end (Conduit ÷ native)")
+    ax.bar(
+        [i + 0.2 for i in x], [rat[n]["exposed"] for n in names], 0.4, label="exposed path (Conduit ÷ native)"
+    )
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("median ratio")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="few, short iterations (smoke run)")
+    p.add_argument("--env", default=None)
+    p.add_argument("--algo", choices=["dqn", "ppo"], default=None)
+    p.add_argument("--train-batch-size", type=int, default=None)
+    p.add_argument("--iters", type=int, default=None, help="measured iterations per system")
+    p.add_argument("--overlap", choices=["sync", "async"], default="async")
+    p.add_argument("--out", default="benchmarks/results/rllib_iteration.json")
+    a = p.parse_args()
+
+    torch.set_num_threads(1)
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    sweep = DEFAULT_SWEEP
+    if a.algo or a.env or a.train_batch_size:
+        algo = a.algo or "dqn"
+        tb = a.train_batch_size or (32 if algo == "dqn" else 4000)
+        sweep = [Workload(algo, a.env or "CartPole-v1", tb)]
+    if a.quick:
+        sweep = [Workload(w.algo, w.env, min(w.train_batch_size, 1000)) for w in sweep]
+    iters = a.iters or (3 if a.quick else 10)
+    steps = 200 if a.quick else 1000
+    timer = PathTimer()
+    rows = []
+    for w in sweep:
+        rows += run_workload(w, iters, warmup=1, steps=steps, overlap=a.overlap, timer=timer)
+    rat = ratios(rows)
+    machine = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "load_avg": os.getloadavg(),
+        "overlap": a.overlap,
+        "quick": a.quick,
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine, "rows": rows, "ratios": rat}, indent=1))
+    plot(rat, out.with_suffix(".png"))
+    print(
+        f"\n{'workload':34s} {'wall native':>11s} {'wall conduit':>12s} {'ratio':>6s} {'exp native':>10s} {'exp conduit':>11s} {'ratio':>6s}"
+    )
+    for name, r in rat.items():
+        print(
+            f"{name:34s} {r['native_wall_s']:11.3f} {r['conduit_wall_s']:12.3f} {r['wall']:6.2f} "
+            f"{r['native_exposed_s']:10.4f} {r['conduit_exposed_s']:11.4f} {r['exposed']:6.3f}"
+        )
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""``ConduitDQN``: RLlib's DQN with its replay path (buffer, sampling, learner connector) on Conduit.
+
+Only ``training_step`` changes, and only in where experience goes: sampling from env runners,
+the learner update, target-network updates and weight sync are RLlib's own calls, in RLlib's order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+from ray.rllib.algorithms.dqn.dqn import DQN, DQNConfig, calculate_rr_weights
+from ray.rllib.core import ALL_MODULES
+from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_AGENT_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    REPLAY_BUFFER_ADD_DATA_TIMER,
+    REPLAY_BUFFER_SAMPLE_TIMER,
+    REPLAY_BUFFER_UPDATE_PRIOS_TIMER,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+from ray.rllib.utils.numpy import convert_to_numpy
+
+from conduit import BufferConfig, RateLimit
+from conduit_rllib.common import ConduitAlgorithmMixin
+from conduit_rllib.replay import ConduitReplay
+from conduit_rllib.validate import check_dqn_config
+
+TD_ERROR_KEY = "td_error"
+
+
+def buffer_config(config: DQNConfig) -> BufferConfig:
+    """RLlib's ``replay_buffer_config`` as a Conduit ``BufferConfig`` (validated by ``check_dqn_config``)."""
+    rb = config.replay_buffer_config
+    kind = rb["type"] if isinstance(rb["type"], str) else rb["type"].__name__
+    prioritized = "Prioritized" in kind
+    return BufferConfig(
+        capacity=int(rb.get("capacity", 50_000)),
+        sampler="prioritized" if prioritized else "uniform",
+        alpha=float(rb.get("alpha", 0.6)),
+        beta=float(rb.get("beta", 0.4)),
+        priority_eps=float(rb.get("epsilon", 1e-6)),
+        rate_limit=RateLimit(min_size=1, timeout_s=600.0),
+    )
+
+
+class ConduitDQN(ConduitAlgorithmMixin, DQN):
+    """DQN whose replay path runs on Conduit. Use ``conduit_rllib.enable(config)`` or set ``algo_class``."""
+
+    @classmethod
+    def get_default_config(cls) -> DQNConfig:
+        return DQNConfig(algo_class=cls)
+
+    def setup(self, config: Any) -> None:
+        check_dqn_config(config)
+        super().setup(config)
+        self._check_spaces(discrete_actions=True)
+        self._replay = ConduitReplay(
+            self._conduit_settings(),
+            buffer_config(self.config),
+            n_step=int(self.config.n_step),
+            gamma=float(self.config.gamma),
+            device=self._learner_device(),
+            num_learners=self.config.num_learners,
+            seed=self._conduit_seed(),
+        )
+        self._policy_version = 0
+
+    @property
+    def conduit_path(self) -> ConduitReplay:
+        return self._replay
+
+    def training_step(self) -> None:
+        store_weight, train_weight = calculate_rr_weights(self.config)
+        for _ in range(store_weight):
+            with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+                episodes, env_runner_results = synchronous_parallel_sample(
+                    worker_set=self.env_runner_group,
+                    concat=True,
+                    sample_timeout_s=self.config.sample_timeout_s,
+                    _uses_new_env_runners=True,
+                    _return_metrics=True,
+                )
+            self.metrics.aggregate(env_runner_results, key=ENV_RUNNER_RESULTS)
+            with self.metrics.log_time((TIMERS, REPLAY_BUFFER_ADD_DATA_TIMER)):
+                self._replay.add(episodes, version=self._policy_version)
+
+        if self._sampled_ts() < self.config.num_steps_sampled_before_learning_starts:
+            return
+        if not self._replay.ready():
+            return
+        for _ in range(train_weight):
+            with self.metrics.log_time((TIMERS, REPLAY_BUFFER_SAMPLE_TIMER)):
+                train = self._replay.sample(self.config.total_train_batch_size)
+            with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+                learner_results = self.learner_group.update(**train.kwargs, timesteps=self._timesteps())
+                self._policy_version += 1
+                td_errors = _pop_td_errors(learner_results)
+                self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+            with self.metrics.log_time((TIMERS, REPLAY_BUFFER_UPDATE_PRIOS_TIMER)):
+                self._replay.update_priorities(train, td_errors)
+
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group,
+                policies=set(learner_results[0].keys()) - {ALL_MODULES},
+                global_vars=None,
+                inference_only=True,
+            )
+
+    def _sampled_ts(self) -> int:
+        if self.config.count_steps_by == "agent_steps":
+            return sum(
+                self.metrics.peek((ENV_RUNNER_RESULTS, NUM_AGENT_STEPS_SAMPLED_LIFETIME), default={}).values()
+            )
+        return self.metrics.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)
+
+    def _timesteps(self) -> dict[str, Any]:
+        return {
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
+            ),
+            NUM_AGENT_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                (ENV_RUNNER_RESULTS, NUM_AGENT_STEPS_SAMPLED_LIFETIME)
+            ),
+        }
+
+
+def _pop_td_errors(learner_results: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """TD errors per module, concatenated over learners in shard order (as RLlib's DQN does)."""
+    parts: dict[str, list[np.ndarray]] = defaultdict(list)
+    for res in learner_results:
+        for mid, module_results in res.items():
+            if TD_ERROR_KEY in module_results:
+                parts[mid].append(np.asarray(convert_to_numpy(module_results.pop(TD_ERROR_KEY).peek())))
+    return {mid: np.concatenate([p.reshape(-1) for p in ps]) for mid, ps in parts.items()}
+
+
+__all__ = ["ConduitDQN", "buffer_config"]

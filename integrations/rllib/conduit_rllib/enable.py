@@ -1,0 +1,44 @@
+"""``enable(config)``: route an RLlib DQN or PPO config's experience path through Conduit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conduit_rllib.settings import ATTR, ConduitSettings
+from conduit_rllib.validate import algorithm_name, check_dqn_config, check_ppo_config
+
+
+def enable(
+    config: Any,
+    *,
+    overlap: str = "sync",
+    depth: int = 2,
+    g_ing: int = 1,
+    g_del: int = 1,
+    seed: int | None = None,
+) -> Any:
+    """Return ``config`` set up to run its algorithm with Conduit's experience path.
+
+    Example:
+        >>> config = DQNConfig().environment("CartPole-v1")
+        >>> config = conduit_rllib.enable(config, overlap="async", g_del=4)
+        >>> algo = config.build_algo()
+
+    Raises:
+        UnsupportedAlgorithmError: not DQN or PPO (the message lists the supported ones).
+        OldAPIStackError: the config is on RLlib's old API stack.
+        ReplayConfigError: a replay/training setting Conduit cannot honour (the message names the key).
+    """
+    from conduit_rllib.dqn import ConduitDQN
+    from conduit_rllib.ppo import ConduitPPO
+
+    name = algorithm_name(config)
+    settings = ConduitSettings(overlap=overlap, depth=depth, g_ing=g_ing, g_del=g_del, seed=seed)
+    if name == "DQN":
+        check_dqn_config(config)
+        config.algo_class = ConduitDQN
+    else:
+        check_ppo_config(config)
+        config.algo_class = ConduitPPO
+    setattr(config, ATTR, settings.to_dict())
+    return config

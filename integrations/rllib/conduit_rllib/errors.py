@@ -1,0 +1,25 @@
+"""Errors of the RLlib plugin: each names what RLlib asked for that Conduit cannot do."""
+
+from __future__ import annotations
+
+from conduit.errors import ConduitError
+
+
+class RLlibIntegrationError(ConduitError):
+    """Base class of every error the RLlib plugin raises on purpose."""
+
+
+class UnsupportedAlgorithmError(RLlibIntegrationError):
+    """The config belongs to an algorithm the plugin does not route through Conduit."""
+
+
+class OldAPIStackError(RLlibIntegrationError):
+    """The config runs on RLlib's old API stack (RolloutWorker/Policy); only the new stack is supported."""
+
+
+class UnsupportedSpaceError(RLlibIntegrationError):
+    """An observation or action space that Conduit cannot store as fixed-shape columns."""
+
+
+class ReplayConfigError(RLlibIntegrationError):
+    """A replay or training setting the Conduit path cannot honour (the message names the key)."""

@@ -1,0 +1,141 @@
+"""PPO's experience path on Conduit: fragments in (GAE at ingestion), epoch minibatch sequences out."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from conduit import BufferConfig, Column, ColumnBatch, Conduit, Metrics, Operator, RateLimit, Schema
+from conduit_rllib.fragments import FragmentPacker, by_module
+from conduit_rllib.gae import ValueFn, gae_operator, normalize_advantages
+from conduit_rllib.settings import ConduitSettings
+from conduit_rllib.train_batch import LearnerInput, learner_input, to_sample_batch
+
+
+def _schemas(sample: ColumnBatch) -> tuple[Schema, Schema]:
+    """(put schema, stored schema) from the first packed fragment batch."""
+
+    def col(name: str) -> Column:
+        t = sample[name]
+        return Column(name, t.dtype, tuple(t.shape[1:]))
+
+    put = Schema([col(n) for n in sample.columns])
+    stored = Schema(
+        [
+            col("obs"),
+            col("actions"),
+            col("action_logp"),
+            col("action_dist_inputs"),
+            Column("advantages", torch.float32),
+            Column("value_targets", torch.float32),
+        ]
+    )
+    return put, stored
+
+
+def epoch_index(
+    n: int, num_minibatches: int, minibatch_size: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Row order for ``num_minibatches`` minibatches: a fresh permutation per epoch, like RLlib's cycle."""
+    total = num_minibatches * minibatch_size
+    epochs = math.ceil(total / n)
+    perms = torch.argsort(torch.rand(epochs, n, generator=generator), dim=1)
+    return perms.reshape(-1)[:total]
+
+
+class ConduitOnPolicy:
+    """One FIFO (consume-once) Conduit per module; every iteration's batch is delivered exactly once."""
+
+    def __init__(
+        self,
+        settings: ConduitSettings,
+        value_fns: dict[str, ValueFn] | Any,
+        gamma: float,
+        lambda_: float,
+        capacity: int,
+        device: torch.device | str,
+        num_learners: int,
+        seed: int | None,
+    ) -> None:
+        self.settings = settings
+        self.value_fns = value_fns
+        self.gamma, self.lambda_ = gamma, lambda_
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.num_learners = num_learners
+        self.metrics = Metrics(trace=False)
+        self.conduits: dict[str, Conduit] = {}
+        self.pending: dict[str, int] = {}
+        self.packer = FragmentPacker()
+        self.generator = torch.Generator()
+        self.generator.manual_seed(0 if seed is None else seed)
+
+    def _conduit(self, mid: str, sample: ColumnBatch) -> Conduit:
+        c = self.conduits.get(mid)
+        if c is None:
+            put, stored = _schemas(sample)
+            c = Conduit(
+                put,
+                BufferConfig(
+                    capacity=self.capacity, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=600.0)
+                ),
+                self.settings.scheduler(force_sync=True),
+                ingest=[gae_operator(self.value_fns[mid], self.gamma, self.lambda_)],
+                deliver=[Operator("normalize_advantages", normalize_advantages)],
+                device=self.device,
+                stored_schema=stored,
+                metrics=self.metrics,
+            )
+            self.conduits[mid] = c
+        return c
+
+    def add(self, episodes: list[Any], version: int) -> None:
+        """Ingest an iteration's fragments (weights are frozen while they were sampled)."""
+        with self.metrics.span("rllib/add", exposed=True):
+            for mid, chunks in sorted(by_module(episodes).items()):
+                batch = self.packer.pack(chunks)
+                if batch is None:
+                    continue
+                self._conduit(mid, batch).put(batch, version=version)
+                self.pending[mid] = self.pending.get(mid, 0) + batch.size
+
+    def deliver(self, num_epochs: int, minibatch_size: int | None) -> LearnerInput:
+        """Each learner's rows in minibatch order for all epochs, on the learner device.
+
+        Rows are split over learners in contiguous shards (as RLlib's ``ShardBatchIterator``); every
+        learner and module gets the same number of minibatches, so multi-learner updates stay in step.
+        """
+        with self.metrics.span("rllib/deliver", exposed=True):
+            ranks = max(1, self.num_learners)
+            shards: dict[str, list[ColumnBatch]] = {}
+            for mid, n in sorted(self.pending.items()):
+                batch = self.conduits[mid].get(n).batch
+                shards[mid] = batch.split(ranks) if ranks > 1 else [batch]
+            self.pending.clear()
+            mb = minibatch_size or max(p.size for ps in shards.values() for p in ps)
+            k = max(math.ceil(num_epochs * p.size / mb) for ps in shards.values() for p in ps)
+            per_rank: list[dict[str, Any]] = [{} for _ in range(ranks)]
+            steps = 0
+            for mid, parts in shards.items():
+                for r, part in enumerate(parts):
+                    idx = epoch_index(part.size, k, mb, self.generator).to(self.device)
+                    per_rank[r][mid] = to_sample_batch(part.index(idx))
+                    steps += part.size
+            return LearnerInput(
+                learner_input(per_rank, steps, remote=self.num_learners > 0), {"minibatch_size": mb}
+            )
+
+    def end_iteration(self) -> dict[str, float]:
+        return self.metrics.end_iteration()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+    def close(self) -> None:
+        for c in self.conduits.values():
+            c.close(drain=False)

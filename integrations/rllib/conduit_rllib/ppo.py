@@ -1,0 +1,133 @@
+"""``ConduitPPO``: RLlib's PPO with GAE at ingestion and minibatches prepared by Conduit.
+
+The learner's update (loss, optimizer, KL and entropy schedules) is RLlib's own; it receives every
+epoch's minibatches as one pre-ordered batch and iterates it once, so RLlib's learner connector and
+per-epoch reshuffle are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ray.rllib.algorithms.ppo.ppo import PPO, PPOConfig
+from ray.rllib.core import ALL_MODULES
+from ray.rllib.core.columns import Columns
+from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_MODULE_STEPS_TRAINED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+
+from conduit_rllib.common import ConduitAlgorithmMixin
+from conduit_rllib.onpolicy import ConduitOnPolicy
+from conduit_rllib.validate import check_ppo_config
+
+
+class _ValueFns:
+    """``value_fns[mid](obs)``: the learner module's value estimates, computed where the module lives."""
+
+    def __init__(self, learner_group: Any) -> None:
+        self.learner_group = learner_group
+
+    def __getitem__(self, mid: str) -> Any:
+        lg = self.learner_group
+        if lg.is_local:
+            learner = lg._learner
+            module = learner.module[mid]
+
+            def local(obs: torch.Tensor) -> torch.Tensor:
+                return module.compute_values({Columns.OBS: obs.to(learner._device)}).to("cpu")
+
+            return local
+
+        def remote(obs: torch.Tensor) -> torch.Tensor:
+            arr = obs.numpy()
+
+            def fn(learner: Any) -> Any:
+                with torch.no_grad():
+                    out = learner.module[mid].compute_values(
+                        {Columns.OBS: torch.from_numpy(arr).to(learner._device)}
+                    )
+                return out.cpu().numpy()
+
+            results = lg.foreach_learner(fn)
+            first = next(iter(results))
+            return torch.from_numpy(first.get() if hasattr(first, "get") else first)
+
+        return remote
+
+
+class ConduitPPO(ConduitAlgorithmMixin, PPO):
+    """PPO whose experience path runs on Conduit. Use ``conduit_rllib.enable(config)`` or set ``algo_class``."""
+
+    @classmethod
+    def get_default_config(cls) -> PPOConfig:
+        return PPOConfig(algo_class=cls)
+
+    def setup(self, config: Any) -> None:
+        check_ppo_config(config)
+        super().setup(config)
+        self._check_spaces(discrete_actions=False)
+        self._onpolicy = ConduitOnPolicy(
+            self._conduit_settings(),
+            _ValueFns(self.learner_group),
+            gamma=float(self.config.gamma),
+            lambda_=float(self.config.lambda_),
+            capacity=4 * int(self.config.total_train_batch_size) + 10_000,
+            device=self._learner_device(),
+            num_learners=self.config.num_learners,
+            seed=self._conduit_seed(),
+        )
+        self._policy_version = 0
+
+    @property
+    def conduit_path(self) -> ConduitOnPolicy:
+        return self._onpolicy
+
+    def training_step(self) -> None:
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            by = "max_agent_steps" if self.config.count_steps_by == "agent_steps" else "max_env_steps"
+            episodes, env_runner_results = synchronous_parallel_sample(
+                worker_set=self.env_runner_group,
+                sample_timeout_s=self.config.sample_timeout_s,
+                _uses_new_env_runners=True,
+                _return_metrics=True,
+                **{by: self.config.total_train_batch_size},
+            )
+            if not episodes:
+                return
+            self.metrics.aggregate(env_runner_results, key=ENV_RUNNER_RESULTS)
+
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            self._onpolicy.add(episodes, version=self._policy_version)
+            train = self._onpolicy.deliver(self.config.num_epochs, self.config.minibatch_size)
+            learner_results = self.learner_group.update(
+                **train.kwargs,
+                timesteps={
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
+                    ),
+                    NUM_MODULE_STEPS_TRAINED_LIFETIME: self.metrics.peek(
+                        (LEARNER_RESULTS, ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME), default=0
+                    ),
+                },
+                num_epochs=1,
+                minibatch_size=train.deliveries["minibatch_size"],
+                shuffle_batch_per_epoch=False,
+            )
+            self._policy_version += 1
+            self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group,
+                policies=set(learner_results[0].keys()) - {ALL_MODULES},
+                inference_only=True,
+            )

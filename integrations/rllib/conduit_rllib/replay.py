@@ -1,0 +1,174 @@
+"""DQN's replay path on Conduit: one Conduit per module, fed with episode chunks, read as train batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from conduit import BufferConfig, Column, Conduit, Metrics, Schema
+from conduit_rllib.fragments import TransitionPacker, by_module
+from conduit_rllib.nstep import nstep_operator
+from conduit_rllib.settings import ConduitSettings
+from conduit_rllib.train_batch import LearnerInput, learner_input, to_sample_batch
+
+
+def step_schema(obs_dtype: torch.dtype, obs_shape: tuple[int, ...]) -> Schema:
+    """What ``put`` takes: flat step rows (see ``TransitionPacker``)."""
+    return Schema(
+        [
+            Column("obs", obs_dtype, obs_shape),
+            Column("next_obs", obs_dtype, obs_shape),
+            Column("actions", torch.int64),
+            Column("rewards", torch.float32),
+            Column("terminateds", torch.bool),
+            Column("seg_end", torch.int64),
+            Column("emit", torch.bool),
+        ]
+    )
+
+
+def transition_schema(obs_dtype: torch.dtype, obs_shape: tuple[int, ...]) -> Schema:
+    """What the buffer stores: DQN's train-batch columns under RLlib's names."""
+    return Schema(
+        [
+            Column("obs", obs_dtype, obs_shape),
+            Column("new_obs", obs_dtype, obs_shape),
+            Column("actions", torch.int64),
+            Column("rewards", torch.float32),
+            Column("terminateds", torch.bool),
+            Column("n_step", torch.float32),
+        ]
+    )
+
+
+class ConduitReplay:
+    """Replaces RLlib's episode replay buffer, sampling and learner connector for DQN.
+
+    Args:
+        settings: the plugin's knobs; buffer: capacity, sampler, alpha, beta.
+        n_step, gamma: DQN's n-step target settings, applied once per transition at ingestion.
+        device: the learner's device (local learner) or ``cpu`` (remote learners).
+        num_learners: remote learners the batch is split over (0: one local learner).
+    """
+
+    def __init__(
+        self,
+        settings: ConduitSettings,
+        buffer: BufferConfig,
+        n_step: int,
+        gamma: float,
+        device: torch.device | str,
+        num_learners: int,
+        seed: int | None,
+    ) -> None:
+        self.settings, self.buffer_config = settings, buffer
+        self.n_step, self.gamma = n_step, gamma
+        self.device = torch.device(device)
+        self.num_learners = num_learners
+        self.seed = seed
+        self.metrics = Metrics(trace=False)
+        self.conduits: dict[str, Conduit] = {}
+        self.packers: dict[str, TransitionPacker] = {}
+        self.obs_specs: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        self._ones: dict[tuple[str, int], torch.Tensor] = {}
+
+    # -- ingestion -------------------------------------------------------------------------------
+
+    def _conduit(self, mid: str, obs_dtype: torch.dtype, obs_shape: tuple[int, ...]) -> Conduit:
+        c = self.conduits.get(mid)
+        if c is None:
+            self.obs_specs[mid] = (obs_dtype, obs_shape)
+            c = Conduit(
+                step_schema(obs_dtype, obs_shape),
+                self.buffer_config,
+                self.settings.scheduler(),
+                ingest=[nstep_operator(self.n_step, self.gamma)],
+                device=self.device,
+                ranks=max(1, self.num_learners),
+                stored_schema=transition_schema(obs_dtype, obs_shape),
+                seed=None if self.seed is None else self.seed + len(self.conduits),
+                metrics=self.metrics,
+            )
+            self.conduits[mid] = c
+        return c
+
+    def add(self, episodes: list[Any], version: int) -> int:
+        """Put every module's steps from ``episodes``; returns the env steps seen."""
+        with self.metrics.span("rllib/add", exposed=True):
+            steps = 0
+            for mid, chunks in sorted(by_module(episodes).items()):
+                packer = self.packers.setdefault(mid, TransitionPacker(self.n_step))
+                batch = packer.pack(chunks)
+                if batch is None:
+                    continue
+                steps += batch.size
+                obs = batch["obs"]
+                self._conduit(mid, obs.dtype, tuple(obs.shape[1:])).put(batch, version=version)
+            return steps
+
+    # -- delivery --------------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Whether every module has at least one stored transition (async: after a flush)."""
+        if not self.conduits:
+            return False
+        if any(c.buffer.inserted == 0 for c in self.conduits.values()):
+            for c in self.conduits.values():
+                c.flush()
+        return all(c.buffer.inserted > 0 for c in self.conduits.values())
+
+    def sample(self, batch_size: int) -> LearnerInput:
+        """One train batch of ``batch_size`` transitions per module, already on the learner device."""
+        with self.metrics.span("rllib/sample", exposed=True):
+            ranks = max(1, self.num_learners)
+            per_rank: list[dict[str, Any]] = [{} for _ in range(ranks)]
+            deliveries = {}
+            for mid, c in self.conduits.items():
+                d = c.get(batch_size)
+                deliveries[mid] = d
+                weights = d.weights if d.weights is not None else self._ones_for(mid, batch_size)
+                lo = 0
+                for r, part in enumerate(d.parts):
+                    per_rank[r][mid] = to_sample_batch(part, {"weights": weights[lo : lo + part.size]})
+                    lo += part.size
+            kwargs = learner_input(per_rank, batch_size, remote=self.num_learners > 0)
+            return LearnerInput(kwargs, deliveries)
+
+    def _ones_for(self, mid: str, n: int) -> torch.Tensor:
+        key = (mid, n)
+        if key not in self._ones:
+            self._ones[key] = torch.ones(n, dtype=torch.float32, device=self.device)
+        return self._ones[key]
+
+    def update_priorities(self, batch: LearnerInput, td_errors: dict[str, np.ndarray]) -> None:
+        """Priorities ``|td|`` go back to the items of the batch they were computed on."""
+        with self.metrics.span("rllib/update_priorities", exposed=True):
+            for mid, d in batch.deliveries.items():
+                td = td_errors.get(mid)
+                if td is None or self.buffer_config.sampler != "prioritized":
+                    continue
+                self.conduits[mid].update_priorities(d, torch.as_tensor(np.asarray(td), dtype=torch.float32))
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def end_iteration(self) -> dict[str, float]:
+        return self.metrics.end_iteration()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "obs_specs": dict(self.obs_specs),
+            "conduits": {mid: c.state_dict() for mid, c in self.conduits.items()},
+            "packers": {mid: p.state_dict() for mid, p in self.packers.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for mid, (dtype, shape) in state["obs_specs"].items():
+            self._conduit(mid, dtype, shape).load_state_dict(state["conduits"][mid])
+        for mid, ps in state["packers"].items():
+            self.packers.setdefault(mid, TransitionPacker(self.n_step)).load_state_dict(ps)
+
+    def close(self) -> None:
+        for c in self.conduits.values():
+            c.close(drain=False)
