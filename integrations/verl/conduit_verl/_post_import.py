@@ -30,7 +30,9 @@ class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
         self._name, self._callback, self._busy = name, callback, False
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != self._name or self._busy:
             return None
         self._busy = True

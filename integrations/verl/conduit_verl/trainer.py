@@ -25,6 +25,7 @@ class ConduitTrainerConfig:
     g_ing: int = 0  # groups per ingestion call; 0 = the whole batch (verl's behaviour)
     g_del: int = 0  # mini-batches per delivery; 0 = the whole batch
     depth: int = 1  # delivered batches kept ready
+    poll_interval_s: float | None = None  # replay-buffer poll period; None = verl's default (2 s)
 
     def __post_init__(self) -> None:
         if self.overlap not in ("sync", "async"):
@@ -32,6 +33,8 @@ class ConduitTrainerConfig:
         for name in ("g_ing", "g_del"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.v1.conduit.{name} must be >= 0, got {getattr(self, name)}")
+        if self.poll_interval_s is not None and self.poll_interval_s <= 0:
+            raise ValueError(f"trainer.v1.conduit.poll_interval_s must be > 0, got {self.poll_interval_s}")
         if self.depth < 1:
             raise ValueError(f"trainer.v1.conduit.depth must be >= 1, got {self.depth}")
 
@@ -41,7 +44,10 @@ class ConduitTrainerConfig:
         raw: Any = config.trainer.v1.get(MODE, None)
         knobs: dict[str, Any] = {}
         if raw is not None:
-            knobs = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw)
+            container = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw
+            if not isinstance(container, dict):
+                raise ValueError(f"trainer.v1.{MODE} must be a mapping, got {type(container).__name__}")
+            knobs = {str(k): v for k, v in container.items()}
         allowed = {f.name for f in fields(cls)}
         for key in knobs:
             if key not in allowed:
@@ -63,4 +69,7 @@ class ConduitTrainer(PPOTrainerSync):
         # verl branches on ``trainer_mode == "sync"`` (replay buffer, refill, checkpoints);
         # this mode keeps sync semantics, so it reports itself as "sync" to those branches.
         self.trainer_mode = "sync"
-        return super()._build_replay_buffer()
+        buffer = super()._build_replay_buffer()
+        if self.conduit_config.poll_interval_s is not None and hasattr(buffer, "poll_interval"):
+            buffer.poll_interval = self.conduit_config.poll_interval_s
+        return buffer

@@ -27,7 +27,9 @@ def make_rows(n: int, seed: int, split: str, max_operand: int = 20) -> list[dict
     return rows
 
 
-def write_dataset(out_dir: str | Path, seed: int = 0, n_train: int = 256, n_val: int = 16) -> tuple[Path, Path]:
+def write_dataset(
+    out_dir: str | Path, seed: int = 0, n_train: int = 256, n_val: int = 16
+) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; return their paths."""
     import pandas as pd
 

@@ -19,7 +19,9 @@ logger = logging.getLogger(__name__)
 class HFGenerationServer:
     """Holds one CPU copy of the policy and generates one request at a time."""
 
-    def __init__(self, model_path: str, response_length: int, prompt_length: int, num_threads: int = 1) -> None:
+    def __init__(
+        self, model_path: str, response_length: int, prompt_length: int, num_threads: int = 1
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(num_threads)
@@ -28,7 +30,9 @@ class HFGenerationServer:
         ).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.eos_token_id: int = int(tokenizer.eos_token_id)
-        self.pad_token_id: int = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id)
+        self.pad_token_id: int = int(
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
+        )
         self.response_length = response_length
         self.prompt_length = prompt_length
         self.global_steps: int | None = None
@@ -55,7 +59,9 @@ class HFGenerationServer:
             gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
         input_ids = torch.tensor([prompt_ids], dtype=torch.long)
         with torch.no_grad():
-            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **gen_kwargs)
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **gen_kwargs
+            )
         tokens = out.sequences[0, input_ids.shape[1] :].tolist()
         # log-probs of the sampled tokens under logits / temperature (what verl recomputes)
         scale = temperature if do_sample else 1.0
@@ -110,6 +116,12 @@ class HFGenerationServer:
             self.weight_version += 1
             if global_steps is not None:
                 self.global_steps = global_steps
+            norm = float(torch.sqrt(sum((p.detach().float() ** 2).sum() for p in self.model.parameters())))
+        print(
+            f"[conduit-cpu] hf server: weights v{self.weight_version} loaded ({loaded} tensors, "
+            f"global_steps={global_steps}, param_norm={norm:.6f})",
+            flush=True,
+        )
         return loaded
 
     async def set_global_steps(self, global_steps: int) -> None:

@@ -73,11 +73,11 @@ def _patch_pin_memory() -> None:
         return self
 
     pin_memory._conduit_patched = True  # type: ignore[attr-defined]
-    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]
+    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]
 
 
 def apply() -> None:
-    """Register the CPU platform and the "hf" rollout, and apply the process-local fixes."""
+    """Register the CPU platform and the "hf" rollout; apply the process-local fixes."""
     global _applied
     if _applied:
         return
@@ -85,7 +85,7 @@ def apply() -> None:
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
     from conduit_verl.cpu import platform as _platform  # noqa: F401  (registers PlatformCPU)
-    from conduit_verl.cpu.rollout import register as register_rollout
+    from conduit_verl.cpu.registration import register_rollout
 
     _patch_init_process_group()
     _patch_pin_memory()

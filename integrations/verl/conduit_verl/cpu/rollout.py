@@ -10,24 +10,29 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import ray
 import torch
-from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
-from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
+from verl.workers.rollout.replica import RolloutReplica
 
 from conduit_verl.cpu.hf_server import HFGenerationServer
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_NAME = "hf"
-
 
 def server_actor_name(replica_rank: int) -> str:
     """Ray name of the generation server of ``replica_rank`` (job-scoped namespace)."""
     return f"conduit_hf_server_{replica_rank}"
+
+
+def _model_path(model_config: Any) -> str:
+    """Local model dir from an ``HFModelConfig`` or the raw ``actor_rollout_ref.model`` DictConfig."""
+    if hasattr(model_config, "get"):
+        return str(model_config.get("local_path") or model_config.get("path"))
+    return str(getattr(model_config, "local_path", None) or model_config.path)
 
 
 class HFReplica(RolloutReplica):
@@ -37,9 +42,10 @@ class HFReplica(RolloutReplica):
         name = server_actor_name(self.replica_rank)
         if self.is_reward_model or self.is_teacher_model:
             name = f"{name}{'_reward' if self.is_reward_model else '_teacher'}{self.name_suffix}"
-        server_cls = ray.remote(HFGenerationServer)
-        server = server_cls.options(name=name, num_cpus=0.1, max_concurrency=self.max_concurrency).remote(
-            model_path=self.model_config.local_path,
+        server_cls: Any = ray.remote(HFGenerationServer)
+        options = {"name": name, "num_cpus": 0.1, "max_concurrency": self.max_concurrency}
+        server: ray.actor.ActorHandle = server_cls.options(**options).remote(
+            model_path=_model_path(self.model_config),
             response_length=self.config.response_length,
             prompt_length=self.config.prompt_length,
         )
@@ -86,7 +92,9 @@ class HFRolloutAdapter(BaseRollout):
     async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
         """Materialise the (collective) weight generator on every rank; rank 0 of the replica sends it."""
         if wire_format != "named_tensors":
-            raise NotImplementedError(f"hf rollout supports wire_format='named_tensors' only, got {wire_format!r}")
+            raise NotImplementedError(
+                f"hf rollout supports wire_format='named_tensors' only, got {wire_format!r}"
+            )
         state: dict[str, torch.Tensor] = {}
         async for name, tensor in _aiter(weights):
             if self._has_server:
@@ -96,9 +104,3 @@ class HFRolloutAdapter(BaseRollout):
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("hf rollout does not support LoRA adapters")
         await self._server_handle().load_weights.remote(state, kwargs.get("global_steps"))
-
-
-def register() -> None:
-    """Register rollout name "hf" in both of verl's rollout registries (idempotent)."""
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.HFRolloutAdapter"

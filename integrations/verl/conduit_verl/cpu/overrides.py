@@ -1,0 +1,90 @@
+"""The hydra overrides that put verl's ``main_ppo`` (V1 trainer, GRPO) in CPU mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from conduit_verl.cpu import reward
+
+
+@dataclass(frozen=True)
+class CPURunSpec:
+    """Inputs of one CPU run: where the tiny model/data live and the loop's size."""
+
+    model_dir: Path
+    train_file: Path
+    val_file: Path
+    work_dir: Path
+    trainer_mode: str = "sync"
+    steps: int = 2
+    seed: int = 0
+    batch_size: int = 4  # prompts per step
+    n: int = 4  # responses per prompt (GRPO group size)
+    lr: float = 1e-3
+    max_prompt_length: int = 32
+    max_response_length: int = 16
+
+
+def cpu_overrides(spec: CPURunSpec) -> list[str]:
+    """Overrides for ``verl/trainer/config/ppo_trainer.yaml``; numbers are the notes' obstacles."""
+    arr = "actor_rollout_ref"
+    micro = spec.batch_size * spec.n
+    return [
+        # the task
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files=['{spec.train_file}']",
+        f"data.val_files=['{spec.val_file}']",
+        f"data.train_batch_size={spec.batch_size}",
+        f"data.max_prompt_length={spec.max_prompt_length}",
+        f"data.max_response_length={spec.max_response_length}",
+        "data.dataloader_num_workers=0",
+        f"data.seed={spec.seed}",
+        f"reward.custom_reward_function.path={reward.__file__}",
+        "reward.custom_reward_function.name=compute_score",
+        "reward.num_workers=1",
+        # the model: a local HF dir, eager attention (6), FSDP2 (7) on gloo
+        f"{arr}.model.path={spec.model_dir}",
+        f"+{arr}.model.override_config.attn_implementation=eager",
+        f"{arr}.model.use_remove_padding=False",
+        f"{arr}.model.enable_gradient_checkpointing=False",
+        f"{arr}.actor.strategy=fsdp2",
+        f"{arr}.ref.strategy=fsdp2",
+        f"{arr}.actor.optim.lr={spec.lr}",
+        f"{arr}.actor.ppo_mini_batch_size={spec.batch_size}",
+        f"{arr}.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"{arr}.actor.use_kl_loss=True",
+        f"{arr}.actor.kl_loss_coef=0.001",
+        f"{arr}.actor.entropy_coeff=0",
+        f"{arr}.actor.data_loader_seed={spec.seed}",
+        f"{arr}.ref.log_prob_micro_batch_size_per_gpu={micro}",
+        # the rollout: rollout "hf" (10) that receives weights after every step
+        f"{arr}.rollout.name=hf",
+        f"{arr}.rollout.n={spec.n}",
+        f"{arr}.rollout.tensor_model_parallel_size=1",
+        f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"{arr}.rollout.agent.num_workers=1",
+        f"{arr}.rollout.seed={spec.seed}",
+        # devices and Ray: 1 fake GPU (2), enough CPU slots for TQ (1), loopback only
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "ray_kwargs.ray_init.num_cpus=32",
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+        "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
+        # the loop
+        f"trainer.v1.trainer_mode={spec.trainer_mode}",
+        "trainer.v1.sampler.max_off_policy_threshold=null",
+        f"trainer.total_training_steps={spec.steps}",
+        "trainer.total_epochs=1000",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=['console','file']",
+        "trainer.project_name=conduit_cpu",
+        f"trainer.experiment_name=grpo_{spec.trainer_mode}_s{spec.seed}",
+        f"trainer.default_local_dir={spec.work_dir / 'ckpt'}",
+        f"hydra.run.dir={spec.work_dir / 'hydra'}",
+    ]

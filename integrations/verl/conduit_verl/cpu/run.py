@@ -1,0 +1,98 @@
+"""Launcher: ``python -m conduit_verl.cpu.run [--trainer-mode M] [--steps N] [--seed S] [overrides...]``.
+
+Builds the tiny model, tokenizer, data and reward into a work dir, puts this process (and so
+every Ray worker it starts) in CPU mode, and calls verl's own ``main_ppo`` entry point with
+hydra overrides. Per-iteration metrics land in ``<work-dir>/metrics.jsonl`` (verl's file logger).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from conduit_verl.cpu.patches import CPU_ENV
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """Known flags, plus the remaining hydra overrides."""
+    p = argparse.ArgumentParser(prog="python -m conduit_verl.cpu.run", description=__doc__)
+    p.add_argument("--trainer-mode", default="sync", help="trainer.v1.trainer_mode (sync, conduit, ...)")
+    p.add_argument("--steps", type=int, default=2, help="training iterations")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=4, help="prompts per iteration")
+    p.add_argument("--n", type=int, default=4, help="responses per prompt")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--work-dir", default=None, help="default: a new temp dir")
+    return p.parse_known_args(argv)
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
+    """Build model/data in the work dir; return (hydra overrides, metrics path)."""
+    from conduit_verl.cpu.data import write_dataset
+    from conduit_verl.cpu.model import build_model_dir
+    from conduit_verl.cpu.overrides import CPURunSpec, cpu_overrides
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="conduit_verl_cpu_")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = build_model_dir(work / "model", seed=args.seed)
+    train, val = write_dataset(work / "data", seed=args.seed)
+    spec = CPURunSpec(
+        model_dir=model_dir,
+        train_file=train,
+        val_file=val,
+        work_dir=work,
+        trainer_mode=args.trainer_mode,
+        steps=args.steps,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        n=args.n,
+        lr=args.lr,
+    )
+    return cpu_overrides(spec), work / "metrics.jsonl"
+
+
+def set_cpu_env(metrics_path: Path) -> None:
+    """Environment inherited by the Ray cluster this process starts (so by every verl worker)."""
+    os.environ.update(CPU_ENV)
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # every process (Ray workers, TransferQueue) then reports 127.0.0.1 as its node address
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # verl warns once per process about optional engines (megatron, veomni, ...) it cannot import
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:verl.workers.engine")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(argv)
+    overrides, metrics_path = prepare(args)
+    set_cpu_env(metrics_path)
+    print(f"[conduit-cpu] work dir {metrics_path.parent}; metrics {metrics_path}", flush=True)
+
+    from conduit_verl.cpu.patches import apply
+
+    apply()  # this process imported conduit_verl before the env was set
+    from verl.trainer import main_ppo
+
+    from conduit_verl.cpu.metrics import ProgressPrinter
+
+    printer = ProgressPrinter(metrics_path)
+    printer.start()
+    t0 = time.monotonic()
+    saved_argv = sys.argv
+    sys.argv = ["main_ppo", *overrides, *extra]
+    try:
+        main_ppo.main()
+    finally:
+        sys.argv = saved_argv
+        printer.stop()
+    print(f"[conduit-cpu] done in {time.monotonic() - t0:.1f}s; metrics {metrics_path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

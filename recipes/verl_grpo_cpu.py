@@ -1,0 +1,18 @@
+"""GRPO with verl 0.9.1's real V1 trainer on a CPU-only machine, in one command.
+
+    python recipes/verl_grpo_cpu.py --steps 20 [--trainer-mode sync|conduit] [--seed 0] [hydra overrides]
+
+Builds a tiny Qwen2 (hidden 64, 2 layers), a char-level tokenizer and an addition task in a work dir,
+then runs ``verl.trainer.main_ppo`` (TaskRunnerV1, TransferQueue, agent loop, FSDP2 on gloo, rollout
+"hf" that receives the actor's weights every step). Metrics: ``<work-dir>/metrics.jsonl``.
+See ``integrations/verl/NOTES.md`` for what CPU mode changes and why.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from conduit_verl.cpu.run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The ``conduit`` trainer mode: registration and ``trainer.v1.conduit.*`` validation."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+
+def _cfg(knobs: dict | None):
+    v1: dict = {"trainer_mode": "conduit"}
+    if knobs is not None:
+        v1["conduit"] = knobs
+    cfg = OmegaConf.create({"trainer": {"v1": v1}})
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def test_registered_as_sync_subclass() -> None:
+    import conduit_verl.trainer  # noqa: F401
+    from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
+
+    cls = get_trainer_cls("conduit")
+    assert issubclass(cls, PPOTrainerSync)
+
+
+def test_defaults_and_values() -> None:
+    from conduit_verl.trainer import ConduitTrainerConfig
+
+    assert ConduitTrainerConfig.from_verl(_cfg(None)) == ConduitTrainerConfig()
+    got = ConduitTrainerConfig.from_verl(_cfg({"g_ing": 2, "overlap": "async", "poll_interval_s": 0.1}))
+    assert (got.g_ing, got.overlap, got.poll_interval_s) == (2, "async", 0.1)
+
+
+def test_unknown_key_is_named() -> None:
+    from conduit_verl.trainer import ConduitTrainerConfig
+
+    with pytest.raises(ValueError, match=r"trainer\.v1\.conduit\.bogus"):
+        ConduitTrainerConfig.from_verl(_cfg({"bogus": 1}))
+
+
+@pytest.mark.parametrize("knobs", [{"overlap": "maybe"}, {"g_del": -1}, {"depth": 0}, {"poll_interval_s": 0}])
+def test_bad_values(knobs: dict) -> None:
+    from conduit_verl.trainer import ConduitTrainerConfig
+
+    with pytest.raises(ValueError):
+        ConduitTrainerConfig.from_verl(_cfg(knobs))
