@@ -131,6 +131,13 @@ class ColumnBatch:
         self.columns: dict[str, ColumnData] = dict(columns)
         self.size: int = int(size)
 
+    @classmethod
+    def trusted(cls, columns: dict[str, ColumnData], size: int) -> ColumnBatch:
+        """Build without consistency checks, for internal callers that guarantee them (hot paths)."""
+        out = cls.__new__(cls)
+        out.columns, out.size = columns, size
+        return out
+
     def __len__(self) -> int:
         return self.size
 

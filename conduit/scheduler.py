@@ -149,6 +149,7 @@ class Prefetcher(_Worker):
         self.version: int | None = None
         self.blocked_reason: str | None = None
         self.error_mode = on_error_mode
+        self.inflight = False  # a delivery is being prepared at self.batch_size
         self.priorities: collections.deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
             collections.deque()
         )
@@ -158,7 +159,7 @@ class Prefetcher(_Worker):
         with self.cond:
             self.raise_pending()
             if self.batch_size is not None and batch_size != self.batch_size:
-                if self.buffer.sampler.consumes and self.ready:
+                if self.buffer.sampler.consumes and (self.ready or self.inflight):
                     raise ConduitError(
                         f"async delivery of consume-once data was prepared for batch size {self.batch_size}; "
                         f"requesting {batch_size} would reorder items — keep the batch size constant"
@@ -177,6 +178,11 @@ class Prefetcher(_Worker):
             )
             self.raise_pending()
             if self.ready:
+                if self.ready[0].batch.size != batch_size:
+                    raise ConduitError(
+                        f"async delivery of consume-once data was prepared for batch size {self.ready[0].batch.size}; "
+                        f"requesting {batch_size} would reorder items — keep the batch size constant"
+                    )
                 delivery = self.ready.popleft()
                 self.metrics.set_gauge("delivery_ready", len(self.ready))
                 self.cond.notify_all()
@@ -215,31 +221,39 @@ class Prefetcher(_Worker):
                 if self.closed:
                     return
                 batch_size, version, room = self.batch_size, self.version, self._has_room()
+                self.inflight = room
             self._apply_priorities()
             if not room:
                 continue
-            assert batch_size is not None
-            reason = self.buffer.wait_sampleable(batch_size * self.g_del, timeout=0.5)
-            with self.cond:
-                self.blocked_reason = reason
-                self.cond.notify_all()
-            if reason is not None:
-                continue
             try:
-                with self.metrics.span("deliver/batch"):
-                    out = self.plan.prepare(
-                        self.buffer, batch_size, self.g_del, self.metrics, version, self.stream
-                    )
-            except InsufficientDataError as e:  # another reader got there first; try again
+                self._prepare(batch_size, version)
+            finally:
                 with self.cond:
-                    self.blocked_reason = str(e)
-                continue
-            except ClosedError:
-                return
+                    self.inflight = False
+                    self.cond.notify_all()
+
+    def _prepare(self, batch_size: int | None, version: int | None) -> None:
+        """Prepare ``g_del`` deliveries once the buffer can serve them (or note why it cannot)."""
+        assert batch_size is not None
+        reason = self.buffer.wait_sampleable(batch_size * self.g_del, timeout=0.5)
+        with self.cond:
+            self.blocked_reason = reason
+            self.cond.notify_all()
+        if reason is not None:
+            return
+        try:
+            with self.metrics.span("deliver/batch"):
+                out = self.plan.prepare(
+                    self.buffer, batch_size, self.g_del, self.metrics, version, self.stream
+                )
+        except InsufficientDataError as e:  # another reader got there first; try again
             with self.cond:
-                if batch_size == self.batch_size:
-                    self.ready.extend(out)
-                elif self.buffer.sampler.consumes:
-                    self.ready.extend(out)  # never drop consume-once data; get() reports the mismatch
-                self.metrics.set_gauge("delivery_ready", len(self.ready))
-                self.cond.notify_all()
+                self.blocked_reason = str(e)
+            return
+        with self.cond:
+            # Samples with replacement at an outdated size are dropped (nothing is lost); consume-once
+            # data is always kept, and get() reports a size mismatch instead of reordering items.
+            if batch_size == self.batch_size or self.buffer.sampler.consumes:
+                self.ready.extend(out)
+            self.metrics.set_gauge("delivery_ready", len(self.ready))
+            self.cond.notify_all()

@@ -1,5 +1,6 @@
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -169,6 +170,9 @@ def test_consume_once_batch_size_must_stay_constant_in_async():
     c.put(frag(0, 40))
     c.flush()
     c.get(4)
+    deadline = time.monotonic() + 10
+    while not c._prefetcher.ready and time.monotonic() < deadline:  # the next batch of 4 is prepared
+        time.sleep(0.01)
     with pytest.raises(ConduitError, match="keep the batch size constant"):
         c.get(5)
     c.close(drain=False)

@@ -58,35 +58,43 @@ def _fit_intercept(points: list[tuple[int, float]]) -> float | None:
     return my - slope * mx
 
 
-def compute_overhead(rows: Iterable[Mapping[str, Any]], gather_s: Mapping[int, float]) -> dict[str, Any]:
-    """Conduit's per-call sample overhead.
+def compute_overhead(
+    rows: Iterable[Mapping[str, Any]], gather_rows: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Conduit's per-call sample overhead, per sampler and dim.
 
     ``minus_gather_us``: Conduit's sample call at batch 256 minus a bare ``index_select`` of 256 random
-    rows of the same store (per sampler and dim). ``intercept_us``: intercept of call time vs batch.
+    rows of a store of the same shape, timed interleaved with it. ``intercept_us``: intercept of
+    Conduit's call time vs batch size.
     """
     conduit = index_rows(rows).get("conduit", {})
+    gather = index_rows(gather_rows).get("gather", {})
     per: list[dict[str, Any]] = []
     for sampler in ("uniform", "prioritized"):
         dims = sorted({k[3] for k in conduit if k[0] == "sample" and k[1] == sampler})
         for dim in dims:
-            row = conduit.get(("sample", sampler, OVERHEAD_BATCH, dim))
-            pts = [(k[2], r["us_per_call"]) for k, r in conduit.items() if k[:2] == ("sample", sampler) and k[3] == dim]
-            g = gather_s.get(dim)
+            key = ("sample", sampler, OVERHEAD_BATCH, dim)
+            row, g = conduit.get(key), gather.get(key)
+            pts = [
+                (k[2], r["us_per_call"])
+                for k, r in conduit.items()
+                if k[:2] == ("sample", sampler) and k[3] == dim
+            ]
             per.append(
                 {
                     "sampler": sampler,
                     "dim": dim,
                     "batch": OVERHEAD_BATCH,
                     "call_us": row["us_per_call"] if row else None,
-                    "gather_us": g * 1e6 if g is not None else None,
-                    "minus_gather_us": (row["us_per_call"] - g * 1e6) if (row and g is not None) else None,
+                    "gather_us": g["us_per_call"] if g else None,
+                    "minus_gather_us": (row["us_per_call"] - g["us_per_call"]) if (row and g) else None,
                     "intercept_us": _fit_intercept(pts),
                 }
             )
     return {
-        "method": "sample call at batch 256 minus a bare torch.index_select of 256 random rows "
-        "(preallocated output) from a store of the same shape; intercept_us = intercept of "
-        "call time vs batch size (least squares over the measured batches)",
+        "method": "conduit sample call at batch 256 minus a bare torch.index_select of 256 random rows "
+        "(preallocated output) from a store of the same shape, timed interleaved with it; intercept_us = "
+        "intercept of conduit's call time vs batch size (least squares over the measured batches)",
         "per_cell": per,
     }
 
@@ -99,8 +107,9 @@ def _speedup_target(
     rows: Iterable[Mapping[str, Any]], peer: str, minimum: float, errors: Mapping[str, str]
 ) -> dict[str, Any]:
     name = f"prioritized sample+update at batch {TARGET_BATCH}: conduit >= {minimum:g}x {peer}"
-    if peer in errors:
-        return _not_evaluated(name, f"{peer} unavailable: {errors[peer]}")
+    for system in ("conduit", peer):
+        if system in errors:
+            return _not_evaluated(name, f"{system} unavailable: {errors[system]}")
     by = index_rows(rows)
     cells = []
     for key, prow in sorted(by.get(peer, {}).items()):
@@ -118,12 +127,17 @@ def _speedup_target(
                 }
             )
     if not cells:
-        return _not_evaluated(name, "no cell measured by both systems")
+        missing = [s for s in ("conduit", peer) if s not in by]
+        why = f"{' and '.join(missing)} not run" if missing else "no cell measured by both systems"
+        return _not_evaluated(name, why)
     return {"target": name, "passed": all(c["passed"] for c in cells), "cells": cells}
 
 
-def _gather_target(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def _gather_target(rows: Iterable[Mapping[str, Any]], errors: Mapping[str, str]) -> dict[str, Any]:
     name = f"uniform sample (gather) at dim {GATHER_DIM}: conduit GB/s >= {MIN_MEMCPY_FRACTION:.0%} of memcpy GB/s"
+    for system in ("conduit", "memcpy"):
+        if system in errors:
+            return _not_evaluated(name, f"{system} unavailable: {errors[system]}")
     by = index_rows(rows)
     cells = []
     for sampler in ("uniform", "prioritized"):
@@ -148,9 +162,14 @@ def _gather_target(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"target": name, "passed": all(c["passed"] for c in judged), "cells": cells}
 
 
-def _overhead_target(overhead: Mapping[str, Any]) -> dict[str, Any]:
+def _overhead_target(overhead: Mapping[str, Any], errors: Mapping[str, str]) -> dict[str, Any]:
     name = f"per-call sample overhead at batch {OVERHEAD_BATCH} <= {OVERHEAD_LIMIT_US:g} us (uniform, smallest dim)"
-    cands = [c for c in overhead["per_cell"] if c["sampler"] == "uniform" and c["minus_gather_us"] is not None]
+    for system in ("conduit", "memcpy"):
+        if system in errors:
+            return _not_evaluated(name, f"{system} unavailable: {errors[system]}")
+    cands = [
+        c for c in overhead["per_cell"] if c["sampler"] == "uniform" and c["minus_gather_us"] is not None
+    ]
     if not cands:
         return _not_evaluated(name, f"no uniform sample cell at batch {OVERHEAD_BATCH}")
     c = min(cands, key=lambda c: c["dim"])
@@ -172,6 +191,6 @@ def evaluate_targets(
     return [
         _speedup_target(rows, "torchrl", MIN_X_TORCHRL, errors),
         _speedup_target(rows, "rllib", MIN_X_RLLIB, errors),
-        _gather_target(rows),
-        _overhead_target(overhead),
+        _gather_target(rows, errors),
+        _overhead_target(overhead, errors),
     ]

@@ -1,67 +1,61 @@
-"""Conduit's side of the benchmark: ``ExperienceBuffer`` insert and sample (+ priority update)."""
+"""Conduit's side of the benchmark: ``ExperienceBuffer`` insert, and sample (+ priority update)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from harness import ALPHA, BETA, Cell, Timing, group_by_buffer, make_row, time_call
+from harness import ALPHA, BETA, Cell, System
 
 PREFILL_CHUNK = 8192
 N_PRIORITY_SETS = 16
 
 
-def _make_buffer(sampler: str, dim: int, capacity: int) -> Any:
-    from conduit import BufferConfig, Column, ColumnBatch, ExperienceBuffer, Schema
+class ConduitSystem(System):
+    """A full ``ExperienceBuffer`` with one ``obs`` float32 column; prioritized cells update priorities."""
 
-    schema = Schema([Column("obs", torch.float32, (dim,))])
-    buf = ExperienceBuffer(schema, BufferConfig(capacity=capacity, sampler=sampler, alpha=ALPHA, beta=BETA))
-    filled = 0
-    while filled < capacity:
-        n = min(PREFILL_CHUNK, capacity - filled)
-        buf.extend(ColumnBatch({"obs": torch.randn(n, dim)}))
-        filled += n
-    return buf
+    name = "conduit"
 
+    def open(self, sampler: str, dim: int, capacity: int) -> None:
+        from conduit import BufferConfig, Column, ColumnBatch, ExperienceBuffer, Schema
 
-def _insert_fn(buf: Any, src: torch.Tensor) -> Callable[[], None]:
-    from conduit import ColumnBatch
+        schema = Schema([Column("obs", torch.float32, (dim,))])
+        cfg = BufferConfig(capacity=capacity, sampler=sampler, alpha=ALPHA, beta=BETA)
+        self._buf: Any = ExperienceBuffer(schema, cfg)
+        filled = 0
+        while filled < capacity:
+            n = min(PREFILL_CHUNK, capacity - filled)
+            self._buf.extend(ColumnBatch({"obs": torch.randn(n, dim)}))
+            filled += n
 
-    def step() -> None:
-        buf.extend(ColumnBatch({"obs": src}))
+    def step_fn(self, cell: Cell) -> Callable[[], object]:
+        from conduit import ColumnBatch
 
-    return step
+        buf = self._buf
+        if cell.op == "insert":
+            src = torch.randn(cell.batch, cell.dim)
+            return lambda: buf.extend(ColumnBatch({"obs": src}))
+        # A steady-state consumer reuses its batch memory: sample(out=...) gathers into the previous
+        # batch (like the memcpy and gather references, which copy into a preallocated output).
+        out = [buf.sample(cell.batch).batch]
+        if cell.sampler != "prioritized":
 
+            def sample() -> None:
+                out[0] = buf.sample(cell.batch, out=out[0]).batch
 
-def _sample_fn(buf: Any, batch: int, prioritized: bool) -> Callable[[], None]:
-    prio_sets = [torch.rand(batch) * 2 + 1e-3 for _ in range(N_PRIORITY_SETS)]
-    k = [0]
+            return sample
+        prio_sets = [torch.rand(cell.batch) * 2 + 1e-3 for _ in range(N_PRIORITY_SETS)]
+        k = [0]
 
-    def sample_only() -> None:
-        buf.sample(batch)
+        def sample_and_update() -> None:
+            s = buf.sample(cell.batch, out=out[0])
+            out[0] = s.batch
+            buf.update_priorities(s.slots, s.generations, prio_sets[k[0] % N_PRIORITY_SETS])
+            k[0] += 1
 
-    def sample_and_update() -> None:
-        s = buf.sample(batch)
-        buf.update_priorities(s.slots, s.generations, prio_sets[k[0] % N_PRIORITY_SETS])
-        k[0] += 1
+        return sample_and_update
 
-    return sample_and_update if prioritized else sample_only
-
-
-def run_conduit(cells: Iterable[Cell], timing: Timing, on_row: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
-    """Time Conduit on each cell; one prefilled (full) buffer per (sampler, dim)."""
-    rows: list[dict[str, Any]] = []
-    for (sampler, dim, cap), group in group_by_buffer(cells).items():
-        buf = _make_buffer(sampler, dim, cap)
-        for cell in sorted(group, key=lambda c: c.op == "insert"):  # sample before insert
-            if cell.op == "insert":
-                fn = _insert_fn(buf, torch.randn(cell.batch, dim))
-            else:
-                fn = _sample_fn(buf, cell.batch, sampler == "prioritized")
-            row = make_row(cell, "conduit", time_call(fn, timing))
-            rows.append(row)
-            on_row(row)
-        del buf
-    return rows
+    def close(self) -> None:
+        super().close()
+        self._buf = None

@@ -65,7 +65,9 @@ class Timing:
         return dataclasses.asdict(self)
 
 
-def make_grid(batches: Iterable[int], dims: Iterable[int], ops: Iterable[str], samplers: Iterable[str]) -> list[Cell]:
+def make_grid(
+    batches: Iterable[int], dims: Iterable[int], ops: Iterable[str], samplers: Iterable[str]
+) -> list[Cell]:
     """The cross product of the given axes, with each dim's capacity."""
     return [
         Cell(op, sampler, b, d, capacity_for(d))
@@ -84,37 +86,82 @@ def group_by_buffer(cells: Iterable[Cell]) -> dict[tuple[str, int, int], list[Ce
     return groups
 
 
-def time_call(fn: Callable[[], object], timing: Timing) -> float:
-    """Median seconds per call of ``fn`` over ``timing.rounds`` rounds, after ``timing.warmup`` calls.
+@dataclass(frozen=True)
+class Measured:
+    """Seconds per call: the best round (the reported figure) and the median round."""
 
-    Each round repeats ``fn`` until it has run at least ``min_time / rounds`` seconds, so every cell is
-    timed for at least ``min_time`` in total; the median over rounds damps scheduler noise.
-    """
-    for _ in range(timing.warmup):
-        fn()
-    round_time = timing.min_time / timing.rounds
-    per_call: list[float] = []
+    best: float
+    median: float
+    calls: int
+
+    @staticmethod
+    def from_rounds(rounds: list[tuple[float, int]]) -> Measured:
+        """Summarise ``(elapsed seconds, calls)`` rounds."""
+        per_call = [e / n for e, n in rounds]
+        return Measured(min(per_call), statistics.median(per_call), sum(n for _, n in rounds))
+
+
+def run_round(fn: Callable[[], object], seconds: float) -> tuple[float, int]:
+    """Call ``fn`` repeatedly (GC paused) until ``seconds`` have passed; return (elapsed, calls)."""
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for _ in range(timing.rounds):
-            n = 0
-            t0 = time.perf_counter()
-            while True:
-                fn()
-                n += 1
-                elapsed = time.perf_counter() - t0
-                if elapsed >= round_time:
-                    break
-            per_call.append(elapsed / n)
+        n = 0
+        t0 = time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                return elapsed, n
     finally:
         if gc_was_enabled:
             gc.enable()
-    return statistics.median(per_call)
 
 
-def make_row(cell: Cell, system: str, seconds_per_call: float, **extra: Any) -> dict[str, Any]:
-    """The flat result record of one cell for one system."""
+class System:
+    """One benchmarked system, driven cell by cell so that systems can be interleaved round by round.
+
+    Subclasses implement :meth:`open` (build and prefill a buffer for one (sampler, dim, capacity)),
+    :meth:`step_fn` (the callable timed for a cell) and :meth:`close`; :meth:`supports` limits cells.
+    """
+
+    name = "system"
+
+    def __init__(self) -> None:
+        self._fn: Callable[[], object] | None = None
+
+    def supports(self, cell: Cell) -> bool:
+        """Whether this system measures ``cell``."""
+        return True
+
+    def open(self, sampler: str, dim: int, capacity: int) -> None:
+        """Build and prefill (to capacity) the buffer the following cells run on."""
+        raise NotImplementedError
+
+    def step_fn(self, cell: Cell) -> Callable[[], object]:
+        """The callable one timed call of ``cell`` runs."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the buffer built by :meth:`open`."""
+        self._fn = None
+
+    def prepare(self, cell: Cell, warmup: int) -> None:
+        """Make ``cell`` current and run its warmup calls."""
+        self._fn = self.step_fn(cell)
+        for _ in range(warmup):
+            self._fn()
+
+    def round(self, seconds: float) -> tuple[float, int]:
+        """One timing round of the current cell."""
+        assert self._fn is not None, "prepare() a cell first"
+        return run_round(self._fn, seconds)
+
+
+def make_row(cell: Cell, system: str, m: Measured, **extra: Any) -> dict[str, Any]:
+    """The flat result record of one cell for one system (rates from the best round)."""
+    seconds_per_call = m.best
     row: dict[str, Any] = {
         "op": cell.op,
         "sampler": cell.sampler,
@@ -123,6 +170,8 @@ def make_row(cell: Cell, system: str, seconds_per_call: float, **extra: Any) -> 
         "capacity": cell.capacity,
         "system": system,
         "us_per_call": seconds_per_call * 1e6,
+        "us_per_call_median": m.median * 1e6,
+        "timed_calls": m.calls,
         "items_per_s": cell.batch / seconds_per_call,
         "gb_per_s": cell.nbytes / seconds_per_call / 1e9,
     }

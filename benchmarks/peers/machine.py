@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
+import subprocess
+from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def cpu_model() -> str:
@@ -39,6 +44,28 @@ def mem_total_gib() -> float | None:
     return None
 
 
+def conduit_source() -> dict[str, Any]:
+    """Which Conduit code was measured: git HEAD, whether conduit/ differs from it, and a content hash."""
+    digest = hashlib.sha256()
+    for f in sorted((REPO / "conduit").rglob("*.py")):
+        digest.update(f.relative_to(REPO).as_posix().encode())
+        digest.update(f.read_bytes())
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--", "conduit")
+    return {
+        "git_head": git("rev-parse", "HEAD"),
+        "conduit_dir_modified": None if status is None else bool(status),
+        "conduit_py_sha256": digest.hexdigest()[:16],
+    }
+
+
 def machine_info() -> dict[str, Any]:
     """CPU model, core count, memory, load, and the main env's package versions."""
     import torch
@@ -50,6 +77,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "load_average_at_start": load_average(),
         "main_env": {"torch": torch.__version__, "num_threads": torch.get_num_threads()},
+        "conduit_source": conduit_source(),
     }
     for mod in ("tensordict", "ray", "numpy"):
         try:

@@ -1,80 +1,73 @@
-"""The physical reference: plain torch copies of the bytes each cell moves.
+"""The physical references: plain torch copies of the bytes each cell moves.
 
-``insert``: copy a contiguous ``[B, dim]`` block into a ring-ordered ``[capacity, dim]`` store.
-``sample``: copy a contiguous ``[B, dim]`` block out of the store (the bytes a gather returns, without
-the random access). :func:`gather_reference` times the random-row gather itself (``index_select``),
-which the report subtracts from Conduit's sample call to get its per-call overhead.
+``MemcpySystem`` — insert: copy a contiguous ``[B, dim]`` block into a ring-ordered ``[capacity, dim]``
+store; sample: copy a contiguous ``[B, dim]`` block out of it (the bytes a gather returns, without the
+random access), walking the whole store. ``GatherSystem`` — sample cells only: a bare
+``index_select`` of ``B`` random rows into a preallocated output, which the report subtracts from
+Conduit's sample call to get its per-call overhead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 import torch
+from harness import Cell, System
 
-from harness import Cell, Timing, group_by_buffer, make_row, time_call
+N_INDEX_SETS = 16
 
 
-def _insert_fn(store: torch.Tensor, src: torch.Tensor) -> Callable[[], None]:
-    cap, b = store.shape[0], src.shape[0]
+def _walk(cap: int, b: int, copy: Callable[[int], object]) -> Callable[[], None]:
+    """A step that applies ``copy(p)`` at successive block offsets ``p``, wrapping around the store."""
     pos = [0]
 
     def step() -> None:
         p = pos[0] if pos[0] + b <= cap else 0
-        store[p : p + b].copy_(src)
+        copy(p)
         pos[0] = p + b
 
     return step
 
 
-def _copy_out_fn(store: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
-    cap, b = store.shape[0], out.shape[0]
-    stride = max(1, (cap - b) // 7)  # walk the store so reads are not always the same cache lines
-    pos = [0]
+class MemcpySystem(System):
+    """Contiguous block copies into / out of a ``[capacity, dim]`` float32 store."""
 
-    def step() -> None:
-        p = pos[0] if pos[0] + b <= cap else 0
-        out.copy_(store[p : p + b])
-        pos[0] = p + stride
+    name = "memcpy"
 
-    return step
+    def open(self, sampler: str, dim: int, capacity: int) -> None:
+        self._store: torch.Tensor | None = torch.randn(capacity, dim)
 
+    def step_fn(self, cell: Cell) -> Callable[[], object]:
+        store = self._store
+        assert store is not None
+        if cell.op == "insert":
+            src = torch.randn(cell.batch, cell.dim)
+            return _walk(cell.capacity, cell.batch, lambda p: store[p : p + cell.batch].copy_(src))
+        out = torch.empty(cell.batch, cell.dim)
+        return _walk(cell.capacity, cell.batch, lambda p: out.copy_(store[p : p + cell.batch]))
 
-def _gather_fn(store: torch.Tensor, out: torch.Tensor, n_sets: int = 16) -> Callable[[], None]:
-    b = out.shape[0]
-    idx_sets = [torch.randint(0, store.shape[0], (b,)) for _ in range(n_sets)]
-    k = [0]
-
-    def step() -> None:
-        torch.index_select(store, 0, idx_sets[k[0] % n_sets], out=out)
-        k[0] += 1
-
-    return step
+    def close(self) -> None:
+        super().close()
+        self._store = None
 
 
-def run_memcpy(cells: Iterable[Cell], timing: Timing, on_row: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
-    """Time the memcpy reference for each cell (the sampler does not change the bytes moved)."""
-    rows: list[dict[str, Any]] = []
-    for (_sampler, dim, cap), group in group_by_buffer(cells).items():
-        store = torch.randn(cap, dim)
-        for cell in group:
-            if cell.op == "insert":
-                fn = _insert_fn(store, torch.randn(cell.batch, dim))
-            else:
-                fn = _copy_out_fn(store, torch.empty(cell.batch, dim))
-            row = make_row(cell, "memcpy", time_call(fn, timing))
-            rows.append(row)
-            on_row(row)
-        del store
-    return rows
+class GatherSystem(MemcpySystem):
+    """``index_select`` of ``B`` random rows (pre-drawn index sets) into a preallocated output."""
 
+    name = "gather"
 
-def gather_reference(batch: int, dims: Iterable[int], capacity_of: Callable[[int], int], timing: Timing) -> dict[int, float]:
-    """Seconds per ``index_select`` of ``batch`` random rows, per dim, into a preallocated output."""
-    out: dict[int, float] = {}
-    for dim in dims:
-        store = torch.randn(capacity_of(dim), dim)
-        out[dim] = time_call(_gather_fn(store, torch.empty(batch, dim)), timing)
-        del store
-    return out
+    def supports(self, cell: Cell) -> bool:
+        return cell.op == "sample"
+
+    def step_fn(self, cell: Cell) -> Callable[[], object]:
+        store = self._store
+        assert store is not None
+        out = torch.empty(cell.batch, cell.dim)
+        idx_sets = [torch.randint(0, cell.capacity, (cell.batch,)) for _ in range(N_INDEX_SETS)]
+        k = [0]
+
+        def step() -> None:
+            torch.index_select(store, 0, idx_sets[k[0] % N_INDEX_SETS], out=out)
+            k[0] += 1
+
+        return step

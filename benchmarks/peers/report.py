@@ -23,14 +23,22 @@ def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
     """One line per cell: items/s per system, Conduit's GB/s and its ratio to each peer."""
     by = index_rows(rows)
     systems = [s for s in SYSTEMS if s in by]
-    keys = sorted({k for rows_ in by.values() for k in rows_}, key=lambda k: (k[0] != "sample", k[1], k[3], k[2]))
+    keys = sorted(
+        {k for rows_ in by.values() for k in rows_}, key=lambda k: (k[0] != "sample", k[1], k[3], k[2])
+    )
     peers = [s for s in systems if s != "conduit"]
     head = f"{'op':<7}{'sampler':<12}{'batch':>6}{'dim':>7} | " + "".join(f"{s:>10}" for s in systems)
     head += " | conduit GB/s | " + "".join(f"{'c/' + p:>10}" for p in peers)
-    lines = ["items/s per system (M = 1e6, k = 1e3); c/X = conduit items/s / X items/s", head, "-" * len(head)]
+    lines = [
+        "items/s per system (M = 1e6, k = 1e3); c/X = conduit items/s / X items/s",
+        head,
+        "-" * len(head),
+    ]
     for k in keys:
         c = by.get("conduit", {}).get(k)
-        line = f"{k[0]:<7}{k[1]:<12}{k[2]:>6}{k[3]:>7} | " + "".join(f"{_fmt_rate(by[s].get(k)):>10}" for s in systems)
+        line = f"{k[0]:<7}{k[1]:<12}{k[2]:>6}{k[3]:>7} | " + "".join(
+            f"{_fmt_rate(by[s].get(k)):>10}" for s in systems
+        )
         line += f" | {c['gb_per_s']:>12.3f} | " if c else f" | {'-':>12} | "
         for p in peers:
             pr = by[p].get(k)
@@ -76,7 +84,9 @@ def plot(rows: list[Mapping[str, Any]], path: str, title: str) -> None:
     systems = [s for s in SYSTEMS if s in by]
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(13, 4.2 * len(PANELS)))
     for ax, (op, sampler) in zip(axes, PANELS):
-        keys = sorted({k for s in systems for k in by[s] if k[:2] == (op, sampler)}, key=lambda k: (k[3], k[2]))
+        keys = sorted(
+            {k for s in systems for k in by[s] if k[:2] == (op, sampler)}, key=lambda k: (k[3], k[2])
+        )
         width = 0.8 / max(1, len(systems))
         for i, s in enumerate(systems):
             xs = [j + (i - (len(systems) - 1) / 2) * width for j, k in enumerate(keys) if k in by[s]]
@@ -91,6 +101,6 @@ def plot(rows: list[Mapping[str, Any]], path: str, title: str) -> None:
         ax.grid(axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=8, ncol=len(systems))
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(path, dpi=110)
     plt.close(fig)

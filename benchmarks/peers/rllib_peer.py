@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-
-from harness import ALPHA, BETA, Cell, Timing, group_by_buffer, make_row, time_call
+from harness import ALPHA, BETA, Cell, System
 
 PREFILL_EPISODE_LEN = 200
 GAMMA = 0.99
@@ -56,7 +55,9 @@ def _make_learner(dim: int, sampler: str) -> Any:
     cfg = (
         DQNConfig()
         .environment(observation_space=obs_space, action_space=act_space)
-        .training(gamma=GAMMA, n_step=1, replay_buffer_config={"type": buffer_type, "alpha": ALPHA, "beta": BETA})
+        .training(
+            gamma=GAMMA, n_step=1, replay_buffer_config={"type": buffer_type, "alpha": ALPHA, "beta": BETA}
+        )
     )
     return cfg.build_learner(env=None)
 
@@ -73,6 +74,36 @@ def _make_buffer(sampler: str, dim: int, capacity: int, rng: np.random.Generator
     return buf
 
 
+class RLlibSystem(System):
+    """A full RLlib episode buffer plus a built DQN learner's connector pipeline, for small cells only."""
+
+    name = "rllib"
+
+    def __init__(self, dims: Iterable[int], batches: Iterable[int]) -> None:
+        super().__init__()
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        self._dims, self._batches = set(dims), set(batches)
+        self._rng = np.random.default_rng(0)
+        self._buf: Any = None
+        self._learner: Any = None
+
+    def supports(self, cell: Cell) -> bool:
+        return cell.dim in self._dims and cell.batch in self._batches
+
+    def open(self, sampler: str, dim: int, capacity: int) -> None:
+        self._learner = _make_learner(dim, sampler)
+        self._buf = _make_buffer(sampler, dim, capacity, self._rng)
+
+    def step_fn(self, cell: Cell) -> Callable[[], object]:
+        if cell.op == "insert":
+            return _insert_fn(self._buf, _episode(cell.batch, cell.dim, self._rng))
+        return _sample_fn(self._buf, self._learner, cell.batch, cell.sampler == "prioritized", self._rng)
+
+    def close(self) -> None:
+        super().close()
+        self._buf = self._learner = None
+
+
 def _insert_fn(buf: Any, template: Any) -> Callable[[], None]:
     def step() -> None:
         template.id_ = uuid.uuid4().hex  # a new episode each call; add() deep-copies it
@@ -81,7 +112,9 @@ def _insert_fn(buf: Any, template: Any) -> Callable[[], None]:
     return step
 
 
-def _sample_fn(buf: Any, learner: Any, batch: int, prioritized: bool, rng: np.random.Generator) -> Callable[[], None]:
+def _sample_fn(
+    buf: Any, learner: Any, batch: int, prioritized: bool, rng: np.random.Generator
+) -> Callable[[], None]:
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
     prio_sets = [(rng.random(batch) * 2 + 1e-3).astype(np.float32) for _ in range(N_PRIORITY_SETS)]
@@ -109,26 +142,6 @@ def _sample_fn(buf: Any, learner: Any, batch: int, prioritized: bool, rng: np.ra
             k[0] += 1
 
     return step
-
-
-def run_rllib(cells: Iterable[Cell], timing: Timing, on_row: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
-    """Time RLlib on each cell; one prefilled (full) episode buffer and DQN learner per (sampler, dim)."""
-    logging.getLogger("ray").setLevel(logging.ERROR)
-    rng = np.random.default_rng(0)
-    rows: list[dict[str, Any]] = []
-    for (sampler, dim, cap), group in group_by_buffer(cells).items():
-        learner = _make_learner(dim, sampler)
-        buf = _make_buffer(sampler, dim, cap, rng)
-        for cell in sorted(group, key=lambda c: c.op == "insert"):
-            if cell.op == "insert":
-                fn = _insert_fn(buf, _episode(cell.batch, dim, rng))
-            else:
-                fn = _sample_fn(buf, learner, cell.batch, sampler == "prioritized", rng)
-            row = make_row(cell, "rllib", time_call(fn, timing))
-            rows.append(row)
-            on_row(row)
-        del buf, learner
-    return rows
 
 
 def rllib_version() -> str:

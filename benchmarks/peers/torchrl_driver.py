@@ -1,31 +1,20 @@
-"""Drive ``torchrl_peer.py`` in the separate TorchRL venv and stream its rows back."""
+"""Run TorchRL in its own venv: check/build the venv, and proxy :class:`harness.System` calls to it."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import Cell, Timing
+from harness import Cell, System
 
 PEERS_DIR = Path(__file__).resolve().parent
 REPO = PEERS_DIR.parent.parent
 DEFAULT_PYTHON = REPO / ".venv-torchrl" / "bin" / "python"
 SETUP_SCRIPT = PEERS_DIR.parent / "envs" / "setup_torchrl.sh"
-
-
-@dataclass
-class PeerResult:
-    """Rows from the peer, its version info, and an error message if it could not run (else None)."""
-
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
 
 
 def ensure_env(python: Path, build: bool) -> str | None:
@@ -44,44 +33,65 @@ def ensure_env(python: Path, build: bool) -> str | None:
     return None
 
 
-def run_torchrl(
-    cells: Iterable[Cell],
-    timing: Timing,
-    on_row: Callable[[dict[str, Any]], None],
-    python: Path = DEFAULT_PYTHON,
-    threads: int | None = None,
-    build: bool = False,
-) -> PeerResult:
-    """Run the cells in the TorchRL venv; a failure is returned as ``PeerResult.error``, never raised."""
-    res = PeerResult()
-    res.error = ensure_env(python, build)
-    if res.error:
-        return res
-    cmd = [
-        str(python),
-        str(PEERS_DIR / "torchrl_peer.py"),
-        "--cells",
-        json.dumps([c.to_dict() for c in cells]),
-        "--timing",
-        json.dumps(timing.to_dict()),
-    ]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    env = dict(os.environ, PYTHONPATH=str(PEERS_DIR))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    for line in proc.stdout:
+class RemoteTorchRL(System):
+    """Proxy for ``torchrl_peer.TorchRLSystem`` living in a subprocess of the TorchRL venv."""
+
+    name = "torchrl"
+
+    def __init__(self, python: Path, threads: int | None) -> None:
+        super().__init__()
+        cmd = [str(python), str(PEERS_DIR / "torchrl_peer.py")] + (
+            ["--threads", str(threads)] if threads else []
+        )
+        env = dict(os.environ, PYTHONPATH=str(PEERS_DIR))
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, so a chatty peer can never block on a pipe
+        self._proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env
+        )
+
+    def _stderr_tail(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().strip()[-800:]
+
+    def _call(self, call: str, **kw: Any) -> Any:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
         try:
-            msg = json.loads(line)
-        except json.JSONDecodeError:
-            print(f"  torchrl peer: {line.rstrip()}", file=sys.stderr, flush=True)
-            continue
-        if "row" in msg:
-            res.rows.append(msg["row"])
-            on_row(msg["row"])
-        elif "info" in msg:
-            res.info = msg["info"]
-    stderr = proc.stderr.read()
-    if proc.wait() != 0:
-        res.error = f"torchrl peer exited with {proc.returncode}: {stderr.strip()[-800:]}"
-    return res
+            self._proc.stdin.write(json.dumps({"call": call, **kw}) + "\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            raise RuntimeError(f"torchrl peer exited ({self._proc.wait()}): {self._stderr_tail()}")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise RuntimeError(f"torchrl peer failed on {call!r}: {reply['error']}")
+        return reply["result"]
+
+    def open(self, sampler: str, dim: int, capacity: int) -> None:
+        self._call("open", sampler=sampler, dim=dim, capacity=capacity)
+
+    def prepare(self, cell: Cell, warmup: int) -> None:
+        self._call("prepare", cell=cell.to_dict(), warmup=warmup)
+
+    def round(self, seconds: float) -> tuple[float, int]:
+        elapsed, calls = self._call("round", seconds=seconds)
+        return float(elapsed), int(calls)
+
+    def close(self) -> None:
+        self._call("close")
+
+    def info(self) -> dict[str, Any]:
+        """Versions reported by the TorchRL venv."""
+        return dict(self._call("info"))
+
+    def shutdown(self) -> None:
+        """Stop the subprocess."""
+        if self._proc.poll() is None and self._proc.stdin is not None:
+            try:
+                self._proc.stdin.write(json.dumps({"call": "exit"}) + "\n")
+                self._proc.stdin.close()
+                self._proc.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self._proc.kill()
+        self._stderr.close()

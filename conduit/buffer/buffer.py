@@ -15,7 +15,7 @@ from conduit.buffer.samplers import FifoSampler, PrioritizedSampler, Sampler, Un
 from conduit.buffer.storage import RingStorage
 from conduit.buffer.writers import GroupedWriter, RingWriter
 from conduit.config import BufferConfig
-from conduit.errors import CapacityError, ClosedError, InsufficientDataError, StaleDataError
+from conduit.errors import CapacityError, ClosedError, InsufficientDataError, ShapeError, StaleDataError
 from conduit.metrics import Metrics
 from conduit.schema import Schema
 
@@ -129,8 +129,11 @@ class ExperienceBuffer:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def sample(self, n: int, version: int | None = None) -> Sample:
+    def sample(self, n: int, version: int | None = None, out: ColumnBatch | None = None) -> Sample:
         """Read ``n`` committed items (FIFO: the next ``n``, consumed exactly once).
+
+        ``out`` (optional) is a batch from an earlier sample of the same size whose fixed columns are
+        reused as the destination of the gather — for steady-state consumers that are done with it.
 
         ``version`` is the consumer's policy version; with ``rate_limit.max_staleness`` set, FIFO
         items written more than ``max_staleness`` versions earlier are evicted and counted
@@ -139,8 +142,11 @@ class ExperienceBuffer:
         self._check_open()
         if n < 1:
             raise InsufficientDataError(f"sample size must be >= 1, got {n}")
+        if out is not None:
+            self._check_out(out, n)
         with self._cond:
-            self._wait(lambda: self._sample_blocker(n), "sample")
+            if self._sample_blocker(n) is not None:
+                self._wait(lambda: self._sample_blocker(n), "sample")
             check_stale = (
                 self.sampler.consumes
                 and version is not None
@@ -151,13 +157,30 @@ class ExperienceBuffer:
             slots, weights = self.sampler.sample(n)
             if check_stale:
                 slots = self._drop_stale(slots, n, version)  # type: ignore[arg-type]
-            batch = self.storage.read(slots)
-            generations = self.storage.generation.index_select(0, slots)
-            versions = self.storage.version.index_select(0, slots)
+            batch = self.storage.read(slots, out)
+            meta = self.storage.meta.index_select(0, slots)
             self.sampled += n
-            self._cond.notify_all()
+            if self.sampler.consumes or self.config.rate_limit.samples_per_insert is not None:
+                self._cond.notify_all()  # a writer may wait for room or for the ratio
+        generations, versions = meta[:, 0], meta[:, 1]
         self.metrics.incr("sampled", n)
         return Sample(batch, slots, generations, versions, weights)
+
+    def _check_out(self, out: ColumnBatch, n: int) -> None:
+        for col in self.schema:
+            if col.ragged:
+                continue
+            dst = out.columns.get(col.name)
+            want = (n, *col.shape)
+            if not isinstance(dst, torch.Tensor) or tuple(dst.shape) != want or dst.dtype != col.dtype:
+                got = None if not isinstance(dst, torch.Tensor) else (tuple(dst.shape), dst.dtype)
+                raise ShapeError(
+                    f"sample(out=...): column {col.name!r} must be {want} {col.dtype}, got {got}"
+                )
+            if dst.device != self.storage.device:
+                raise ShapeError(
+                    f"sample(out=...): column {col.name!r} is on {dst.device}, not {self.storage.device}"
+                )
 
     def _sample_blocker(self, n: int) -> str | None:
         return self.limiter.sample_blocker(
@@ -214,8 +237,10 @@ class ExperienceBuffer:
         with self._cond:
             dev = self.storage.device
             slots, generations = slots.to(dev), generations.to(dev)
+            if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.config.capacity):
+                raise CapacityError(f"update_priorities: slots must lie in [0, {self.config.capacity})")
             live = self.storage.generation.index_select(0, slots) == generations
-            self.sampler.update_priorities(slots[live], priorities.to(dev)[live])
+            self.sampler.update_priorities(slots, priorities.to(dev), live)
         applied = int(live.sum())
         if applied < slots.numel():
             self.metrics.incr("priority_updates_skipped", slots.numel() - applied)

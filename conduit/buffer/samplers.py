@@ -35,7 +35,9 @@ class Sampler(ABC):
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``n`` slots and, for prioritized sampling, their importance weights."""
 
-    def update_priorities(self, slots: torch.Tensor, priorities: torch.Tensor) -> None:
+    def update_priorities(
+        self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor | None = None
+    ) -> None:
         raise ConduitError(f"{type(self).__name__} has no priorities; use sampler='prioritized'")
 
     def state_dict(self) -> dict[str, object]:
@@ -124,38 +126,45 @@ class PrioritizedSampler(Sampler):
         super().__init__(capacity, device)
         self.alpha, self.beta, self.eps = alpha, beta, eps
         self.tree = SumTree(capacity, device=device)
-        self.max_priority = 1.0
+        self.max_priority = torch.ones((), dtype=torch.float64, device=device)  # a tensor: no host sync
         self.size = 0
         self.generator = generator
 
     def on_insert(self, slots: torch.Tensor, total_inserted: int) -> None:
         self.size = min(total_inserted, self.capacity)
-        value = torch.full(
-            (slots.numel(),), self.max_priority**self.alpha, dtype=torch.float64, device=self.device
-        )
-        self.tree.update(slots.to(self.device), value)
+        value = self.max_priority.pow(self.alpha).expand(slots.numel())
+        self.tree.update_trusted(slots.to(self.device), value)
 
     def available(self) -> int:
         return self.size
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         slots = self.tree.sample(n, generator=self.generator)
-        total = self.tree.total()
-        probs = self.tree.get(slots) / total
-        min_prob = self.tree.min() / total
-        weights = (probs / min_prob).pow(-self.beta).to(torch.float32)
-        return slots, weights
+        # (N·P(i))^-β / (N·P_min)^-β = (p_i / p_min)^-β: the total cancels out.
+        ratio = self.tree.leaf_values(slots).div_(self.tree.min_tensor())
+        return slots, ratio.pow_(-self.beta).to(torch.float32)
 
-    def update_priorities(self, slots: torch.Tensor, priorities: torch.Tensor) -> None:
-        p = priorities.detach().to(self.device, torch.float64).abs() + self.eps
+    def update_priorities(
+        self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor | None = None
+    ) -> None:
+        """New priorities ``|p| + eps``; entries where ``live`` is False keep their current value."""
+        p = priorities.detach().to(self.device, torch.float64).abs().add_(self.eps)
+        if not bool(torch.isfinite(p).all()):
+            raise ConduitError("priorities must be finite (got NaN or inf)")
+        if live is not None:
+            p = torch.where(live, p, 0.0)
         if slots.numel():
-            self.max_priority = max(self.max_priority, float(p.max()))
-        self.tree.update(slots.to(self.device), p.pow(self.alpha))
+            self.max_priority = torch.maximum(self.max_priority, p.max())
+        values = p.pow_(self.alpha)
+        if live is not None:
+            values = torch.where(live, values, self.tree.leaf_values(slots))
+        self.tree.update_trusted(slots, values)
 
     def state_dict(self) -> dict[str, object]:
-        return {"tree": self.tree.state_dict(), "max_priority": self.max_priority, "size": self.size}
+        return {"tree": self.tree.state_dict(), "max_priority": float(self.max_priority), "size": self.size}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.tree.load_state_dict(state["tree"])  # type: ignore[arg-type]
-        self.max_priority = float(state["max_priority"])  # type: ignore[arg-type]
+        value = float(state["max_priority"])  # type: ignore[arg-type]
+        self.max_priority = torch.tensor(value, dtype=torch.float64, device=self.device)
         self.size = int(state["size"])  # type: ignore[call-overload]

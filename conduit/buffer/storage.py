@@ -48,8 +48,10 @@ class RingStorage:
         self.lengths: dict[str, torch.Tensor] = {}
         for col in schema:
             self._allocate_column(col)
-        self.generation = allocate((capacity,), torch.int64, tier, disk_dir)
-        self.version = allocate((capacity,), torch.int64, tier, disk_dir)
+        # Per-slot (generation, version) side by side, so a read fetches both with one gather.
+        self.meta = allocate((capacity, 2), torch.int64, tier, disk_dir)
+        self.generation = self.meta[:, 0]
+        self.version = self.meta[:, 1]
 
     def _allocate_column(self, col: Column) -> None:
         if col.ragged:
@@ -63,7 +65,7 @@ class RingStorage:
 
     @property
     def nbytes(self) -> int:
-        tensors = [*self.data.values(), *self.lengths.values(), self.generation, self.version]
+        tensors = [*self.data.values(), *self.lengths.values(), self.meta]
         return sum(t.nbytes for t in tensors)
 
     def write(self, slots: torch.Tensor, batch: ColumnBatch, version: int, first_generation: int) -> None:
@@ -80,21 +82,30 @@ class RingStorage:
             else:
                 dst.index_copy_(0, slots, src.to(self.device))
         n = slots.numel()
-        gens = torch.arange(first_generation, first_generation + n, dtype=torch.int64, device=self.device)
-        self.generation.index_copy_(0, slots, gens)
-        self.version.index_fill_(0, slots, version)
+        meta = torch.empty((n, 2), dtype=torch.int64, device=self.device)
+        meta[:, 0] = torch.arange(first_generation, first_generation + n, device=self.device)
+        meta[:, 1] = version
+        self.meta.index_copy_(0, slots, meta)
 
-    def read(self, slots: torch.Tensor) -> ColumnBatch:
-        """Gather ``slots`` into a new batch on the storage's device (one gather per column)."""
+    def read(self, slots: torch.Tensor, into: ColumnBatch | None = None) -> ColumnBatch:
+        """Gather ``slots`` on the storage's device (one gather per column).
+
+        With ``into``, fixed columns are gathered into its tensors (reused memory: no allocation and
+        no page faults for large batches); ragged columns are always gathered anew.
+        """
         slots = slots.to(self.device)
         out: dict[str, torch.Tensor | Ragged] = {}
         for col in self.schema:
-            rows = self.data[col.name].index_select(0, slots)
             if col.ragged:
+                rows = self.data[col.name].index_select(0, slots)
                 out[col.name] = Ragged.from_padded(rows, self.lengths[col.name].index_select(0, slots))
+            elif into is not None:
+                dst = into.columns[col.name]
+                assert isinstance(dst, torch.Tensor)
+                out[col.name] = torch.index_select(self.data[col.name], 0, slots, out=dst)
             else:
-                out[col.name] = rows
-        return ColumnBatch(out, slots.numel())
+                out[col.name] = self.data[col.name].index_select(0, slots)
+        return ColumnBatch.trusted(out, slots.numel())
 
     def grow_ragged(self, name: str, max_len: int) -> Column:
         """Raise the maximum length of ragged column ``name``, keeping its contents (one copy)."""

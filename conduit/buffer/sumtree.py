@@ -91,6 +91,15 @@ class SumTree:
         lo, hi = torch.aminmax(values)
         if not (lo.item() >= 0 and hi.item() < math.inf):
             raise ConduitError("SumTree priorities must be finite and >= 0")
+        self.update_trusted(slots, values)
+
+    def update_trusted(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """:meth:`update` without validation or syncs, for callers that guarantee in-range int64 slots
+        on the tree's device and finite, non-negative values of the tree's dtype (the sampler's hot path).
+        """
+        n = slots.numel()
+        if n == 0:
+            return
         # Dedupe without a sort or a sync: stamp each write with a global sequence number, keep the
         # max stamp per slot (scatter amax is deterministic), and send every losing write to scratch.
         seq = torch.arange(self._seq, self._seq + n, device=self._device)
@@ -105,6 +114,14 @@ class SumTree:
             node = torch.floor_divide(node, self._arity)
             pv.index_copy_(0, node, v2.index_select(0, node).sum(1))
             pm.index_copy_(0, node, m2.index_select(0, node).amin(1))
+
+    def leaf_values(self, slots: torch.Tensor) -> torch.Tensor:
+        """Leaf values at in-range int64 ``slots`` on the tree's device, unchecked (hot path)."""
+        return self._v[0].index_select(0, slots)
+
+    def min_tensor(self) -> torch.Tensor:
+        """:meth:`min` as a 0-d tensor on the tree's device (no host sync)."""
+        return self._top_m.amin()
 
     def get(self, slots: torch.Tensor) -> torch.Tensor:
         """Leaf values at ``slots`` (same shape as ``slots``)."""

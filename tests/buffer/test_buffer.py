@@ -255,3 +255,16 @@ def test_state_dict_round_trip(sampler):
     assert torch.equal(b.storage.data["obs"], a.storage.data["obs"])
     if sampler == "prioritized":
         assert torch.equal(b.sampler.tree.get(torch.arange(8)), a.sampler.tree.get(torch.arange(8)))
+
+
+def test_sample_into_reused_memory():
+    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=16, sampler="fifo"))
+    b.extend(ids(0, 8))
+    first = b.sample(4).batch
+    ptr = first["obs"].data_ptr()
+    again = b.sample(4, out=first).batch
+    assert again["obs"].data_ptr() == ptr
+    assert again["id"].tolist() == [4, 5, 6, 7]
+    assert torch.equal(again["obs"][:, 0], again["id"].float())
+    with pytest.raises(ShapeError, match="'id' must be"):
+        b.sample(2, out=first)

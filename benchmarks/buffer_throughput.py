@@ -1,0 +1,238 @@
+"""Replay-buffer insert and sample throughput: Conduit vs TorchRL vs RLlib vs a plain memcpy.
+
+    python benchmarks/buffer_throughput.py [--quick] [--out FILE]
+
+Every system runs the same cells — (op, sampler, batch, dim) with the same prefilled (full) buffer
+capacity — in one run. TorchRL runs in its own venv (``benchmarks/envs/setup_torchrl.sh``) through a
+subprocess; RLlib and Conduit run in this process. Writes a JSON of flat rows plus ratios, targets and
+machine facts, and a PNG of the same stem. See ``peers/`` for what each system's call does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "peers"))
+sys.path.insert(1, str(HERE.parent))
+
+from analysis import compute_overhead, compute_ratios, evaluate_targets  # noqa: E402
+from conduit_peer import ConduitSystem  # noqa: E402
+from harness import ALPHA, BETA, System, Timing, capacity_for, make_grid, progress_line  # noqa: E402
+from machine import load_average, machine_info  # noqa: E402
+from memcpy_peer import GatherSystem, MemcpySystem  # noqa: E402
+from orchestrate import run_interleaved  # noqa: E402
+from report import format_table, format_targets, plot  # noqa: E402
+from torchrl_driver import DEFAULT_PYTHON, RemoteTorchRL, ensure_env  # noqa: E402
+
+OPS = ("sample", "insert")
+SAMPLERS = ("prioritized", "uniform")
+ALL_SYSTEMS = ("memcpy", "conduit", "rllib", "torchrl")
+FULL = {
+    "batches": [32, 256, 1024],
+    "dims": [4, 64, 1024, 16384],
+    "rllib_batches": [32, 256],
+    "rllib_dims": [4, 64],
+}
+QUICK = {"batches": [32, 256], "dims": [4, 16384], "rllib_batches": [32, 256], "rllib_dims": [4]}
+FULL_TIMING = Timing(min_time=0.2, rounds=8, warmup=3)
+QUICK_TIMING = Timing(min_time=0.03, rounds=3, warmup=2)
+DEFAULT_OUT = HERE / "results" / "buffer_throughput.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer cells and reps (whole run < 2 minutes)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
+    ap.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma list of systems to run")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads in every env (default: torch's)"
+    )
+    ap.add_argument(
+        "--min-time", type=float, default=None, help="seconds timed per cell (overrides the mode)"
+    )
+    ap.add_argument("--torchrl-python", type=Path, default=DEFAULT_PYTHON, help="python of the TorchRL venv")
+    ap.add_argument(
+        "--setup-torchrl", action="store_true", help="build the TorchRL venv first if it is missing"
+    )
+    return ap.parse_args(argv)
+
+
+def _on_row(row: dict[str, Any]) -> None:
+    print(progress_line(row), flush=True)
+
+
+def make_systems(
+    args: argparse.Namespace, grid: dict[str, list[int]], errors: dict[str, str]
+) -> list[System]:
+    """The requested systems (memcpy also brings the gather reference); TorchRL's venv is checked first."""
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(ALL_SYSTEMS))
+    if unknown:
+        raise SystemExit(f"unknown system(s) {unknown}; choose from {ALL_SYSTEMS}")
+    systems: list[System] = []
+    if "memcpy" in wanted:
+        systems += [MemcpySystem(), GatherSystem()]
+    if "conduit" in wanted:
+        systems.append(ConduitSystem())
+    if "rllib" in wanted:
+        from rllib_peer import RLlibSystem
+
+        systems.append(RLlibSystem(grid["rllib_dims"], grid["rllib_batches"]))
+    if "torchrl" in wanted:
+        err = ensure_env(args.torchrl_python, args.setup_torchrl)
+        if err:
+            errors["torchrl"] = err
+            print(f"!! torchrl UNAVAILABLE: {err}", flush=True)
+        else:
+            systems.append(RemoteTorchRL(args.torchrl_python, args.threads))
+    return systems
+
+
+def run_all(args: argparse.Namespace, grid: dict[str, list[int]], timing: Timing) -> dict[str, Any]:
+    """Run every requested system on the grid, interleaved; return rows, gather rows, errors, TorchRL info."""
+    errors: dict[str, str] = {}
+    systems = make_systems(args, grid, errors)
+    cells = make_grid(grid["batches"], grid["dims"], OPS, SAMPLERS)
+    torchrl_info: dict[str, Any] = {}
+    try:
+        for s in systems:
+            if isinstance(s, RemoteTorchRL):
+                torchrl_info = s.info()
+        all_rows = run_interleaved(systems, cells, timing, _on_row, errors)
+    finally:
+        for s in systems:
+            if isinstance(s, RemoteTorchRL):
+                s.shutdown()
+    names = [s.name for s in systems if s.name != "gather"] + [
+        n for n in errors if n not in {s.name for s in systems}
+    ]
+    status = {
+        n: ({"status": "error", "error": errors[n]} if n in errors else {"status": "ok"}) for n in names
+    }
+    return {
+        "rows": [r for r in all_rows if r["system"] != "gather"],
+        "gather_rows": [r for r in all_rows if r["system"] == "gather"],
+        "errors": errors,
+        "torchrl_info": torchrl_info,
+        "systems": status,
+    }
+
+
+def build_report(
+    args: argparse.Namespace,
+    grid: dict[str, list[int]],
+    timing: Timing,
+    run: dict[str, Any],
+    machine: dict[str, Any],
+) -> dict[str, Any]:
+    """The result document written to JSON."""
+    import torch
+
+    overhead = compute_overhead(run["rows"], run["gather_rows"])
+    machine = dict(machine, load_average_at_end=load_average())
+    machine["torchrl_env"] = run["torchrl_info"] or {"status": run["errors"].get("torchrl", "not run")}
+    cores = machine.get("cores") or 0
+    warnings = [
+        f"load average {when} {load[0]} exceeded {cores} cores: other processes shared the CPU; rates are noisy"
+        for when, load in (
+            ("at start", machine["load_average_at_start"]),
+            ("at end", machine["load_average_at_end"]),
+        )
+        if load and cores and load[0] > cores
+    ]
+    return {
+        "benchmark": "buffer_throughput",
+        "warnings": warnings,
+        "mode": "quick" if args.quick else "full",
+        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "config": {
+            **grid,
+            "capacity": {str(d): capacity_for(d) for d in grid["dims"]},
+            "timing": timing.to_dict(),
+            "alpha": ALPHA,
+            "beta": BETA,
+            "torch_threads": args.threads or torch.get_num_threads(),
+        },
+        "definitions": {
+            "insert": "append `batch` transitions to a full buffer (ring overwrite / eviction)",
+            "sample_uniform": "one sample call of `batch` transitions",
+            "sample_prioritized": "one sample call + one priority update of the sampled items with new priorities",
+            "rllib": "sample = buffer.sample(sample_episodes=True) + DQN learner connector to a torch train batch "
+            "(+ update_priorities); insert = buffer.add of one finished episode of `batch` steps",
+            "memcpy": "torch copy of one contiguous [batch, dim] float32 block (into the store for insert, out of it "
+            "for sample)",
+            "gb_per_s": "batch * dim * 4 bytes (the obs payload) / seconds per call, for every system",
+            "gather_reference": "bare torch.index_select of `batch` random rows into a preallocated output",
+            "interleaving": "per cell, all systems warm up, then timing rounds go round-robin over the systems",
+            "timing": "each cell: warmup calls, then timing.rounds rounds of >= min_time/rounds s each; us_per_call and the "
+            "rates come from the best round (other load only adds time), us_per_call_median from the median round",
+        },
+        "machine": machine,
+        "systems": run["systems"],
+        "rows": run["rows"],
+        "gather_reference": run["gather_rows"],
+        "overhead": overhead,
+        "ratios": compute_ratios(run["rows"]),
+        "targets": evaluate_targets(run["rows"], overhead, run["errors"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, write JSON + PNG, print the table; exit 1 if any system failed."""
+    args = parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    grid = QUICK if args.quick else FULL
+    timing = QUICK_TIMING if args.quick else FULL_TIMING
+    if args.min_time:
+        timing = Timing(min_time=args.min_time, rounds=timing.rounds, warmup=timing.warmup)
+    machine = machine_info()
+    print(
+        f"buffer_throughput ({'quick' if args.quick else 'full'}): {machine['cpu_model']}, {machine['cores']} cores, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {machine['load_average_at_start']}",
+        flush=True,
+    )
+    load = machine["load_average_at_start"]
+    if load and machine["cores"] and load[0] > machine["cores"]:
+        print(
+            f"WARNING: load average {load[0]} exceeds {machine['cores']} cores; timings will be noisy",
+            flush=True,
+        )
+    t0 = time.perf_counter()
+    run = run_all(args, grid, timing)
+    doc = build_report(args, grid, timing, run, machine)
+    doc["wall_s"] = round(time.perf_counter() - t0, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    png = args.out.with_suffix(".png")
+    plot(
+        doc["rows"],
+        str(png),
+        f"Replay buffer throughput ({doc['mode']}, {machine['cpu_model']}, {machine['cores']} cores)",
+    )
+    print("\n" + format_table(doc["rows"]))
+    print("\nPer-call overhead (conduit sample at batch 256):")
+    for c in doc["overhead"]["per_cell"]:
+        icpt = "-" if c["intercept_us"] is None else f"{c['intercept_us']:.1f}"
+        mg = "-" if c["minus_gather_us"] is None else f"{c['minus_gather_us']:.1f}"
+        print(f"  {c['sampler']:<11} dim={c['dim']:<6} call - gather = {mg} us; intercept = {icpt} us")
+    print("\nTargets:\n" + format_targets(doc["targets"]))
+    for name, msg in run["errors"].items():
+        print(f"\n!! {name} did not produce results: {msg}")
+    print(f"\nwrote {args.out} and {png} ({doc['wall_s']} s)", flush=True)
+    return 1 if run["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
