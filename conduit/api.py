@@ -10,7 +10,7 @@ from conduit.batch import ColumnBatch
 from conduit.buffer.buffer import ExperienceBuffer
 from conduit.buffer.tiers import check_tier_available
 from conduit.config import BufferConfig, SchedulerConfig
-from conduit.errors import ClosedError
+from conduit.errors import ClosedError, ConfigError, ShapeError
 from conduit.metrics import Metrics
 from conduit.ops.delivery import Delivery, DeliveryPlan
 from conduit.ops.operator import Operator, run_chain
@@ -58,8 +58,6 @@ class Conduit:
         self.device = torch.device(device)
         check_tier_available(str(self.device) if self.device.type == "cuda" else "host")
         if ranks < 1:
-            from conduit.errors import ConfigError
-
             raise ConfigError(f"ranks must be >= 1, got {ranks}")
         self.schema = schema
         self.metrics = metrics or Metrics()
@@ -123,19 +121,23 @@ class Conduit:
         Either way an item whose slot was overwritten since it was sampled keeps its new occupant's
         priority (counted as ``count/priority_updates_skipped``).
         """
+        self.update_priorities_at(delivery.slots, delivery.generations, priorities)
+
+    def update_priorities_at(
+        self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
+    ) -> None:
+        """:meth:`update_priorities` for raw ``slots``/``generations`` (e.g. several deliveries merged)."""
         self._check_open()
         priorities = priorities.detach().flatten()
-        if priorities.shape != delivery.slots.shape:
-            from conduit.errors import ShapeError
-
+        if priorities.shape != slots.shape or generations.shape != slots.shape:
             raise ShapeError(
-                f"{priorities.numel()} priorities for a delivery of {delivery.slots.numel()} items"
+                f"{priorities.numel()} priorities and {generations.numel()} generations for {slots.numel()} slots"
             )
         with self.metrics.span("update_priorities", exposed=True):
             if self._prefetcher is not None:
-                self._prefetcher.update_priorities(delivery.slots, delivery.generations, priorities.to("cpu"))
+                self._prefetcher.update_priorities(slots, generations, priorities.to("cpu"))
             else:
-                self.buffer.update_priorities(delivery.slots, delivery.generations, priorities)
+                self.buffer.update_priorities(slots, generations, priorities)
 
     def end_iteration(self) -> dict[str, float]:
         """This iteration's metrics (exposed_s, per-operator seconds, bytes, queues), then reset."""

@@ -34,8 +34,8 @@ class Args:
     """route the replay path through Conduit (False: RLlib's native episode replay buffer)"""
     overlap: str = "sync"
     """Conduit overlap: sync (inline) or async (ingestion and delivery on background workers)"""
-    g_del: int = 1
-    """mini-batches Conduit samples and gathers per delivery call"""
+    g_del: int = 0
+    """mini-batches Conduit samples and gathers per delivery call (0: the plugin's default)"""
     seed: int = 1
     """RLlib and Conduit seed"""
 
@@ -69,7 +69,7 @@ def build(args: Args):  # noqa: ANN201
     if args.conduit:
         import conduit_rllib
 
-        config = conduit_rllib.enable(config, overlap=args.overlap, g_del=args.g_del)
+        config = conduit_rllib.enable(config, overlap=args.overlap, g_del=args.g_del or None)
     return config.build_algo()
 
 

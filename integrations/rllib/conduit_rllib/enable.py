@@ -12,10 +12,11 @@ def enable(
     config: Any,
     *,
     overlap: str = "sync",
-    depth: int = 2,
+    depth: int | None = None,
     g_ing: int = 1,
-    g_del: int = 1,
+    g_del: int | None = None,
     seed: int | None = None,
+    stage_steps: int | None = None,
 ) -> Any:
     """Return ``config`` set up to run its algorithm with Conduit's experience path.
 
@@ -33,12 +34,18 @@ def enable(
     from conduit_rllib.ppo import ConduitPPO
 
     name = algorithm_name(config)
-    settings = ConduitSettings(overlap=overlap, depth=depth, g_ing=g_ing, g_del=g_del, seed=seed)
+    settings = ConduitSettings(
+        overlap=overlap, depth=depth, g_ing=g_ing, g_del=g_del, seed=seed, stage_steps=stage_steps
+    )
     if name == "DQN":
         check_dqn_config(config)
         config.algo_class = ConduitDQN
     else:
         check_ppo_config(config)
         config.algo_class = ConduitPPO
+        from conduit_rllib.learner import learner_class_for
+
+        if isinstance(config.learner_class, type):
+            config.training(learner_class=learner_class_for(config.learner_class))
     setattr(config, ATTR, settings.to_dict())
     return config

@@ -20,8 +20,11 @@ from conduit import ColumnBatch
 DEFAULT_MODULE = "default_policy"
 
 
-def by_module(episodes: Iterable[Any]) -> dict[str, list[Any]]:
-    """Single-agent episode chunks grouped by the module that acted in them."""
+def by_module(episodes: list[Any]) -> dict[str, list[Any]]:
+    """Single-agent episode chunks grouped by the module that acted in them (sorted by module id)."""
+    if len(episodes) == 1 and not isinstance(episodes[0], MultiAgentEpisode):
+        ep = episodes[0]
+        return {ep.module_id or DEFAULT_MODULE: [ep]} if len(ep) > 0 else {}
     out: dict[str, list[Any]] = defaultdict(list)
     for ep in episodes:
         if isinstance(ep, MultiAgentEpisode):
@@ -30,7 +33,7 @@ def by_module(episodes: Iterable[Any]) -> dict[str, list[Any]]:
                     out[sa.module_id].append(sa)
         elif len(ep) > 0:
             out[ep.module_id or DEFAULT_MODULE].append(ep)
-    return out
+    return dict(sorted(out.items())) if len(out) > 1 else out
 
 
 def _segment_ends(lengths: list[int]) -> torch.Tensor:
@@ -47,9 +50,40 @@ def _last_of_segment(lengths: list[int], flags: list[bool]) -> torch.Tensor:
     return out
 
 
-class TransitionPacker:
-    """Step columns for DQN's n-step ingestion operator.
+def chunk_arrays(ep: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(observations, actions, rewards)`` of a finalized episode chunk, read without RLlib's getters.
 
+    The chunk's observations start with the last observation of its predecessor (RLlib's lookback).
+    Falls back to the getters for chunks RLlib did not convert to numpy.
+    """
+    o, a, r = ep.observations, ep.actions, ep.rewards
+    od, ad, rd = o.data, a.data, r.data
+    if type(od) is np.ndarray and type(ad) is np.ndarray and type(rd) is np.ndarray:
+        return od[o.lookback :], ad[a.lookback :], rd[r.lookback :]
+    return (
+        np.asarray(ep.get_observations()),
+        np.asarray(ep.get_actions()),
+        np.asarray(ep.get_rewards()),
+    )
+
+
+class _Segment:
+    """Steps of one episode staged since the last pack (plus the held-back tail of earlier chunks)."""
+
+    __slots__ = ("acts", "done", "obs", "rews", "steps", "terminated")
+
+    def __init__(self, obs: np.ndarray, act: np.ndarray, rew: np.ndarray) -> None:
+        self.obs, self.acts, self.rews = [obs], [act], [rew]
+        self.steps = len(act)
+        self.done = self.terminated = False
+
+
+class TransitionPacker:
+    """Step columns for DQN's n-step ingestion operator, staged chunk by chunk and packed in one go.
+
+    ``stage(chunks)`` costs a few attribute reads per episode chunk (no numpy work); ``pack()`` turns
+    everything staged into one ``ColumnBatch`` with one ``np.concatenate`` per column and index
+    arithmetic (no Python per step). Consecutive chunks of one episode are joined into one segment.
     With ``n_step > 1`` the last ``n_step - 1`` steps of an unfinished episode are held back until its
     next chunk arrives, so every stored transition gets its full n-step return (RLlib's episode buffer
     truncates n at the tail of an unfinished episode instead). Rows: ``obs``, ``next_obs`` (one step),
@@ -58,60 +92,113 @@ class TransitionPacker:
 
     def __init__(self, n_step: int, max_pending: int = 100_000) -> None:
         self.n_step = n_step
+        self.hold = n_step - 1
         self.max_pending = max_pending
-        self._carry: OrderedDict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+        self._segs: OrderedDict[Any, _Segment] = OrderedDict()
+        self.staged = 0  # steps staged since the last pack
 
-    def pack(self, chunks: list[Any]) -> ColumnBatch | None:
-        obs_l, act_l, rew_l, lengths, emits, terms = [], [], [], [], [], []
-        hold = self.n_step - 1
+    def stage(self, chunks: Iterable[Any]) -> int:
+        """Remember ``chunks`` (finalized episode chunks, in sampling order); returns the steps added."""
+        added = 0
+        segs = self._segs
         for ep in chunks:
-            obs, act, rew = ep.get_observations(), ep.get_actions(), ep.get_rewards()
-            carry = self._carry.pop(ep.id_, None) if hold else None
-            if carry is not None:
-                obs = np.concatenate([carry[0][:-1], obs])
-                act, rew = np.concatenate([carry[1], act]), np.concatenate([carry[2], rew])
-            n = len(act)
-            kept = n if ep.is_done else max(0, n - hold)
-            if not ep.is_done and hold:
-                k = min(hold, n)
-                self._carry[ep.id_] = (obs[-(k + 1) :], act[-k:], rew[-k:])
-                while len(self._carry) > self.max_pending:
-                    self._carry.popitem(last=False)
-            obs_l.append(obs)
-            act_l.append(act)
-            rew_l.append(rew)
-            lengths.append(n)
-            emits.append(kept)
-            terms.append(bool(ep.is_terminated))
-        if not lengths or sum(emits) == 0:
+            obs, act, rew = chunk_arrays(ep)
+            seg = segs.get(ep.id_)
+            if seg is None or seg.done:
+                seg = segs[ep.id_] = _Segment(obs, act, rew)
+            else:
+                seg.obs.append(obs[1:])
+                seg.acts.append(act)
+                seg.rews.append(rew)
+                seg.steps += len(act)
+            if ep.is_done:
+                seg.done = True
+                seg.terminated = bool(ep.is_terminated)
+            added += len(act)
+        self.staged += added
+        return added
+
+    def pack(self, chunks: Iterable[Any] = ()) -> ColumnBatch | None:
+        """Stage ``chunks``, then everything staged as one batch of step rows (``None``: nothing to emit)."""
+        self.stage(chunks)
+        self.staged = 0
+        hold = self.hold
+        packed: list[_Segment] = []
+        emits: list[int] = []
+        carry: OrderedDict[Any, _Segment] = OrderedDict()
+        for key, seg in self._segs.items():
+            emit = seg.steps if seg.done else max(0, seg.steps - hold)
+            if emit > 0:
+                packed.append(seg)
+                emits.append(emit)
+                if not seg.done:  # its next segment starts with the steps held back
+                    carry[key] = _tail(seg, seg.steps - emit)
+            elif not seg.done:
+                carry[key] = seg
+        if not packed:
+            self._segs = carry
+            self._evict()
             return None
-        lens = np.asarray(lengths, dtype=np.int64)
+        obs_all = np.concatenate([o for seg in packed for o in seg.obs])
+        act_all = np.concatenate([a for seg in packed for a in seg.acts])
+        rew_all = np.concatenate([r for seg in packed for r in seg.rews])
+        lens = np.fromiter((seg.steps for seg in packed), dtype=np.int64, count=len(packed))
         ends = np.cumsum(lens)
-        local = np.arange(ends[-1]) - np.repeat(ends - lens, lens)
-        term = np.zeros(ends[-1], dtype=bool)
-        term[ends[np.asarray(terms, dtype=bool)] - 1] = True
-        obs_all = obs_l[0] if len(obs_l) == 1 else None
+        total = int(ends[-1])
+        seg_of = np.repeat(np.arange(len(packed)), lens)
+        row = np.arange(total) + seg_of  # each segment has one more observation than steps
+        local = np.arange(total) - (ends - lens)[seg_of]
+        term = np.zeros(total, dtype=bool)
+        term_segs = np.fromiter((seg.terminated for seg in packed), dtype=bool, count=len(packed))
+        term[ends[term_segs] - 1] = True
+        self._segs = carry
+        self._evict()
         return ColumnBatch(
             {
-                "obs": _as_column(
-                    obs_all[:-1] if obs_all is not None else np.concatenate([o[:-1] for o in obs_l])
-                ),
-                "next_obs": _as_column(
-                    obs_all[1:] if obs_all is not None else np.concatenate([o[1:] for o in obs_l])
-                ),
-                "actions": torch.from_numpy(np.concatenate(act_l).astype(np.int64, copy=False)),
-                "rewards": torch.from_numpy(np.concatenate(rew_l).astype(np.float32, copy=False)),
+                "obs": _as_column(obs_all[row]),
+                "next_obs": _as_column(obs_all[row + 1]),
+                "actions": torch.from_numpy(act_all.astype(np.int64, copy=False)),
+                "rewards": torch.from_numpy(rew_all.astype(np.float32, copy=False)),
                 "terminateds": torch.from_numpy(term),
                 "seg_end": torch.from_numpy(np.repeat(ends, lens)),
                 "emit": torch.from_numpy(local < np.repeat(np.asarray(emits, dtype=np.int64), lens)),
             }
         )
 
+    def _evict(self) -> None:
+        while len(self._segs) > self.max_pending:
+            self._segs.popitem(last=False)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"carry": dict(self._carry)}
+        """Staged and held-back steps per episode (pack first to store only the held-back tails)."""
+        return {
+            "segments": {
+                key: (
+                    np.concatenate(s.obs),
+                    np.concatenate(s.acts),
+                    np.concatenate(s.rews),
+                    s.done,
+                    s.terminated,
+                )
+                for key, s in self._segs.items()
+            }
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._carry = OrderedDict(state.get("carry", {}))
+        self._segs = OrderedDict()
+        for key, (obs, act, rew, done, terminated) in state.get("segments", {}).items():
+            seg = _Segment(obs, act, rew)
+            seg.done, seg.terminated = done, terminated
+            self._segs[key] = seg
+
+
+def _tail(seg: _Segment, k: int) -> _Segment:
+    """The last ``k`` steps of ``seg`` and their ``k + 1`` observations, as a new segment."""
+    if k == 0:
+        last = seg.obs[-1][-1:] if len(seg.obs[-1]) else np.concatenate(seg.obs)[-1:]
+        return _Segment(last, seg.acts[0][:0], seg.rews[0][:0])
+    obs, act, rew = np.concatenate(seg.obs), np.concatenate(seg.acts), np.concatenate(seg.rews)
+    return _Segment(obs[-(k + 1) :], act[-k:], rew[-k:])
 
 
 class FragmentPacker:

@@ -82,7 +82,10 @@ def gae_operator(value_fn: ValueFn, gamma: float, lambda_: float) -> Operator:
 
 
 def normalize_advantages(batch: ColumnBatch) -> ColumnBatch:
-    """RLlib's per-module normalisation over the whole train batch: ``(a - mean) / max(1e-4, std)``."""
+    """RLlib's per-module normalisation over the whole train batch: ``(a - mean) / max(1e-4, std)``.
+
+    ``std`` is the population standard deviation (numpy's default, which RLlib's connector uses).
+    """
     adv = batch["advantages"]
-    std = adv.std() if adv.numel() > 1 else adv.new_ones(())
+    std = adv.std(correction=0) if adv.numel() > 1 else adv.new_ones(())
     return batch.with_columns(advantages=(adv - adv.mean()) / torch.clamp(std, min=1e-4))

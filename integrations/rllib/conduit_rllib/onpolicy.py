@@ -10,6 +10,7 @@ import torch
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Metrics, Operator, RateLimit, Schema
 from conduit_rllib.fragments import FragmentPacker, by_module
 from conduit_rllib.gae import ValueFn, gae_operator, normalize_advantages
+from conduit_rllib.learner import PreparedMinibatches
 from conduit_rllib.settings import ConduitSettings
 from conduit_rllib.train_batch import LearnerInput, learner_input, to_sample_batch
 
@@ -123,9 +124,13 @@ class ConduitOnPolicy:
                     idx = epoch_index(part.size, k, mb, self.generator).to(self.device)
                     per_rank[r][mid] = to_sample_batch(part.index(idx))
                     steps += part.size
-            return LearnerInput(
-                learner_input(per_rank, steps, remote=self.num_learners > 0), {"minibatch_size": mb}
-            )
+            metrics = None if self.num_learners > 0 else self.metrics
+
+            def make(batches: dict[str, Any], env_steps: int) -> PreparedMinibatches:
+                return PreparedMinibatches(batches, env_steps, mb, metrics)
+
+            kwargs = learner_input(per_rank, steps, remote=self.num_learners > 0, make=make)
+            return LearnerInput(kwargs, {"minibatch_size": mb})
 
     def end_iteration(self) -> dict[str, float]:
         return self.metrics.end_iteration()

@@ -1,8 +1,10 @@
 """``ConduitPPO``: RLlib's PPO with GAE at ingestion and minibatches prepared by Conduit.
 
 The learner's update (loss, optimizer, KL and entropy schedules) is RLlib's own; it receives every
-epoch's minibatches as one pre-ordered batch and iterates it once, so RLlib's learner connector and
-per-epoch reshuffle are skipped.
+epoch's minibatches as one pre-ordered batch (``PreparedMinibatches``), so RLlib's learner connector
+and per-epoch reshuffle are skipped. With the learner class ``enable()`` sets
+(``ConduitLearnerMixin`` in front of RLlib's), ``Learner.update`` iterates that batch as ready-made
+views instead of slicing it per minibatch; any other learner slices it in the same order.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class _ValueFns:
 
             results = lg.foreach_learner(fn)
             first = next(iter(results))
-            return torch.from_numpy(first.get() if hasattr(first, "get") else first)
+            return torch.tensor(first.get() if hasattr(first, "get") else first)
 
         return remote
 

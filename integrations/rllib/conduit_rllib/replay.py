@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit import BufferConfig, Column, Conduit, Metrics, Schema
+from conduit import BufferConfig, Column, Conduit, Delivery, Metrics, Schema
 from conduit_rllib.fragments import TransitionPacker, by_module
 from conduit_rllib.nstep import nstep_operator
 from conduit_rllib.settings import ConduitSettings
@@ -73,6 +73,11 @@ class ConduitReplay:
         self.packers: dict[str, TransitionPacker] = {}
         self.obs_specs: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
         self._ones: dict[tuple[str, int], torch.Tensor] = {}
+        self.stage_steps = settings.stage_steps_for("dqn")
+        self._prios: dict[str, list[tuple[Delivery, np.ndarray]]] = {}
+        self._prio_calls = 0
+        self._version = 0
+        self._ready = False
 
     # -- ingestion -------------------------------------------------------------------------------
 
@@ -83,7 +88,7 @@ class ConduitReplay:
             c = Conduit(
                 step_schema(obs_dtype, obs_shape),
                 self.buffer_config,
-                self.settings.scheduler(),
+                self.settings.scheduler(algo="dqn"),
                 ingest=[nstep_operator(self.n_step, self.gamma)],
                 device=self.device,
                 ranks=max(1, self.num_learners),
@@ -95,29 +100,49 @@ class ConduitReplay:
         return c
 
     def add(self, episodes: list[Any], version: int) -> int:
-        """Put every module's steps from ``episodes``; returns the env steps seen."""
+        """Stage every module's steps from ``episodes``; put them once ``stage_steps`` are staged.
+
+        Sync mode puts on every call (``stage_steps`` 1), so a transition can be sampled in the
+        training step that collected it, as in RLlib. Returns the env steps seen.
+        """
         with self.metrics.span("rllib/add", exposed=True):
             steps = 0
-            for mid, chunks in sorted(by_module(episodes).items()):
-                packer = self.packers.setdefault(mid, TransitionPacker(self.n_step))
-                batch = packer.pack(chunks)
-                if batch is None:
-                    continue
-                steps += batch.size
-                obs = batch["obs"]
-                self._conduit(mid, obs.dtype, tuple(obs.shape[1:])).put(batch, version=version)
+            for mid, chunks in by_module(episodes).items():
+                packer = self.packers.get(mid)
+                if packer is None:
+                    packer = self.packers[mid] = TransitionPacker(self.n_step)
+                steps += packer.stage(chunks)
+                if packer.staged >= self.stage_steps:
+                    self._put(mid, packer, version)
+            self._version = version
             return steps
+
+    def _put(self, mid: str, packer: TransitionPacker, version: int) -> None:
+        batch = packer.pack()
+        if batch is not None:
+            obs = batch["obs"]
+            self._conduit(mid, obs.dtype, tuple(obs.shape[1:])).put(batch, version=version)
+
+    def flush(self) -> None:
+        """Put everything staged and send every queued priority update."""
+        for mid, packer in sorted(self.packers.items()):
+            if packer.staged:
+                self._put(mid, packer, self._version)
+        self._send_priorities()
 
     # -- delivery --------------------------------------------------------------------------------
 
     def ready(self) -> bool:
         """Whether every module has at least one stored transition (async: after a flush)."""
+        if self._ready:
+            return True
+        self.flush()
         if not self.conduits:
             return False
-        if any(c.buffer.inserted == 0 for c in self.conduits.values()):
-            for c in self.conduits.values():
-                c.flush()
-        return all(c.buffer.inserted > 0 for c in self.conduits.values())
+        for c in self.conduits.values():
+            c.flush()
+        self._ready = all(c.buffer.inserted > 0 for c in self.conduits.values())
+        return self._ready
 
     def sample(self, batch_size: int) -> LearnerInput:
         """One train batch of ``batch_size`` transitions per module, already on the learner device."""
@@ -126,15 +151,28 @@ class ConduitReplay:
             per_rank: list[dict[str, Any]] = [{} for _ in range(ranks)]
             deliveries = {}
             for mid, c in self.conduits.items():
+                if not c.buffer.inserted and not self._fill(mid, c):
+                    continue  # a module whose first transitions are still held back for n-step
                 d = c.get(batch_size)
                 deliveries[mid] = d
                 weights = d.weights if d.weights is not None else self._ones_for(mid, batch_size)
+                if ranks == 1:
+                    per_rank[0][mid] = to_sample_batch(d.batch, {"weights": weights})
+                    continue
                 lo = 0
                 for r, part in enumerate(d.parts):
                     per_rank[r][mid] = to_sample_batch(part, {"weights": weights[lo : lo + part.size]})
                     lo += part.size
             kwargs = learner_input(per_rank, batch_size, remote=self.num_learners > 0)
             return LearnerInput(kwargs, deliveries)
+
+    def _fill(self, mid: str, c: Conduit) -> bool:
+        """Put ``mid``'s staged steps and wait for them (a module that appeared after the first batch)."""
+        packer = self.packers.get(mid)
+        if packer is not None and packer.staged:
+            self._put(mid, packer, self._version)
+        c.flush()
+        return c.buffer.inserted > 0
 
     def _ones_for(self, mid: str, n: int) -> torch.Tensor:
         key = (mid, n)
@@ -143,13 +181,33 @@ class ConduitReplay:
         return self._ones[key]
 
     def update_priorities(self, batch: LearnerInput, td_errors: dict[str, np.ndarray]) -> None:
-        """Priorities ``|td|`` go back to the items of the batch they were computed on."""
+        """Priorities ``|td|`` go back to the items of the batch they were computed on.
+
+        Sync: applied now. Async: queued and sent every ``stage_steps`` updates as one update.
+        """
+        if self.buffer_config.sampler != "prioritized":
+            return
         with self.metrics.span("rllib/update_priorities", exposed=True):
             for mid, d in batch.deliveries.items():
                 td = td_errors.get(mid)
-                if td is None or self.buffer_config.sampler != "prioritized":
-                    continue
-                self.conduits[mid].update_priorities(d, torch.as_tensor(np.asarray(td), dtype=torch.float32))
+                if td is not None:
+                    self._prios.setdefault(mid, []).append((d, td))
+            self._prio_calls += 1
+            if self._prio_calls >= self.stage_steps:
+                self._send_priorities()
+
+    def _send_priorities(self) -> None:
+        self._prio_calls = 0
+        for mid, pending in self._prios.items():
+            if not pending:
+                continue
+            slots = torch.cat([d.slots for d, _ in pending])
+            gens = torch.cat([d.generations for d, _ in pending])
+            prio = torch.from_numpy(
+                np.concatenate([np.asarray(t, np.float32).reshape(-1) for _, t in pending])
+            )
+            pending.clear()
+            self.conduits[mid].update_priorities_at(slots, gens, prio)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
@@ -157,6 +215,7 @@ class ConduitReplay:
         return self.metrics.end_iteration()
 
     def state_dict(self) -> dict[str, Any]:
+        self.flush()
         return {
             "obs_specs": dict(self.obs_specs),
             "conduits": {mid: c.state_dict() for mid, c in self.conduits.items()},

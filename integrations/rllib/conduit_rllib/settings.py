@@ -20,24 +20,40 @@ class ConduitSettings:
         overlap: ``sync`` (inline, RLlib's behaviour) or ``async`` (ingestion and delivery on
             background workers, deliveries prepared ``depth`` ahead). PPO is on-policy and delivers
             each iteration's batch whole, so it always runs its delivery inline.
-        depth: deliveries (and queued fragments) kept ready in async mode.
+        depth: deliveries (and queued fragments) kept ready in async mode (``None``: ``2 * g_del``).
         g_ing: fragments per ingestion-operator call.
-        g_del: mini-batches sampled and gathered per delivery call.
+        g_del: mini-batches sampled and gathered per delivery call (``None``: 8 for async DQN, whose
+            training steps each take one small batch, else 1).
         seed: seed of Conduit's sampler (``None``: RLlib's ``config.seed``).
+        stage_steps: DQN env steps staged before one ``put`` (and priority updates queued before one
+            send). ``None``: 1 in sync mode (every transition is sampleable in the step that collected
+            it, as in RLlib) and 32 in async mode (one put and one priority update per 32 steps).
     """
 
     overlap: str = "sync"
-    depth: int = 2
+    depth: int | None = None
     g_ing: int = 1
-    g_del: int = 1
+    g_del: int | None = None
     seed: int | None = None
+    stage_steps: int | None = None
 
     def __post_init__(self) -> None:
         self.scheduler()  # validates the knobs, naming a bad one
+        if self.stage_steps is not None and self.stage_steps < 1:
+            raise ConfigError(f"stage_steps must be >= 1, got {self.stage_steps}")
 
-    def scheduler(self, force_sync: bool = False) -> SchedulerConfig:
+    def stage_steps_for(self, algo: str) -> int:
+        if self.stage_steps is not None:
+            return self.stage_steps
+        return 32 if self.overlap == "async" and algo == "dqn" else 1
+
+    def scheduler(self, force_sync: bool = False, algo: str = "") -> SchedulerConfig:
         overlap = "sync" if force_sync else self.overlap
-        return SchedulerConfig(overlap=overlap, depth=self.depth, g_ing=self.g_ing, g_del=self.g_del)
+        g_del = self.g_del
+        if g_del is None:
+            g_del = 8 if overlap == "async" and algo == "dqn" else 1
+        depth = self.depth if self.depth is not None else 2 * g_del
+        return SchedulerConfig(overlap=overlap, depth=depth, g_ing=self.g_ing, g_del=g_del)
 
     @classmethod
     def of(cls, config: Any) -> ConduitSettings:

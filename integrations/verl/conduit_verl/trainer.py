@@ -1,69 +1,68 @@
 """Trainer mode ``conduit`` for verl's V1 trainer (``trainer.v1.trainer_mode=conduit``).
 
-For now it behaves exactly like ``sync``; its knobs live under ``trainer.v1.conduit.*`` and are
-validated here. Conduit's streaming ingestion/delivery will override the stage methods listed in
-``integrations/verl/NOTES.md``.
+A subclass of verl's sync trainer. With ``trainer.v1.conduit.overlap=async`` (the default) each
+step streams: GRPO groups go through old-log-prob, ref, values and advantage as they finish
+generating (``streaming.py``), then the actor gets its mini-batches from Conduit's grouped FIFO
+buffer (``delivery.py``). With ``overlap=sync`` it is verl's sync step. Knobs: ``config.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-MODE = "conduit"
+from conduit import Metrics
+from conduit_verl.checks import check_model_tokenizer, check_piece_micro_batches
+from conduit_verl.config import MODE, ConduitTrainerConfig
+from conduit_verl.delivery import GroupFifo
+from conduit_verl.streaming import stream_step
+
+__all__ = ["MODE", "ConduitTrainer", "ConduitTrainerConfig"]
 
 
-@dataclass(frozen=True)
-class ConduitTrainerConfig:
-    """Knobs read from ``trainer.v1.conduit``; unknown keys are an error."""
-
-    overlap: Literal["sync", "async"] = "sync"
-    g_ing: int = 0  # groups per ingestion call; 0 = the whole batch (verl's behaviour)
-    g_del: int = 0  # mini-batches per delivery; 0 = the whole batch
-    depth: int = 1  # delivered batches kept ready
-    poll_interval_s: float | None = None  # replay-buffer poll period; None = verl's default (2 s)
-
-    def __post_init__(self) -> None:
-        if self.overlap not in ("sync", "async"):
-            raise ValueError(f"trainer.v1.conduit.overlap must be 'sync' or 'async', got {self.overlap!r}")
-        for name in ("g_ing", "g_del"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"trainer.v1.conduit.{name} must be >= 0, got {getattr(self, name)}")
-        if self.poll_interval_s is not None and self.poll_interval_s <= 0:
-            raise ValueError(f"trainer.v1.conduit.poll_interval_s must be > 0, got {self.poll_interval_s}")
-        if self.depth < 1:
-            raise ValueError(f"trainer.v1.conduit.depth must be >= 1, got {self.depth}")
-
-    @classmethod
-    def from_verl(cls, config: DictConfig) -> ConduitTrainerConfig:
-        """Read and validate ``config.trainer.v1.conduit`` (absent → defaults)."""
-        raw: Any = config.trainer.v1.get(MODE, None)
-        knobs: dict[str, Any] = {}
-        if raw is not None:
-            container = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw
-            if not isinstance(container, dict):
-                raise ValueError(f"trainer.v1.{MODE} must be a mapping, got {type(container).__name__}")
-            knobs = {str(k): v for k, v in container.items()}
-        allowed = {f.name for f in fields(cls)}
-        for key in knobs:
-            if key not in allowed:
-                raise ValueError(
-                    f"Unknown key trainer.v1.{MODE}.{key}; allowed keys: {', '.join(sorted(allowed))}"
-                )
-        return cls(**knobs)
+def _infer_micro_batches(config: DictConfig) -> dict[str, int | None]:
+    """The inference micro-batch sizes a piece must split into (dynamic batch size: none)."""
+    arr = config.actor_rollout_ref
+    out: dict[str, int | None] = {}
+    if not arr.rollout.get("log_prob_use_dynamic_bsz", False):
+        out["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = arr.rollout.get(
+            "log_prob_micro_batch_size_per_gpu"
+        )
+    if not arr.ref.get("log_prob_use_dynamic_bsz", False):
+        out["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = arr.ref.get(
+            "log_prob_micro_batch_size_per_gpu"
+        )
+    critic = config.get("critic", None)
+    if critic is not None and critic.get("enable", False) and not critic.get("use_dynamic_bsz", False):
+        out["critic.forward_micro_batch_size_per_gpu"] = critic.get("forward_micro_batch_size_per_gpu")
+    return out
 
 
 @register_trainer(MODE)
 class ConduitTrainer(PPOTrainerSync):
-    """The sync trainer, with Conduit's knobs; the streaming stages plug in here."""
+    """verl's sync trainer with Conduit's streaming ingestion and delivery."""
 
     def __init__(self, config: DictConfig) -> None:
         self.conduit_config = ConduitTrainerConfig.from_verl(config)
+        self.conduit_metrics = Metrics(trace=False)
+        self._conduit_piece = False
         super().__init__(config)
+        n = int(config.actor_rollout_ref.rollout.n)
+        capacity = 2 * int(config.data.train_batch_size) * n
+        self.conduit_fifo = GroupFifo(n, capacity, self.conduit_metrics)
+        if self.conduit_config.overlap == "async":
+            check_piece_micro_batches(
+                int(config.data.train_batch_size), self.conduit_config.g_ing, n, _infer_micro_batches(config)
+            )
+
+    def _init_tokenizer(self) -> None:
+        # runs first in ``init()``: a model/tokenizer mismatch fails before any worker starts
+        super()._init_tokenizer()
+        check_model_tokenizer(str(self.config.actor_rollout_ref.model.path), self.tokenizer)
 
     def _build_replay_buffer(self) -> Any:
         # verl branches on ``trainer_mode == "sync"`` (replay buffer, refill, checkpoints);
@@ -73,3 +72,15 @@ class ConduitTrainer(PPOTrainerSync):
         if self.conduit_config.poll_interval_s is not None and hasattr(buffer, "poll_interval"):
             buffer.poll_interval = self.conduit_config.poll_interval_s
         return buffer
+
+    def _get_required_batch_multiple(self, dp_size: int) -> int:
+        # a streamed piece only needs to split evenly over the actor's dp ranks; the stock
+        # multiple (lcm with the PPO mini-batch) would pad small pieces with no-op rows
+        if self._conduit_piece:
+            return dp_size
+        return int(super()._get_required_batch_multiple(dp_size))
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        if self.conduit_config.overlap == "sync":
+            return super()._step_once(metrics, timing_raw, sample_batch_size)
+        return stream_step(self, metrics, timing_raw, sample_batch_size)

@@ -82,6 +82,9 @@ def test_ppo_trains_with_conduit(ray_local):
         for _ in range(2):
             result = algo.train()
         assert result["conduit"]["op/ingest/gae_s"] > 0
+        # The learner iterated Conduit's prepared minibatches (not RLlib's slicing iterator): 256 rows,
+        # minibatches of 64, 2 epochs.
+        assert result["conduit"]["op/rllib/minibatch_calls"] == 8
         learner = result["learners"]["default_policy"]
         assert np.isfinite(learner["policy_loss"]) and np.isfinite(learner["vf_loss"])
     finally:

@@ -65,6 +65,13 @@ def test_remote_env_runners_and_learner(ray_local, algo):
             r = a.train()
         key = "qf_loss" if algo == "dqn" else "policy_loss"
         assert np.isfinite(r["learners"]["default_policy"][key])
+        assert r["conduit"]["exposed_s"] > 0
+        if algo == "ppo":  # the remote learner iterates Conduit's prepared minibatches
+            names = [
+                res.get() for res in a.learner_group.foreach_learner(lambda learner: type(learner).__name__)
+            ]
+            assert names == ["ConduitPPOTorchLearner"]
+            assert r["conduit"]["op/ingest/gae_s"] > 0
     finally:
         a.stop()
 

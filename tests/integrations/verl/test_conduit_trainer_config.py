@@ -8,6 +8,8 @@ pytest.importorskip("verl")
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from conduit.errors import ConfigError  # noqa: E402
+
 
 def _cfg(knobs: dict | None):
     v1: dict = {"trainer_mode": "conduit"}
@@ -37,7 +39,7 @@ def test_defaults_and_values() -> None:
 def test_unknown_key_is_named() -> None:
     from conduit_verl.trainer import ConduitTrainerConfig
 
-    with pytest.raises(ValueError, match=r"trainer\.v1\.conduit\.bogus"):
+    with pytest.raises(ConfigError, match=r"trainer\.v1\.conduit\.bogus"):
         ConduitTrainerConfig.from_verl(_cfg({"bogus": 1}))
 
 
@@ -46,4 +48,4 @@ def test_bad_values(knobs: dict) -> None:
     from conduit_verl.trainer import ConduitTrainerConfig
 
     with pytest.raises(ValueError):
-        ConduitTrainerConfig.from_verl(_cfg(knobs))
+        ConduitTrainerConfig.from_verl(_cfg(knobs))  # ConfigError is a ValueError

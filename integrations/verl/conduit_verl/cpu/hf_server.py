@@ -8,19 +8,41 @@ actor's updated weights after every step.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
+import os
+import time
 from typing import Any
 
 import torch
 
 logger = logging.getLogger(__name__)
 
+#: If set, every generate call appends ``{"version", "t0", "t1"}`` (wall clock) to this JSONL file.
+GEN_LOG_ENV = "CONDUIT_VERL_GEN_LOG"
+
+
+def request_seed(seed: int, version: int, prompt_ids: list[int], occurrence: int) -> int:
+    """A sampling seed fixed by (rollout seed, weight version, prompt, k-th request of that prompt).
+
+    Requests are served one at a time, so the multiset of responses to a prompt is the same in
+    every run with the same seed, whatever order the agent loop sends them in.
+    """
+    key = f"{seed}:{version}:{occurrence}:{','.join(map(str, prompt_ids))}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
 
 class HFGenerationServer:
     """Holds one CPU copy of the policy and generates one request at a time."""
 
     def __init__(
-        self, model_path: str, response_length: int, prompt_length: int, num_threads: int = 1
+        self,
+        model_path: str,
+        response_length: int,
+        prompt_length: int,
+        num_threads: int = 1,
+        seed: int = 0,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -37,6 +59,9 @@ class HFGenerationServer:
         self.prompt_length = prompt_length
         self.global_steps: int | None = None
         self.weight_version = 0
+        self.seed = seed
+        self._occurrences: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._gen_log = os.environ.get(GEN_LOG_ENV) or None
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ generation
@@ -89,9 +114,16 @@ class HFGenerationServer:
 
         params = dict(sampling_params)
         want_logprobs = bool(params.pop("logprobs", False))
+        ids = list(prompt_ids)
         async with self._lock:
-            tokens, log_probs = await asyncio.to_thread(self._generate_sync, list(prompt_ids), params)
+            k = (self.weight_version, tuple(ids))
+            occurrence = self._occurrences.get(k, 0)
+            self._occurrences[k] = occurrence + 1
+            torch.manual_seed(request_seed(self.seed, self.weight_version, ids, occurrence))
+            t0 = time.time()
+            tokens, log_probs = await asyncio.to_thread(self._generate_sync, ids, params)
             steps = self.global_steps
+            self._log_event(t0, time.time())
         stop = "completed" if tokens and tokens[-1] == self.eos_token_id else "length"
         return TokenOutput(
             token_ids=tokens,
@@ -99,6 +131,12 @@ class HFGenerationServer:
             stop_reason=stop,
             extra_fields={"global_steps": steps, "weight_version": self.weight_version},
         )
+
+    def _log_event(self, t0: float, t1: float) -> None:
+        if self._gen_log is None:
+            return
+        with open(self._gen_log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"version": self.weight_version, "t0": t0, "t1": t1}) + "\n")
 
     # ------------------------------------------------------------------ weights
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
@@ -114,6 +152,7 @@ class HFGenerationServer:
                 if getattr(self.model.config, "tie_word_embeddings", False):
                     self.model.tie_weights()
             self.weight_version += 1
+            self._occurrences.clear()
             if global_steps is not None:
                 self.global_steps = global_steps
             norm = float(torch.sqrt(sum((p.detach().float() ** 2).sum() for p in self.model.parameters())))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from conduit_verl.cpu import reward
 
+FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+
 
 @dataclass(frozen=True)
 class CPURunSpec:
@@ -24,15 +26,37 @@ class CPURunSpec:
     lr: float = 1e-3
     max_prompt_length: int = 32
     max_response_length: int = 16
+    algo: str = "grpo"  # "grpo" (group advantage, no critic) or "ppo" (GAE with a critic)
+
+
+def critic_overrides(spec: CPURunSpec) -> list[str]:
+    """PPO's critic in CPU mode: the same tiny model, FSDP2 on gloo, eager attention."""
+    micro = spec.batch_size * spec.n
+    return [
+        "algorithm.adv_estimator=gae",
+        "critic.enable=True",
+        "critic.strategy=fsdp2",
+        f"critic.model.path={spec.model_dir}",
+        "+critic.model.override_config.attn_implementation=eager",
+        "critic.model.use_remove_padding=False",
+        "critic.model.enable_gradient_checkpointing=False",
+        f"critic.optim.lr={spec.lr}",
+        f"critic.ppo_mini_batch_size={spec.batch_size}",
+        f"critic.ppo_micro_batch_size_per_gpu={micro}",
+        f"critic.forward_micro_batch_size_per_gpu={spec.n}",
+        f"critic.data_loader_seed={spec.seed}",
+        f"+critic.fsdp.mixed_precision={FP32}",  # the critic engine config is `critic.fsdp`
+    ]
 
 
 def cpu_overrides(spec: CPURunSpec) -> list[str]:
     """Overrides for ``verl/trainer/config/ppo_trainer.yaml``; numbers are the notes' obstacles."""
     arr = "actor_rollout_ref"
     micro = spec.batch_size * spec.n
+    algo = critic_overrides(spec) if spec.algo == "ppo" else ["algorithm.adv_estimator=grpo"]
     return [
         # the task
-        "algorithm.adv_estimator=grpo",
+        *algo,
         f"data.train_files=['{spec.train_file}']",
         f"data.val_files=['{spec.val_file}']",
         f"data.train_batch_size={spec.batch_size}",
@@ -49,6 +73,10 @@ def cpu_overrides(spec: CPURunSpec) -> list[str]:
         f"{arr}.model.use_remove_padding=False",
         f"{arr}.model.enable_gradient_checkpointing=False",
         f"{arr}.actor.strategy=fsdp2",
+        # fp32 compute (CPU has no fast bf16; the rollout is fp32 too): results do not depend on
+        # how a batch is cut into micro-batches beyond fp32 rounding
+        f"+{arr}.actor.fsdp_config.mixed_precision={FP32}",
+        f"+{arr}.ref.fsdp_config.mixed_precision={FP32}",
         f"{arr}.ref.strategy=fsdp2",
         f"{arr}.actor.optim.lr={spec.lr}",
         f"{arr}.actor.ppo_mini_batch_size={spec.batch_size}",
@@ -57,12 +85,13 @@ def cpu_overrides(spec: CPURunSpec) -> list[str]:
         f"{arr}.actor.kl_loss_coef=0.001",
         f"{arr}.actor.entropy_coeff=0",
         f"{arr}.actor.data_loader_seed={spec.seed}",
-        f"{arr}.ref.log_prob_micro_batch_size_per_gpu={micro}",
+        # inference micro-batch = one GRPO group, so the conduit mode's per-group pieces split evenly
+        f"{arr}.ref.log_prob_micro_batch_size_per_gpu={spec.n}",
         # the rollout: rollout "hf" (10) that receives weights after every step
         f"{arr}.rollout.name=hf",
         f"{arr}.rollout.n={spec.n}",
         f"{arr}.rollout.tensor_model_parallel_size=1",
-        f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={spec.n}",
         f"{arr}.rollout.agent.num_workers=1",
         f"{arr}.rollout.seed={spec.seed}",
         # devices and Ray: 1 fake GPU (2), enough CPU slots for TQ (1), loopback only
@@ -84,7 +113,7 @@ def cpu_overrides(spec: CPURunSpec) -> list[str]:
         "trainer.save_freq=-1",
         "trainer.logger=['console','file']",
         "trainer.project_name=conduit_cpu",
-        f"trainer.experiment_name=grpo_{spec.trainer_mode}_s{spec.seed}",
+        f"trainer.experiment_name={spec.algo}_{spec.trainer_mode}_s{spec.seed}",
         f"trainer.default_local_dir={spec.work_dir / 'ckpt'}",
         f"hydra.run.dir={spec.work_dir / 'hydra'}",
     ]

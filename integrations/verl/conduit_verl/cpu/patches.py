@@ -27,6 +27,9 @@ CPU_ENV: dict[str, str] = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
+#: If set (seconds), every verl ``ReplayBuffer`` polls TransferQueue at this period instead of 2 s.
+POLL_ENV = "CONDUIT_VERL_POLL_INTERVAL_S"
+
 _applied = False
 
 
@@ -76,6 +79,41 @@ def _patch_pin_memory() -> None:
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]
 
 
+def poll_schedule(raw: str) -> list[float]:
+    """``"0.5"`` or ``"2,0.1,0.05"``: the poll period of step 1, 2, ... (the last one repeats)."""
+    values = [float(v) for v in raw.split(",") if v.strip()]
+    if not values or any(not v > 0 for v in values):
+        from conduit.errors import ConfigError
+
+        raise ConfigError(f"{POLL_ENV} must be positive seconds (comma-separated per step), got {raw!r}")
+    return values
+
+
+def _patch_poll_interval() -> None:
+    """Apply ``CONDUIT_VERL_POLL_INTERVAL_S`` to verl's replay buffers (the tuned sync baseline).
+
+    A comma-separated list gives one period per training step, so one run can sweep periods.
+    """
+    raw = os.environ.get(POLL_ENV, "")
+    if not raw:
+        return
+    schedule = poll_schedule(raw)
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    original = replay_buffer.ReplayBuffer.sample
+    if getattr(original, "_conduit_patched", False):
+        return
+
+    @functools.wraps(original)
+    def sample(self: Any, global_steps: int, partition_id: str, batch_size: int) -> Any:
+        if partition_id == "train":
+            self.poll_interval = schedule[min(max(int(global_steps), 1), len(schedule)) - 1]
+        return original(self, global_steps, partition_id, batch_size)
+
+    sample._conduit_patched = True  # type: ignore[attr-defined]
+    replay_buffer.ReplayBuffer.sample = sample  # type: ignore[method-assign]
+
+
 def apply() -> None:
     """Register the CPU platform and the "hf" rollout; apply the process-local fixes."""
     global _applied
@@ -90,4 +128,11 @@ def apply() -> None:
     _patch_init_process_group()
     _patch_pin_memory()
     register_rollout()
+    from conduit_verl._post_import import when_imported
+    from conduit_verl.cpu.dump import DUMP_ENV, install
+
+    if os.environ.get(POLL_ENV):
+        when_imported("verl.trainer.ppo.v1.replay_buffer", _patch_poll_interval)
+    if os.environ.get(DUMP_ENV):
+        when_imported("verl.trainer.ppo.v1.trainer_base", install)
     logger.debug("conduit_verl CPU mode applied in pid %s", os.getpid())

@@ -48,6 +48,7 @@ class HFReplica(RolloutReplica):
             model_path=_model_path(self.model_config),
             response_length=self.config.response_length,
             prompt_length=self.config.prompt_length,
+            seed=int(self.config.get("seed", 0) or 0),
         )
         self.servers = [server]
         self._server_handle = server

@@ -26,6 +26,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--batch-size", type=int, default=4, help="prompts per iteration")
     p.add_argument("--n", type=int, default=4, help="responses per prompt")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo", help="ppo = GAE with a critic")
+    p.add_argument(
+        "--poll-interval",
+        default=None,
+        help="verl replay-buffer poll period in s (default 2); a comma list = one per step (a sweep)",
+    )
+    p.add_argument("--dump-samples", action="store_true", help="write <work-dir>/samples.jsonl per step")
     p.add_argument("--work-dir", default=None, help="default: a new temp dir")
     return p.parse_known_args(argv)
 
@@ -51,14 +58,24 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
         batch_size=args.batch_size,
         n=args.n,
         lr=args.lr,
+        algo=args.algo,
     )
     return cpu_overrides(spec), work / "metrics.jsonl"
 
 
-def set_cpu_env(metrics_path: Path) -> None:
+def set_cpu_env(metrics_path: Path, poll_interval: str | None = None) -> None:
     """Environment inherited by the Ray cluster this process starts (so by every verl worker)."""
+    from conduit_verl.cpu.hf_server import GEN_LOG_ENV
+    from conduit_verl.cpu.patches import POLL_ENV
+
     os.environ.update(CPU_ENV)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    os.environ[GEN_LOG_ENV] = str(metrics_path.parent / "gen_events.jsonl")
+    if poll_interval is not None:
+        from conduit_verl.cpu.patches import poll_schedule
+
+        poll_schedule(poll_interval)  # ConfigError if malformed
+        os.environ[POLL_ENV] = poll_interval
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # every process (Ray workers, TransferQueue) then reports 127.0.0.1 as its node address
@@ -70,7 +87,14 @@ def set_cpu_env(metrics_path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
     overrides, metrics_path = prepare(args)
-    set_cpu_env(metrics_path)
+    set_cpu_env(metrics_path, args.poll_interval)
+    if args.dump_samples:
+        from conduit_verl.cpu.dump import DUMP_ENV
+
+        os.environ[DUMP_ENV] = str(metrics_path.parent / "samples.jsonl")
+    from conduit_verl.checks import explain_unknown_trainer, require_plugin
+
+    require_plugin(args.trainer_mode)
     print(f"[conduit-cpu] work dir {metrics_path.parent}; metrics {metrics_path}", flush=True)
 
     from conduit_verl.cpu.patches import apply
@@ -87,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["main_ppo", *overrides, *extra]
     try:
         main_ppo.main()
+    except ValueError as e:
+        raise explain_unknown_trainer(e) from e
     finally:
         sys.argv = saved_argv
         printer.stop()

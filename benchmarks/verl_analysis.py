@@ -1,0 +1,95 @@
+"""Per-iteration rows of the verl CPU benchmark: wall, exposed experience-path time, stages.
+
+Exposed time (DESIGN.md §4), same definition for every system, from verl's ``timing_s/*`` and the
+CPU rollout server's generation log (``gen_events.jsonl``: wall-clock start/end of every request,
+by weight version; step ``s`` generates with version ``s``):
+
+* verl trainers: ``max(0, gen - gen_busy)`` (waiting in ``gen`` after generation has finished;
+  ``gen_busy`` = first request start → last request end) + old_log_prob + ref + values + adv.
+* conduit: ``max(0, t_last_piece - last request end)`` (waiting after generation has finished)
+  + Conduit ``Metrics`` exposed time (ingestion of the last piece and delivery; ingestion of the
+  earlier pieces overlaps generation and is not exposed).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+INGEST = ("old_log_prob", "ref", "values", "adv")
+STAGES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
+
+
+def gen_windows(path: Path) -> dict[int, tuple[float, float]]:
+    """Weight version → (first request start, last request end), wall clock."""
+    out: dict[int, tuple[float, float]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        e = json.loads(line)
+        v, t0, t1 = int(e["version"]), float(e["t0"]), float(e["t1"])
+        a, b = out.get(v, (t0, t1))
+        out[v] = (min(a, t0), max(b, t1))
+    return out
+
+
+def rows_for_run(
+    work: Path, algo: str, system: str, skip: int, extra: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """One row per measured iteration (the first ``skip`` iterations are warm-up)."""
+    windows = gen_windows(work / "gen_events.jsonl")
+    rows = []
+    for line in (work / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        step, m = int(rec["step"]), rec["data"]
+        if step <= skip:
+            continue
+        t = {k.removeprefix("timing_s/"): float(v) for k, v in m.items() if k.startswith("timing_s/")}
+        start, end = windows.get(step, (0.0, 0.0))
+        gen_busy = end - start
+        stages = {k: round(t.get(k, 0.0), 4) for k in STAGES}
+        if system == "conduit":
+            wait = max(0.0, float(m.get("conduit/t_last_piece_wall", end)) - end)
+            ingest = float(m.get("conduit/exposed_s", 0.0))
+            stages["overlapped_ingest"] = round(sum(t.get(k, 0.0) for k in INGEST) - ingest, 4)
+        else:
+            wait = max(0.0, t.get("gen", 0.0) - gen_busy)
+            ingest = sum(t.get(k, 0.0) for k in INGEST)
+        stages.update(
+            gen_busy=round(gen_busy, 4), gen_wait_exposed=round(wait, 4), ingest_exposed=round(ingest, 4)
+        )
+        rows.append(
+            {
+                "algo": algo,
+                "system": system,
+                "iteration": step,
+                "wall_s": round(t.get("step", 0.0), 4),
+                "exposed_s": round(wait + ingest, 4),
+                "actor_loss": m.get("actor/pg_loss"),
+                "score": m.get("critic/score/mean"),
+                "stages": stages,
+                **extra,
+            }
+        )
+    return rows
+
+
+def median(rows: list[dict[str, Any]], system: str, key: str) -> float | None:
+    vals = [float(r[key]) for r in rows if r["system"] == system]
+    return statistics.median(vals) if vals else None
+
+
+def ratios(rows: list[dict[str, Any]], baselines: list[str]) -> dict[str, Any]:
+    """Conduit ÷ each baseline, medians, for wall and exposed time."""
+    out: dict[str, Any] = {}
+    for base in baselines:
+        for key in ("wall_s", "exposed_s"):
+            c, b = median(rows, "conduit", key), median(rows, base, key)
+            if c is not None and b:
+                out[f"{key.removesuffix('_s')}/conduit_over_{base}"] = round(c / b, 3)
+    for system in sorted({r["system"] for r in rows}):
+        out[f"median_wall_s/{system}"] = median(rows, system, "wall_s")
+        out[f"median_exposed_s/{system}"] = median(rows, system, "exposed_s")
+    return out

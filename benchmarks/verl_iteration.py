@@ -1,0 +1,159 @@
+"""verl 0.9.1 on CPU: one iteration of GRPO/PPO, verl's trainers vs Conduit's ``conduit`` mode.
+
+    python benchmarks/verl_iteration.py [--quick] [--algo grpo|ppo] [--out FILE]
+
+Systems, same seed and data, run one after another in this invocation (each start costs ~75 s
+of Ray/verl start-up, so iterations cannot alternate between systems): ``verl_sync`` (as shipped,
+2 s replay-buffer poll), ``verl_sync_tuned`` (the poll period a sweep found best; the sweep is one
+run with a per-step period schedule and is recorded), ``verl_colocate_async``, ``conduit``. The first
+iteration of each run is warm-up. Exposed time: see ``verl_analysis.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verl_analysis import ratios, rows_for_run  # noqa: E402
+from verl_plots import reward_curve, stage_bars  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SWEEP = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005)
+
+
+def run(work: Path, mode: str, steps: int, args: argparse.Namespace, extra: list[str]) -> tuple[int, str]:
+    """One CPU-mode training run; returns (exit code, log tail)."""
+    cmd = [sys.executable, "-m", "conduit_verl.cpu.run", "--trainer-mode", mode, "--steps", str(steps)]
+    cmd += ["--seed", str(args.seed), "--algo", args.algo, "--work-dir", str(work), *extra]
+    print(f"[bench] {' '.join(cmd[2:])}", flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    print(f"[bench]   rc={proc.returncode} in {time.monotonic() - t0:.0f}s", flush=True)
+    return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+
+
+def sweep(root: Path, args: argparse.Namespace, per: int) -> tuple[float, dict[str, Any]]:
+    """One sync run whose poll period changes every ``per`` steps; the fastest period wins."""
+    schedule = [2.0] + [p for p in SWEEP for _ in range(per)]
+    rc, tail = run(
+        root / "sweep", "sync", len(schedule), args, ["--poll-interval", ",".join(map(str, schedule))]
+    )
+    if rc:
+        return 0.05, {"error": tail}
+    rows = rows_for_run(root / "sweep", args.algo, "verl_sync", 1, {})
+    by = {p: [r["wall_s"] for r in rows if schedule[r["iteration"] - 1] == p] for p in SWEEP}
+    med = {p: statistics.median(v) for p, v in by.items() if v}
+    best = min(med.values())
+    # the smallest period within 3 % of the fastest (a shorter poll costs driver CPU for nothing)
+    chosen = max(p for p, w in med.items() if w <= best * 1.03)
+    return chosen, {
+        "median_wall_s_by_poll_s": {str(p): round(w, 4) for p, w in med.items()},
+        "chosen": chosen,
+    }
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
+    info.update(cpus=os.cpu_count(), torch=torch.__version__, loadavg_start=os.getloadavg())
+    try:
+        import verl
+
+        info["verl"] = verl.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer iterations and a shorter sweep")
+    p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/verl_iteration[_quick]_<algo>.json)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="measured iterations per system")
+    p.add_argument("--reward-steps", type=int, default=0, help="also a longer conduit run for a reward curve")
+    p.add_argument("--systems", default="verl_sync,verl_sync_tuned,verl_colocate_async,conduit")
+    p.add_argument("--poll", type=float, default=None, help="skip the sweep; tuned poll period (s)")
+    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
+    args = p.parse_args()
+    steps = args.steps or (4 if args.quick else 8)
+    name = f"verl_iteration{'_quick' if args.quick else ''}_{args.algo}"
+    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile
+
+    root = Path(args.work or tempfile.mkdtemp(prefix="verl_bench_"))
+    systems = args.systems.split(",")
+    result: dict[str, Any] = {"rows": [], "machine": machine(), "errors": {}}
+    poll = args.poll
+    if "verl_sync_tuned" in systems and poll is None:
+        poll, result["sweep"] = sweep(root, args, 1 if args.quick else 2)
+    modes = {
+        "verl_sync": ("sync", []),
+        "verl_sync_tuned": ("sync", ["--poll-interval", str(poll)]),
+        "verl_colocate_async": ("colocate_async", []),
+        "conduit": ("conduit", []),
+    }
+    for system in systems:
+        mode, extra = modes[system]
+        work = root / system
+        rc, tail = run(work, mode, steps + 1, args, extra)
+        if rc or not (work / "metrics.jsonl").exists():
+            result["errors"][system] = tail
+            continue
+        result["rows"] += rows_for_run(
+            work, args.algo, system, 1, {"poll_s": poll if "tuned" in system else None}
+        )
+    base = [s for s in systems if s != "conduit"]
+    result["ratios"] = ratios(result["rows"], base)
+    result["method"] = {
+        "order": "systems run sequentially in one invocation (each start ~75 s), same seed/data; "
+        "iteration 1 of each run is warm-up and dropped",
+        "exposed": (sys.modules["verl_analysis"].__doc__ or "").strip(),
+        "steps_per_system": steps,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "machine_load": "2 shared cores; other jobs may run concurrently (noisy)",
+    }
+    result["machine"]["loadavg_end"] = os.getloadavg()
+    if result["rows"]:
+        stage_bars(
+            result["rows"], out.with_suffix(".png"), f"verl 0.9.1 CPU {args.algo}: stages per iteration"
+        )
+    if args.reward_steps:
+        rc, tail = run(root / "reward", "conduit", args.reward_steps, args, [])
+        if rc == 0:
+            recs = [json.loads(x) for x in (root / "reward" / "metrics.jsonl").read_text().splitlines()]
+            curve = [(r["step"], r["data"].get("critic/score/mean")) for r in recs]
+            result["reward_curve"] = curve
+            reward_curve(
+                [s for s, _ in curve],
+                [v for _, v in curve],
+                out.with_name(f"{name}_reward.png"),
+                f"conduit mode, CPU {args.algo}: mean score per iteration",
+            )
+        else:
+            result["errors"]["reward"] = tail
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["ratios"], indent=1))
+    print(f"[bench] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Checks the ``conduit`` trainer mode runs on its inputs; each failure is a ``VerlIntegrationError``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+from conduit_verl.errors import (
+    GroupSizeError,
+    PluginNotInstalledError,
+    ResponseTooLongError,
+    VocabMismatchError,
+)
+
+ENTRY_POINT_GROUP = "verl.plugins"
+INSTALL_HINT = (
+    'install it with `pip install -e ".[verl]"` from the Conduit checkout (this registers the '
+    '`verl.plugins` entry point `conduit = "conduit_verl.plugin"`, which every verl process imports), '
+    "or set VERL_USE_EXTERNAL_MODULES=conduit_verl.plugin in the environment of every Ray worker"
+)
+
+
+def group_of(key: str) -> str:
+    """The prompt uid of a TransferQueue sample key ``{uid}_{session}_{index}``."""
+    return key.split("_")[0]
+
+
+def check_groups(keys: Sequence[str], tags: Sequence[Mapping[str, Any]], n: int) -> list[list[int]]:
+    """Row indices of each GRPO group (padding rows skipped); every group must have ``n`` rows."""
+    rows: dict[str, list[int]] = {}
+    for i, (key, tag) in enumerate(zip(keys, tags, strict=True)):
+        if not tag.get("is_padding", False):
+            rows.setdefault(group_of(key), []).append(i)
+    bad = {uid: len(r) for uid, r in rows.items() if len(r) != n}
+    if bad:
+        raise GroupSizeError(
+            f"rollout groups must have rollout.n={n} responses; got {bad} (uid: responses). "
+            "A GRPO group must land whole: check the agent loop (failed sessions) or rollout.n."
+        )
+    return list(rows.values())
+
+
+def check_response_lengths(keys: Sequence[str], tags: Iterable[Mapping[str, Any]], max_len: int) -> None:
+    """Every non-padding sample's ``response_len`` tag is at most ``max_len``."""
+    for key, tag in zip(keys, tags, strict=True):
+        length = tag.get("response_len")
+        if length is not None and not tag.get("is_padding", False) and int(length) > max_len:
+            raise ResponseTooLongError(
+                f"sample {key!r} has a response of {length} tokens, longer than "
+                f"data.max_response_length={max_len}; cap the rollout's max_tokens or raise the limit"
+            )
+
+
+def check_vocab(tokenizer_size: int, model_vocab_size: int, where: str = "") -> None:
+    """The tokenizer's ids (``len(tokenizer)``) must fit the model's embedding table."""
+    if tokenizer_size > model_vocab_size:
+        raise VocabMismatchError(
+            f"tokenizer has {tokenizer_size} tokens but the model's vocab_size is {model_vocab_size}"
+            f"{' (' + where + ')' if where else ''}: ids >= {model_vocab_size} would index past the "
+            "embedding table; use the tokenizer that belongs to the model"
+        )
+
+
+def check_model_tokenizer(model_path: str, tokenizer: Any) -> None:
+    """Compare ``tokenizer`` with the HF config at ``model_path``."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    vocab = getattr(config, "vocab_size", None) or getattr(
+        getattr(config, "text_config", None), "vocab_size", None
+    )
+    if vocab is not None:
+        check_vocab(len(tokenizer), int(vocab), where=model_path)
+
+
+def check_piece_micro_batches(batch_size: int, g_ing: int, n: int, micro: dict[str, int | None]) -> None:
+    """Every streamed piece (``g_ing`` groups of ``n``; the last may be smaller) must split into
+    whole inference micro-batches (verl asserts it in the worker, far from the cause)."""
+    from conduit.errors import ConfigError
+
+    g = g_ing or batch_size
+    sizes = {min(g, batch_size) * n}
+    if batch_size % g:
+        sizes.add((batch_size % g) * n)
+    for name, size in micro.items():
+        if size and any(s % size for s in sizes):
+            raise ConfigError(
+                f"trainer.v1.conduit.g_ing={g_ing} gives pieces of {sorted(sizes)} samples, not a multiple "
+                f"of {name}={size}; set {name} to a divisor of g_ing*rollout.n (e.g. rollout.n={n}) "
+                "or use dynamic batch size"
+            )
+
+
+def plugin_installed() -> bool:
+    """Whether an installed distribution declares ``conduit_verl.plugin`` as a ``verl.plugins`` entry point."""
+    return any(ep.value.startswith("conduit_verl") for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def require_plugin(trainer_mode: str) -> None:
+    """Raise :class:`PluginNotInstalledError` if ``trainer_mode`` is ``conduit`` and the plugin is missing."""
+    if trainer_mode == "conduit" and not plugin_installed():
+        raise PluginNotInstalledError(
+            "trainer.v1.trainer_mode=conduit needs Conduit's verl plugin in every verl process, and it "
+            f"is not installed: {INSTALL_HINT}. (Without it verl itself says only "
+            "\"Unknown trainer 'conduit'\".)"
+        )
+
+
+def explain_unknown_trainer(exc: BaseException) -> BaseException:
+    """Turn verl's ``ValueError("Unknown trainer 'conduit' ...")`` into a PluginNotInstalledError."""
+    if isinstance(exc, ValueError) and "Unknown trainer 'conduit'" in str(exc):
+        err = PluginNotInstalledError(f"{exc} — Conduit's verl plugin was not loaded: {INSTALL_HINT}")
+        err.__cause__ = exc
+        return err
+    return exc

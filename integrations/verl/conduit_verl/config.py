@@ -1,0 +1,68 @@
+"""Knobs of the ``conduit`` trainer mode, read from ``trainer.v1.conduit`` and validated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from omegaconf import DictConfig, OmegaConf
+
+from conduit.errors import ConfigError
+
+MODE = "conduit"
+
+
+@dataclass(frozen=True)
+class ConduitTrainerConfig:
+    """Knobs read from ``trainer.v1.conduit``; unknown keys and out-of-range values raise ConfigError.
+
+    Args:
+        overlap: ``async`` streams GRPO groups through the ingestion stages while others still
+            generate; ``sync`` runs verl's whole-batch stages (the sync trainer's behaviour).
+        g_ing: prompt groups per ingestion piece (old-log-prob, ref, values, advantage).
+        g_del: PPO mini-batches per ``update_actor`` call; 0 = all of them in one call (verl's).
+        depth: delivered batches kept ready (reserved; streaming keeps every piece).
+        poll_interval_s: how often the streaming wait re-reads TransferQueue's metadata; in
+            ``sync`` overlap, the replay buffer's poll period (None = verl's 2 s).
+    """
+
+    overlap: Literal["sync", "async"] = "async"
+    g_ing: int = 1
+    g_del: int = 0
+    depth: int = 1
+    poll_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.overlap not in ("sync", "async"):
+            raise ConfigError(f"trainer.v1.conduit.overlap must be 'sync' or 'async', got {self.overlap!r}")
+        for name in ("g_ing", "g_del"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"trainer.v1.conduit.{name} must be an int >= 0, got {value!r}")
+        if self.poll_interval_s is not None and not self.poll_interval_s > 0:
+            raise ConfigError(f"trainer.v1.conduit.poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if not isinstance(self.depth, int) or self.depth < 1:
+            raise ConfigError(f"trainer.v1.conduit.depth must be an int >= 1, got {self.depth!r}")
+
+    @property
+    def stream_poll_s(self) -> float:
+        """The streaming wait's metadata re-read period (default 10 ms)."""
+        return self.poll_interval_s if self.poll_interval_s is not None else 0.01
+
+    @classmethod
+    def from_verl(cls, config: DictConfig) -> ConduitTrainerConfig:
+        """Read and validate ``config.trainer.v1.conduit`` (absent → defaults)."""
+        raw: Any = config.trainer.v1.get(MODE, None)
+        knobs: dict[str, Any] = {}
+        if raw is not None:
+            container = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw
+            if not isinstance(container, dict):
+                raise ConfigError(f"trainer.v1.{MODE} must be a mapping, got {type(container).__name__}")
+            knobs = {str(k): v for k, v in container.items()}
+        allowed = {f.name for f in fields(cls)}
+        for key in knobs:
+            if key not in allowed:
+                raise ConfigError(
+                    f"Unknown key trainer.v1.{MODE}.{key}; allowed keys: {', '.join(sorted(allowed))}"
+                )
+        return cls(**knobs)

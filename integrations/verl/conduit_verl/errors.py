@@ -1,0 +1,38 @@
+"""Errors of the verl integration: each is a :class:`conduit.errors.ConduitError`.
+
+Bad knobs raise :class:`conduit.errors.ConfigError` (also a ``ValueError``); the data and setup
+problems below raise a :class:`VerlIntegrationError` subclass that names what to fix.
+"""
+
+from __future__ import annotations
+
+from conduit.errors import ConduitError, ConfigError
+
+__all__ = [
+    "ConfigError",
+    "GroupSizeError",
+    "PluginNotInstalledError",
+    "ResponseTooLongError",
+    "VerlIntegrationError",
+    "VocabMismatchError",
+]
+
+
+class VerlIntegrationError(ConduitError):
+    """Base class of the verl integration's errors."""
+
+
+class PluginNotInstalledError(VerlIntegrationError):
+    """``trainer.v1.trainer_mode=conduit`` was asked for but the ``verl.plugins`` entry point is missing."""
+
+
+class GroupSizeError(VerlIntegrationError):
+    """A rollout returned a GRPO group with fewer (or more) responses than ``rollout.n``."""
+
+
+class ResponseTooLongError(VerlIntegrationError):
+    """A response is longer than ``data.max_response_length``."""
+
+
+class VocabMismatchError(VerlIntegrationError):
+    """The tokenizer produces token ids the model's embedding table does not have."""

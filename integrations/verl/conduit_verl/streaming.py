@@ -1,0 +1,168 @@
+"""One streaming step of the ``conduit`` trainer mode (replaces verl's ``_step_once``).
+
+verl's sync step waits for the whole batch, then runs old-log-prob, ref, values and advantage on
+it one stage after another. Here, as soon as ``g_ing`` GRPO groups have finished generating, they
+run through those stages (Conduit ``Operator``s, one call per piece; a piece takes every group
+already finished if more than ``g_ing`` are) while the other groups are still
+generating; finished groups land in Conduit's grouped FIFO buffer, and once every group has its
+old-log-prob (all must come from the pre-update policy), the mini-batches are handed to
+``update_actor``. Exposed time (DESIGN.md §4) is kept in Conduit's ``Metrics``: ingestion of the
+last piece and delivery are exposed; ingestion of earlier pieces overlaps generation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from transfer_queue import KVBatchMeta
+from verl.utils.debug import marked_timer
+
+from conduit import ColumnBatch, Metrics, Operator
+from conduit.ops.operator import run_chain
+from conduit_verl.checks import check_groups, check_response_lengths
+from conduit_verl.delivery import GroupFifo
+
+
+class _Piece:
+    """The piece the ingestion operators are working on (its TransferQueue keys and metrics)."""
+
+    def __init__(self, meta: KVBatchMeta) -> None:
+        self.meta = meta
+        self.metrics: dict[str, Any] = {}
+
+
+def _stage(name: str, method: Any, piece: _Piece, timing_raw: dict) -> Operator:
+    """A verl stage method as a Conduit operator; verl's timer ``name`` accumulates per piece."""
+
+    def fn(rows: ColumnBatch) -> ColumnBatch:
+        with marked_timer(name, timing_raw):
+            piece.meta = method(piece.meta, metrics=piece.metrics)
+        return rows
+
+    return Operator(name, fn)
+
+
+def ingest_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Operator]:
+    """The per-piece stages verl's ``_step_once`` runs between sampling and the updates."""
+    ops: list[Operator] = []
+    if trainer.reward_loop_manager.reward_loop_worker_handles is None:
+        ops.append(_stage("reward", trainer._compute_reward_colocate, piece, timing_raw))
+    ops.append(_stage("old_log_prob", trainer._compute_old_log_prob, piece, timing_raw))
+    if trainer.use_reference_policy:
+        ops.append(_stage("ref", trainer._compute_ref_log_prob, piece, timing_raw))
+    if trainer.use_critic:
+        ops.append(_stage("values", trainer._compute_values, piece, timing_raw))
+    ops.append(_stage("adv", trainer._compute_advantage, piece, timing_raw))
+    return ops
+
+
+def piece_size(buffer: Any, g_ing: int, remaining: int) -> int:
+    """At least ``g_ing`` groups, or every group already finished if more (never over ``remaining``).
+
+    Reads verl's replay-buffer view of TransferQueue (``finished_keys``: prompt groups whose every
+    response is in), so a piece catches up when generation runs ahead of ingestion.
+    """
+    buffer._sync_metadata_from_transfer_queue()
+    finished = len(buffer.finished_keys.get("train", ()))
+    return min(remaining, max(g_ing, finished))
+
+
+def merge_metrics(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Sample-weighted mean of numeric metrics over pieces (others: the last value)."""
+    out: dict[str, Any] = {}
+    sums: dict[str, float] = {}
+    weights: dict[str, int] = {}
+    for size, metrics in parts:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums[key] = sums.get(key, 0.0) + float(value) * size
+                weights[key] = weights.get(key, 0) + size
+            else:
+                out[key] = value
+    out.update({k: sums[k] / max(weights[k], 1) for k in sums})
+    return out
+
+
+def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+    """Sample, ingest and deliver one step's ``sample_batch_size`` prompt groups, streaming."""
+    cfg = trainer.conduit_config
+    conf = trainer.config
+    n = int(conf.actor_rollout_ref.rollout.n)
+    max_response = int(conf.actor_rollout_ref.rollout.response_length)
+    m: Metrics = trainer.conduit_metrics
+    fifo: GroupFifo = trainer.conduit_fifo
+    version = int(trainer.global_steps)
+    buffer = trainer.replay_buffer
+    saved_poll, buffer.poll_interval = buffer.poll_interval, cfg.stream_poll_s
+    parts: list[tuple[int, dict[str, Any]]] = []
+    t0 = time.perf_counter()
+    taken = 0
+    try:
+        trainer.on_sample_begin()
+        while taken < sample_batch_size:
+            want = piece_size(buffer, cfg.g_ing or sample_batch_size, sample_batch_size - taken)
+            with m.span("wait_rollout"):
+                meta, off_policy = buffer.sample(global_steps=version, partition_id="train", batch_size=want)
+            taken += want
+            last = taken >= sample_batch_size
+            if last:
+                timing_raw["gen"] = time.perf_counter() - t0
+                metrics["conduit/t_last_piece_wall"] = time.time()
+            meta.extra_info["temperature"] = conf.actor_rollout_ref.rollout.temperature
+            check_response_lengths(meta.keys, meta.tags, max_response)
+            check_groups(meta.keys, meta.tags, n)
+            piece = _Piece(meta)
+            piece.metrics.update(off_policy)
+            with m.span("ingest_tail" if last else "ingest", exposed=last):
+                trainer._conduit_piece = True
+                try:
+                    piece.meta = trainer._balance_batch(piece.meta, metrics=piece.metrics)
+                finally:
+                    trainer._conduit_piece = False
+                rows = ColumnBatch({"row": torch.arange(len(piece.meta))})
+                run_chain(ingest_operators(trainer, piece, timing_raw), rows, m, "ingest")
+                groups = check_groups(piece.meta.keys, piece.meta.tags, n)
+                fifo.put(piece.meta, groups, version)
+            parts.append((len(piece.meta), piece.metrics))
+            m.set_gauge("ready_samples", len(fifo))
+    finally:
+        buffer.poll_interval = saved_poll
+    trainer.on_sample_end()
+    metrics.update(merge_metrics(parts))
+    metrics["conduit/pieces"] = len(parts)
+    batch = fifo.all_samples()
+    batch.extra_info = dict(fifo.pieces[0].extra_info or {})
+    deliver(trainer, fifo, batch, metrics, timing_raw, version)
+    fifo.reset()
+    metrics.update({f"conduit/{k}": v for k, v in m.end_iteration().items()})
+    return batch
+
+
+def deliver(
+    trainer: Any, fifo: GroupFifo, batch: KVBatchMeta, metrics: dict, timing_raw: dict, version: int
+) -> None:
+    """Critic update on the whole batch, then the actor's mini-batches from the FIFO, in order."""
+    conf = trainer.config
+    m: Metrics = trainer.conduit_metrics
+    if trainer.use_critic:
+        with marked_timer("update_critic", timing_raw):
+            trainer._update_critic(batch, metrics=metrics)
+    update = conf.trainer.critic_warmup <= trainer.global_steps
+    n = int(conf.actor_rollout_ref.rollout.n)
+    mini = int(conf.actor_rollout_ref.actor.ppo_mini_batch_size) * n
+    per_call = mini * trainer.conduit_config.g_del if trainer.conduit_config.g_del else len(fifo)
+    metrics["conduit/t_update_start_wall"] = time.time()
+    calls: list[tuple[int, dict[str, Any]]] = []
+    while len(fifo):
+        with m.span("deliver", exposed=True):
+            mb = fifo.take(min(per_call, len(fifo)), version)
+            mb.extra_info = dict(batch.extra_info or {})
+        if update:
+            out: dict[str, Any] = {}
+            with marked_timer("update_actor", timing_raw):
+                trainer._update_actor(mb, metrics=out)
+            calls.append((len(mb), out))
+    metrics.update(merge_metrics(calls))
+    metrics["conduit/update_calls"] = len(calls)
