@@ -7,8 +7,12 @@ by weight version; step ``s`` generates with version ``s``):
 * verl trainers: ``max(0, gen - gen_busy)`` (waiting in ``gen`` after generation has finished;
   ``gen_busy`` = first request start → last request end) + old_log_prob + ref + values + adv.
 * conduit: ``max(0, t_last_piece - last request end)`` (waiting after generation has finished)
-  + Conduit ``Metrics`` exposed time (ingestion of the last piece and delivery; ingestion of the
-  earlier pieces overlaps generation and is not exposed).
+  + Conduit ``Metrics`` exposed time (ingestion of the last piece and delivery; with PPO also the
+  whole-batch whitening of the GAE advantages; ingestion of the earlier pieces overlaps generation
+  and is not exposed).
+
+PPO adds ``values`` (critic forward: an ingestion stage, per piece in conduit mode) and
+``update_critic`` (whole batch, like ``update_actor`` not part of the exposed time, in every system).
 """
 
 from __future__ import annotations

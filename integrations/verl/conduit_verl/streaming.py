@@ -6,7 +6,8 @@ run through those stages (Conduit ``Operator``s, one call per piece; a piece tak
 already finished if more than ``g_ing`` are) while the other groups are still
 generating; finished groups land in Conduit's grouped FIFO buffer, and once every group has its
 old-log-prob (all must come from the pre-update policy), the mini-batches are handed to
-``update_actor``. Exposed time (DESIGN.md §4) is kept in Conduit's ``Metrics``: ingestion of the
+``update_actor``. PPO (GAE): values and the GAE recursion run per piece, the batch whitening of
+the advantages once after the last piece (``gae.py``). Exposed time (DESIGN.md §4) is kept in Conduit's ``Metrics``: ingestion of the
 last piece and delivery are exposed; ingestion of earlier pieces overlaps generation.
 """
 
@@ -23,6 +24,7 @@ from conduit import ColumnBatch, Metrics, Operator
 from conduit.ops.operator import run_chain
 from conduit_verl.checks import check_groups, check_response_lengths
 from conduit_verl.delivery import GroupFifo
+from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
 
 
 class _Piece:
@@ -54,7 +56,9 @@ def ingest_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Oper
         ops.append(_stage("ref", trainer._compute_ref_log_prob, piece, timing_raw))
     if trainer.use_critic:
         ops.append(_stage("values", trainer._compute_values, piece, timing_raw))
-    ops.append(_stage("adv", trainer._compute_advantage, piece, timing_raw))
+    adv = trainer._compute_advantage
+    # GAE: the recursion per piece (per trajectory: exact), the batch whitening after the last piece
+    ops.append(_stage("adv", per_piece(adv) if uses_gae(trainer.config) else adv, piece, timing_raw))
     return ops
 
 
@@ -134,6 +138,10 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     metrics["conduit/pieces"] = len(parts)
     batch = fifo.all_samples()
     batch.extra_info = dict(fifo.pieces[0].extra_info or {})
+    if uses_gae(conf):
+        # verl whitens GAE advantages over the whole batch: once, after the last piece (exposed)
+        with m.span("whiten", exposed=True), marked_timer("adv", timing_raw):
+            whiten_advantages(batch)
     deliver(trainer, fifo, batch, metrics, timing_raw, version)
     fifo.reset()
     metrics.update({f"conduit/{k}": v for k, v in m.end_iteration().items()})

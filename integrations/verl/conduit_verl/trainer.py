@@ -19,6 +19,7 @@ from conduit import Metrics
 from conduit_verl.checks import check_model_tokenizer, check_piece_micro_batches
 from conduit_verl.config import MODE, ConduitTrainerConfig
 from conduit_verl.delivery import GroupFifo
+from conduit_verl.gae import check_streamable
 from conduit_verl.streaming import stream_step
 
 __all__ = ["MODE", "ConduitTrainer", "ConduitTrainerConfig"]
@@ -55,6 +56,7 @@ class ConduitTrainer(PPOTrainerSync):
         capacity = 2 * int(config.data.train_batch_size) * n
         self.conduit_fifo = GroupFifo(n, capacity, self.conduit_metrics)
         if self.conduit_config.overlap == "async":
+            check_streamable(config)
             check_piece_micro_batches(
                 int(config.data.train_batch_size), self.conduit_config.g_ing, n, _infer_micro_batches(config)
             )

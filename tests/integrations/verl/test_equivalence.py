@@ -1,6 +1,7 @@
 """``conduit`` (streaming) and ``sync`` give the same samples, advantages and losses (same seed).
 
-Two real 2-iteration GRPO runs of verl 0.9.1 in CPU mode (~100 s each on an idle 2-core machine).
+Two real 2-iteration runs of verl 0.9.1 in CPU mode per algorithm (~70-100 s each on an idle 2-core
+machine): GRPO, and PPO (GAE with a critic: also the same values, returns and critic losses).
 Generation is sampled but seeded per request (``hf_server.request_seed``: rollout seed, weight
 version, prompt, k-th request of that prompt), so both runs see the same responses.
 """
@@ -22,9 +23,9 @@ from conduit_verl.cpu.metrics import read_metrics  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-def _run(work: Path, mode: str) -> str:
+def _run(work: Path, mode: str, algo: str = "grpo") -> str:
     cmd = [sys.executable, "-m", "conduit_verl.cpu.run", "--steps", "2", "--trainer-mode", mode]
-    cmd += ["--seed", "0", "--dump-samples", "--work-dir", str(work)]
+    cmd += ["--seed", "0", "--algo", algo, "--dump-samples", "--work-dir", str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
@@ -57,3 +58,38 @@ def test_conduit_matches_sync(tmp_path: Path) -> None:
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
             assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
         assert rc["critic/advantages/mean"] == pytest.approx(rs["critic/advantages/mean"], abs=1e-5)
+
+
+def test_conduit_matches_sync_ppo(tmp_path: Path) -> None:
+    """PPO: values and the GAE recursion per piece, whitening over the whole batch = verl's GAE."""
+    _run(tmp_path / "sync", "sync", "ppo")
+    _run(tmp_path / "conduit", "conduit", "ppo")
+    sync, cond = _dump(tmp_path / "sync"), _dump(tmp_path / "conduit")
+    assert [d["step"] for d in sync] == [d["step"] for d in cond] == [1, 2]
+    for a, b in zip(sync, cond, strict=True):
+        assert len(a["samples"]) == len(b["samples"]) == 16
+        for x, y in zip(a["samples"], b["samples"], strict=True):
+            assert (x["prompt"], x["response"]) == (y["prompt"], y["response"])  # same samples
+            assert x["values"] == pytest.approx(y["values"], abs=1e-5)
+            assert x["returns"] == pytest.approx(y["returns"], abs=1e-5)
+            assert x["adv"] == pytest.approx(y["adv"], abs=1e-4)  # whitened: O(1) values
+            assert x["old_log_prob"] == pytest.approx(y["old_log_prob"], abs=1e-4)
+        assert any(abs(v) > 1e-3 for s in a["samples"] for v in s["values"]), "degenerate: all values 0"
+
+    rows_s, rows_c = (
+        read_metrics(tmp_path / "sync" / "metrics.jsonl"),
+        read_metrics(tmp_path / "conduit" / "metrics.jsonl"),
+    )
+    for rs, rc in zip(rows_s, rows_c, strict=True):
+        assert rc["conduit/pieces"] >= 2  # streamed in pieces
+        # whitened advantages: pg_loss is ~1e-8 at ratio 1, so an absolute tolerance
+        for key in (
+            "actor/pg_loss",
+            "actor/kl_loss",
+            "actor/grad_norm",
+            "critic/vf_loss",
+            "critic/grad_norm",
+        ):
+            assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
+        for key in ("critic/values/mean", "critic/returns/mean", "critic/advantages/mean"):
+            assert rc[key] == pytest.approx(rs[key], abs=1e-5), key

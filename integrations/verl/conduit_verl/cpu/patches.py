@@ -30,6 +30,9 @@ CPU_ENV: dict[str, str] = {
 #: If set (seconds), every verl ``ReplayBuffer`` polls TransferQueue at this period instead of 2 s.
 POLL_ENV = "CONDUIT_VERL_POLL_INTERVAL_S"
 
+#: Seed of the critic's value-head initialisation (PPO); the launcher sets it to ``--seed``.
+CRITIC_SEED_ENV = "CONDUIT_VERL_CRITIC_SEED"
+
 _applied = False
 
 
@@ -77,6 +80,46 @@ def _patch_pin_memory() -> None:
 
     pin_memory._conduit_patched = True  # type: ignore[attr-defined]
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]
+
+
+def _patch_valuehead_model() -> None:
+    """Load PPO's critic with the configured attention (fix 12).
+
+    ``verl.utils.model.load_valuehead_model`` hard-codes ``attn_implementation="flash_attention_2"``
+    (no flash-attn on CPU) and then falls back to ``trl``; the new value head is initialised from
+    an unseeded RNG. Here it loads the same
+    ``AutoModelForTokenClassification`` (one label: the value head) with the implementation that
+    ``critic.model.override_config.attn_implementation`` put into the HF config (eager).
+    """
+    from verl.utils import model as vmodel
+
+    original = vmodel.load_valuehead_model
+    if getattr(original, "_conduit_patched", False):
+        return
+
+    @functools.wraps(original)
+    def load_valuehead_model(
+        local_path: Any, torch_dtype: Any, model_config: Any, trust_remote_code: Any
+    ) -> Any:
+        from transformers import AutoModelForTokenClassification
+
+        attn = getattr(model_config, "_attn_implementation", None) or "eager"
+        if attn == "flash_attention_2":
+            attn = "eager"
+        # the value head is not in the checkpoint: initialise it from a fixed seed, so that two
+        # runs with the same seed start from the same critic (the process RNG is left as it was)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(os.environ.get(CRITIC_SEED_ENV, "0")))
+            return AutoModelForTokenClassification.from_pretrained(
+                pretrained_model_name_or_path=local_path,
+                torch_dtype=torch_dtype,
+                config=model_config,
+                attn_implementation=attn,
+                trust_remote_code=trust_remote_code,
+            )
+
+    load_valuehead_model._conduit_patched = True  # type: ignore[attr-defined]
+    vmodel.load_valuehead_model = load_valuehead_model
 
 
 def poll_schedule(raw: str) -> list[float]:
@@ -131,6 +174,7 @@ def apply() -> None:
     from conduit_verl._post_import import when_imported
     from conduit_verl.cpu.dump import DUMP_ENV, install
 
+    when_imported("verl.utils.model", _patch_valuehead_model)
     if os.environ.get(POLL_ENV):
         when_imported("verl.trainer.ppo.v1.replay_buffer", _patch_poll_interval)
     if os.environ.get(DUMP_ENV):

@@ -63,12 +63,13 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
     return cpu_overrides(spec), work / "metrics.jsonl"
 
 
-def set_cpu_env(metrics_path: Path, poll_interval: str | None = None) -> None:
+def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int = 0) -> None:
     """Environment inherited by the Ray cluster this process starts (so by every verl worker)."""
     from conduit_verl.cpu.hf_server import GEN_LOG_ENV
-    from conduit_verl.cpu.patches import POLL_ENV
+    from conduit_verl.cpu.patches import CRITIC_SEED_ENV, POLL_ENV
 
     os.environ.update(CPU_ENV)
+    os.environ[CRITIC_SEED_ENV] = str(seed)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     os.environ[GEN_LOG_ENV] = str(metrics_path.parent / "gen_events.jsonl")
     if poll_interval is not None:
@@ -87,7 +88,7 @@ def set_cpu_env(metrics_path: Path, poll_interval: str | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
     overrides, metrics_path = prepare(args)
-    set_cpu_env(metrics_path, args.poll_interval)
+    set_cpu_env(metrics_path, args.poll_interval, args.seed)
     if args.dump_samples:
         from conduit_verl.cpu.dump import DUMP_ENV
 
