@@ -18,14 +18,13 @@ import os
 import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rllib_native_timing import PathTimer, install  # noqa: E402
+from rllib_native_timing import PathTimer, install, timed_train  # noqa: E402
 
 MA_ENV = "MultiAgentCartPole"
 
@@ -98,14 +97,7 @@ def run_workload(
     try:
         for it in range(warmup + iters):
             for system, algo in (("native", native), ("conduit", conduit)):
-                timer.take()
-                timer.active = True
-                t0 = time.perf_counter()
-                result = algo.train()
-                wall = time.perf_counter() - t0
-                timer.active = False
-                path, parts = timer.take()
-                exposed = path + (result["conduit"]["exposed_s"] if system == "conduit" else 0.0)
+                result, wall, exposed, parts = timed_train(algo, timer, conduit=system == "conduit")
                 if it < warmup:
                     continue
                 rows.append(

@@ -4,6 +4,6 @@ Experience path = replay-buffer add + sample + priority update + learner connect
 iteration. Re-exported here for the benchmarks.
 """
 
-from conduit_rllib.timing import PathTimer, install
+from conduit_rllib.timing import PathTimer, install, timed_train
 
-__all__ = ["PathTimer", "install"]
+__all__ = ["PathTimer", "install", "timed_train"]

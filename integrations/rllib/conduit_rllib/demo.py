@@ -96,7 +96,7 @@ def run(
     import torch
 
     import conduit_rllib
-    from conduit_rllib.timing import PathTimer, install
+    from conduit_rllib.timing import PathTimer, install, timed_train
 
     t_start = time.perf_counter()
     started_ray = False
@@ -120,14 +120,7 @@ def run(
     try:
         while True:
             for system, algo in (("native", native), ("conduit", conduit)):
-                timer.take()
-                timer.active = True
-                t0 = time.perf_counter()
-                result = algo.train()
-                wall = time.perf_counter() - t0
-                timer.active = False
-                path, _ = timer.take()
-                exposed = path + (result["conduit"]["exposed_s"] if system == "conduit" else 0.0)
+                result, wall, exposed, _ = timed_train(algo, timer, conduit=system == "conduit")
                 ret = result["env_runners"].get("episode_return_mean")
                 elapsed = time.perf_counter() - t_start
                 tag = "warm-up" if it < 0 else f"{it:4d}"

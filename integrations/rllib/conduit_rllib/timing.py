@@ -99,3 +99,22 @@ def install(timer: PathTimer) -> Callable[[Any], None]:
                 timer.wrap(type(buf), method, name)
 
     return wrap_buffer
+
+
+def timed_train(
+    algo: Any, timer: PathTimer, conduit: bool
+) -> tuple[dict[str, Any], float, float, dict[str, float]]:
+    """One ``algo.train()``: ``(result, wall_s, exposed_s, native path parts)``.
+
+    Exposed time is the wrapped native path still on the training thread plus, for a Conduit
+    algorithm, the time its training step was blocked in Conduit calls.
+    """
+    timer.take()
+    timer.active = True
+    t0 = time.perf_counter()
+    result = algo.train()
+    wall = time.perf_counter() - t0
+    timer.active = False
+    path, parts = timer.take()
+    exposed = path + (result["conduit"]["exposed_s"] if conduit else 0.0)
+    return result, wall, exposed, parts
