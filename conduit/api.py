@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from conduit.batch import ColumnBatch
+from conduit.batch import ColumnBatch, validate
 from conduit.buffer.buffer import ExperienceBuffer
 from conduit.buffer.tiers import check_tier_available
 from conduit.config import BufferConfig, SchedulerConfig
@@ -84,8 +84,6 @@ class Conduit:
         """Hand over a rollout fragment written by policy ``version`` (validated before it is queued)."""
         self._check_open()
         with self.metrics.span("put", exposed=True):
-            from conduit.batch import validate
-
             validate(self.schema, batch)
             if self._ingestor is not None:
                 self._ingestor.put(batch, version, self.timeout_s)
