@@ -140,7 +140,7 @@ class Prefetcher(_Worker):
         g_del: int,
         depth: int,
         metrics: Metrics,
-        on_error_mode: bool,
+        error_mode: bool,
     ) -> None:
         super().__init__("conduit-deliver")
         self.buffer, self.plan, self.g_del, self.depth, self.metrics = buffer, plan, g_del, depth, metrics
@@ -148,7 +148,7 @@ class Prefetcher(_Worker):
         self.batch_size: int | None = None
         self.version: int | None = None
         self.blocked_reason: str | None = None
-        self.error_mode = on_error_mode
+        self.error_mode = error_mode
         self.inflight = False  # a delivery is being prepared at self.batch_size
         self.priorities: collections.deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
             collections.deque()
