@@ -36,25 +36,33 @@ def _dump(work: Path) -> list[dict]:
     return [json.loads(line) for line in (work / "samples.jsonl").read_text().splitlines()]
 
 
-def test_conduit_matches_sync(tmp_path: Path) -> None:
-    _run(tmp_path / "sync", "sync")
-    _run(tmp_path / "conduit", "conduit")
+def _run_both(tmp_path: Path, algo: str) -> list[tuple[dict, dict, dict, dict]]:
+    """Run sync and conduit with the same seed; per step: (sync dump, conduit dump, sync metrics, conduit metrics).
+
+    Also checks what both algorithms share: the same steps, the same prompts and responses, and that
+    the conduit run streamed in pieces.
+    """
+    _run(tmp_path / "sync", "sync", algo)
+    _run(tmp_path / "conduit", "conduit", algo)
     sync, cond = _dump(tmp_path / "sync"), _dump(tmp_path / "conduit")
+    rows_s = read_metrics(tmp_path / "sync" / "metrics.jsonl")
+    rows_c = read_metrics(tmp_path / "conduit" / "metrics.jsonl")
     assert [d["step"] for d in sync] == [d["step"] for d in cond] == [1, 2]
-    for a, b in zip(sync, cond, strict=True):
+    steps = list(zip(sync, cond, rows_s, rows_c, strict=True))
+    for a, b, _, rc in steps:
         assert len(a["samples"]) == len(b["samples"]) == 16
         for x, y in zip(a["samples"], b["samples"], strict=True):
             assert (x["prompt"], x["response"]) == (y["prompt"], y["response"])  # same samples
+        assert rc["conduit/pieces"] >= 2  # streamed in pieces
+    return steps
+
+
+def test_conduit_matches_sync(tmp_path: Path) -> None:
+    for a, b, rs, rc in _run_both(tmp_path, "grpo"):
+        for x, y in zip(a["samples"], b["samples"], strict=True):
             assert x["adv"] == pytest.approx(y["adv"], abs=1e-5)
             assert x["old_log_prob"] == pytest.approx(y["old_log_prob"], abs=1e-4)
         assert any(abs(v) > 1e-3 for s in a["samples"] for v in s["adv"]), "degenerate: all advantages 0"
-
-    rows_s, rows_c = (
-        read_metrics(tmp_path / "sync" / "metrics.jsonl"),
-        read_metrics(tmp_path / "conduit" / "metrics.jsonl"),
-    )
-    for rs, rc in zip(rows_s, rows_c, strict=True):
-        assert rc["conduit/pieces"] >= 2  # streamed in pieces
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
             assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
         assert rc["critic/advantages/mean"] == pytest.approx(rs["critic/advantages/mean"], abs=1e-5)
@@ -62,26 +70,13 @@ def test_conduit_matches_sync(tmp_path: Path) -> None:
 
 def test_conduit_matches_sync_ppo(tmp_path: Path) -> None:
     """PPO: values and the GAE recursion per piece, whitening over the whole batch = verl's GAE."""
-    _run(tmp_path / "sync", "sync", "ppo")
-    _run(tmp_path / "conduit", "conduit", "ppo")
-    sync, cond = _dump(tmp_path / "sync"), _dump(tmp_path / "conduit")
-    assert [d["step"] for d in sync] == [d["step"] for d in cond] == [1, 2]
-    for a, b in zip(sync, cond, strict=True):
-        assert len(a["samples"]) == len(b["samples"]) == 16
+    for a, b, rs, rc in _run_both(tmp_path, "ppo"):
         for x, y in zip(a["samples"], b["samples"], strict=True):
-            assert (x["prompt"], x["response"]) == (y["prompt"], y["response"])  # same samples
             assert x["values"] == pytest.approx(y["values"], abs=1e-5)
             assert x["returns"] == pytest.approx(y["returns"], abs=1e-5)
             assert x["adv"] == pytest.approx(y["adv"], abs=1e-4)  # whitened: O(1) values
             assert x["old_log_prob"] == pytest.approx(y["old_log_prob"], abs=1e-4)
         assert any(abs(v) > 1e-3 for s in a["samples"] for v in s["values"]), "degenerate: all values 0"
-
-    rows_s, rows_c = (
-        read_metrics(tmp_path / "sync" / "metrics.jsonl"),
-        read_metrics(tmp_path / "conduit" / "metrics.jsonl"),
-    )
-    for rs, rc in zip(rows_s, rows_c, strict=True):
-        assert rc["conduit/pieces"] >= 2  # streamed in pieces
         # whitened advantages: pg_loss is ~1e-8 at ratio 1, so an absolute tolerance
         for key in (
             "actor/pg_loss",
