@@ -61,6 +61,33 @@ def sweep(root: Path, args: argparse.Namespace, per: int) -> tuple[float, dict[s
     }
 
 
+def reward_runs(root: Path, args: argparse.Namespace, png: Path, errors: dict[str, str]) -> dict[str, Any]:
+    """verl sync and conduit, same seed, ``--reward-steps`` iterations each: mean score per step."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    lr = ["--lr", str(args.reward_lr)]
+    for system, mode, extra in (
+        ("verl_sync", "sync", ["--poll-interval", "0.05"]),
+        ("conduit", "conduit", []),
+    ):
+        work = root / f"reward_{system}"
+        rc, tail = run(work, mode, args.reward_steps, args, lr + extra + conduit_knobs(args, mode))
+        if rc:
+            errors[f"reward_{system}"] = tail
+            continue
+        recs = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+        curves[system] = [(int(r["step"]), float(r["data"]["critic/score/mean"])) for r in recs]
+    if curves:
+        reward_curve(
+            curves, png, f"verl 0.9.1 CPU {args.algo}, lr {args.reward_lr}: mean score per iteration"
+        )
+    return {"lr": args.reward_lr, "curves": curves}
+
+
+def conduit_knobs(args: argparse.Namespace, mode: str) -> list[str]:
+    """The conduit mode's knobs for this benchmark (none for verl's own modes)."""
+    return [f"+trainer.v1.conduit.g_ing={args.g_ing}"] if mode == "conduit" else []
+
+
 def machine() -> dict[str, Any]:
     import torch
 
@@ -86,7 +113,11 @@ def main() -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="measured iterations per system")
-    p.add_argument("--reward-steps", type=int, default=0, help="also a longer conduit run for a reward curve")
+    p.add_argument(
+        "--reward-steps", type=int, default=0, help="also longer sync and conduit runs for a reward curve"
+    )
+    p.add_argument("--reward-lr", type=float, default=3e-3, help="learning rate of the reward-curve runs")
+    p.add_argument("--g-ing", type=int, default=1, help="conduit: prompt groups per ingestion piece")
     p.add_argument("--systems", default="verl_sync,verl_sync_tuned,verl_colocate_async,conduit")
     p.add_argument("--poll", type=float, default=None, help="skip the sweep; tuned poll period (s)")
     p.add_argument("--timeout", type=int, default=900)
@@ -113,7 +144,7 @@ def main() -> int:
     for system in systems:
         mode, extra = modes[system]
         work = root / system
-        rc, tail = run(work, mode, steps + 1, args, extra)
+        rc, tail = run(work, mode, steps + 1, args, extra + conduit_knobs(args, mode))
         if rc or not (work / "metrics.jsonl").exists():
             result["errors"][system] = tail
             continue
@@ -136,19 +167,9 @@ def main() -> int:
             result["rows"], out.with_suffix(".png"), f"verl 0.9.1 CPU {args.algo}: stages per iteration"
         )
     if args.reward_steps:
-        rc, tail = run(root / "reward", "conduit", args.reward_steps, args, [])
-        if rc == 0:
-            recs = [json.loads(x) for x in (root / "reward" / "metrics.jsonl").read_text().splitlines()]
-            curve = [(r["step"], r["data"].get("critic/score/mean")) for r in recs]
-            result["reward_curve"] = curve
-            reward_curve(
-                [s for s, _ in curve],
-                [v for _, v in curve],
-                out.with_name(f"{name}_reward.png"),
-                f"conduit mode, CPU {args.algo}: mean score per iteration",
-            )
-        else:
-            result["errors"]["reward"] = tail
+        result["reward_curve"] = reward_runs(
+            root, args, out.with_name(f"{name}_reward.png"), result["errors"]
+        )
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["ratios"], indent=1))
     print(f"[bench] wrote {out}")

@@ -38,17 +38,27 @@ def stage_bars(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def reward_curve(steps: list[int], scores: list[float], out: Path, title: str) -> None:
+def reward_curve(curves: dict[str, list[tuple[int, float]]], out: Path, title: str, window: int = 10) -> None:
+    """Mean score per iteration for each system (faint) and its ``window``-iteration moving mean."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, scores, marker=".")
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, (system, points) in enumerate(curves.items()):
+        steps = [s for s, _ in points]
+        scores = [v for _, v in points]
+        ax.plot(steps, scores, color=f"C{i}", alpha=0.3, linewidth=0.8)
+        smooth = [
+            sum(scores[max(0, j - window + 1) : j + 1]) / len(scores[max(0, j - window + 1) : j + 1])
+            for j in range(len(scores))
+        ]
+        ax.plot(steps, smooth, color=f"C{i}", label=f"{system} ({window}-iteration mean)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("critic/score/mean")
     ax.set_title(title)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

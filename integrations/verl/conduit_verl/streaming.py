@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import ray
 import torch
 from transfer_queue import KVBatchMeta
 from verl.utils.debug import marked_timer
@@ -25,6 +26,10 @@ from conduit.ops.operator import run_chain
 from conduit_verl.checks import check_groups, check_response_lengths
 from conduit_verl.delivery import GroupFifo
 from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
+from conduit_verl.piece_writes import piece_writes
+
+#: longest a streaming wait blocks on the completion channel before verl's sampler takes over
+CHANNEL_TIMEOUT_S = 5.0
 
 
 class _Piece:
@@ -62,15 +67,33 @@ def ingest_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Oper
     return ops
 
 
-def piece_size(buffer: Any, g_ing: int, remaining: int) -> int:
-    """At least ``g_ing`` groups, or every group already finished if more (never over ``remaining``).
+class GroupWait:
+    """Waits for the next piece's groups: on the completion channel, or by re-reading TQ.
 
-    Reads verl's replay-buffer view of TransferQueue (``finished_keys``: prompt groups whose every
-    response is in), so a piece catches up when generation runs ahead of ingestion.
+    One per trainer (the channel's count runs over the whole job). ``next_piece`` returns how many
+    groups to take: at least ``g_ing`` (never over what is left), or every group already finished
+    if more, so a piece catches up when generation runs ahead of ingestion.
     """
-    buffer._sync_metadata_from_transfer_queue()
-    finished = len(buffer.finished_keys.get("train", ()))
-    return min(remaining, max(g_ing, finished))
+
+    def __init__(self, channel: Any, partition_id: str = "train") -> None:
+        self.channel = channel
+        self.partition_id = partition_id
+        self.taken = ray.get(channel.wait.remote(partition_id, 0, 0.0)) if channel is not None else 0
+
+    def next_piece(self, buffer: Any, g_ing: int, remaining: int) -> int:
+        want = min(g_ing, remaining)
+        if self.channel is None:  # polled: verl's replay-buffer view of TQ (finished prompt groups)
+            buffer._sync_metadata_from_transfer_queue()
+            finished = len(buffer.finished_keys.get(self.partition_id, ()))
+            return min(remaining, max(want, finished))
+        # event-driven: wakes when a group finishes; on timeout (a failed group is refilled by
+        # verl's sampler) the replay buffer's own wait takes over
+        done = ray.get(self.channel.wait.remote(self.partition_id, self.taken + want, CHANNEL_TIMEOUT_S))
+        return min(remaining, max(want, done - self.taken))
+
+    def took(self, groups: int) -> None:
+        """``groups`` were sampled out of the replay buffer."""
+        self.taken += groups
 
 
 def merge_metrics(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -103,12 +126,14 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     parts: list[tuple[int, dict[str, Any]]] = []
     t0 = time.perf_counter()
     taken = 0
+    waiter: GroupWait = trainer.conduit_wait
     try:
         trainer.on_sample_begin()
         while taken < sample_batch_size:
-            want = piece_size(buffer, cfg.g_ing or sample_batch_size, sample_batch_size - taken)
             with m.span("wait_rollout"):
+                want = waiter.next_piece(buffer, cfg.g_ing or sample_batch_size, sample_batch_size - taken)
                 meta, off_policy = buffer.sample(global_steps=version, partition_id="train", batch_size=want)
+            waiter.took(want)
             taken += want
             last = taken >= sample_batch_size
             if last:
@@ -126,7 +151,9 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
                 finally:
                     trainer._conduit_piece = False
                 rows = ColumnBatch({"row": torch.arange(len(piece.meta))})
-                run_chain(ingest_operators(trainer, piece, timing_raw), rows, m, "ingest")
+                with piece_writes(piece.meta) as writes:
+                    run_chain(ingest_operators(trainer, piece, timing_raw), rows, m, "ingest")
+                m.incr("tq_puts_saved", writes.puts_saved)
                 groups = check_groups(piece.meta.keys, piece.meta.tags, n)
                 fifo.put(piece.meta, groups, version)
             parts.append((len(piece.meta), piece.metrics))

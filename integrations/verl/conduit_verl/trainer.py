@@ -8,9 +8,10 @@ buffer (``delivery.py``). With ``overlap=sync`` it is verl's sync step. Knobs: `
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -20,9 +21,11 @@ from conduit_verl.checks import check_model_tokenizer, check_piece_micro_batches
 from conduit_verl.config import MODE, ConduitTrainerConfig
 from conduit_verl.delivery import GroupFifo
 from conduit_verl.gae import check_streamable
-from conduit_verl.streaming import stream_step
+from conduit_verl.streaming import GroupWait, stream_step
 
 __all__ = ["MODE", "ConduitTrainer", "ConduitTrainerConfig"]
+
+logger = logging.getLogger(__name__)
 
 
 def _infer_micro_batches(config: DictConfig) -> dict[str, int | None]:
@@ -43,6 +46,25 @@ def _infer_micro_batches(config: DictConfig) -> dict[str, int | None]:
     return out
 
 
+def _completion_channel(config: DictConfig) -> Any:
+    """Start the channel the agent loops report finished groups to (None: keep polling TQ).
+
+    Selects Conduit's notifying agent-loop manager through verl's own
+    ``rollout.agent.agent_loop_manager_class``; a user's own manager is left alone (the stream
+    then falls back to re-reading TransferQueue's metadata every ``poll_interval_s``).
+    """
+    from conduit_verl.completion import MANAGER_FQN, start_channel
+
+    agent = config.actor_rollout_ref.rollout.agent
+    current = agent.get("agent_loop_manager_class", None)
+    if current not in (None, MANAGER_FQN):
+        logger.warning("custom agent_loop_manager_class %s: group completion is polled", current)
+        return None
+    with open_dict(agent):
+        agent.agent_loop_manager_class = MANAGER_FQN
+    return start_channel()
+
+
 @register_trainer(MODE)
 class ConduitTrainer(PPOTrainerSync):
     """verl's sync trainer with Conduit's streaming ingestion and delivery."""
@@ -55,11 +77,14 @@ class ConduitTrainer(PPOTrainerSync):
         n = int(config.actor_rollout_ref.rollout.n)
         capacity = 2 * int(config.data.train_batch_size) * n
         self.conduit_fifo = GroupFifo(n, capacity, self.conduit_metrics)
+        self.conduit_channel: Any = None
         if self.conduit_config.overlap == "async":
             check_streamable(config)
             check_piece_micro_batches(
                 int(config.data.train_batch_size), self.conduit_config.g_ing, n, _infer_micro_batches(config)
             )
+            self.conduit_channel = _completion_channel(config)
+        self.conduit_wait = GroupWait(self.conduit_channel)
 
     def _init_tokenizer(self) -> None:
         # runs first in ``init()``: a model/tokenizer mismatch fails before any worker starts

@@ -9,7 +9,7 @@ pytest.importorskip("transfer_queue")
 
 from conduit_verl.checks import check_piece_micro_batches  # noqa: E402
 from conduit_verl.delivery import GroupFifo  # noqa: E402
-from conduit_verl.streaming import merge_metrics, piece_size  # noqa: E402
+from conduit_verl.streaming import GroupWait, merge_metrics  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 
 from conduit import Metrics  # noqa: E402
@@ -27,8 +27,8 @@ class _FakeBuffer:
 @pytest.mark.parametrize(
     ("g_ing", "finished", "remaining", "want"), [(1, 0, 4, 1), (1, 3, 4, 3), (2, 1, 4, 2), (2, 9, 3, 3)]
 )
-def test_piece_size(g_ing: int, finished: int, remaining: int, want: int) -> None:
-    assert piece_size(_FakeBuffer(finished), g_ing, remaining) == want
+def test_polled_piece_size(g_ing: int, finished: int, remaining: int, want: int) -> None:
+    assert GroupWait(None).next_piece(_FakeBuffer(finished), g_ing, remaining) == want
 
 
 def test_merge_metrics_weights_by_samples() -> None:

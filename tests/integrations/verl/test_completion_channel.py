@@ -1,0 +1,56 @@
+"""The completion channel: the streaming wait wakes when a group finishes, not on a timer."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("verl")
+ray = pytest.importorskip("ray")
+
+from conduit_verl.completion import CompletionChannel  # noqa: E402
+from conduit_verl.streaming import GroupWait  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def channel():
+    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield CompletionChannel.remote()
+    ray.shutdown()
+
+
+def test_wait_wakes_on_finish_and_times_out(channel) -> None:
+    t0 = time.perf_counter()
+    assert ray.get(channel.wait.remote("p1", 1, 0.2)) == 0  # nothing finished: returns at the timeout
+    assert time.perf_counter() - t0 >= 0.2
+
+    woke: list[float] = []
+
+    def waiter() -> None:
+        ray.get(channel.wait.remote("p1", 2, 30.0))
+        woke.append(time.perf_counter())
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    ray.get(channel.finished.remote("p1"))
+    time.sleep(0.3)
+    assert not woke, "woke before the second group finished"
+    t_finish = time.perf_counter()
+    ray.get(channel.finished.remote("p1"))
+    thread.join(10.0)
+    assert woke and woke[0] - t_finish < 2.0  # woken by the event, long before the 30 s timeout
+    assert ray.get(channel.wait.remote("p2", 0, 0.0)) == 0  # partitions are counted apart
+
+
+def test_group_wait_takes_every_finished_group(channel) -> None:
+    wait = GroupWait(channel, "p3")
+    for _ in range(3):
+        ray.get(channel.finished.remote("p3"))
+    assert wait.next_piece(None, g_ing=1, remaining=4) == 3  # generation ran ahead: take all three
+    wait.took(3)
+    ray.get(channel.finished.remote("p3"))
+    assert wait.next_piece(None, g_ing=2, remaining=1) == 1  # never more than what is left
