@@ -1,14 +1,16 @@
 """One streaming step of the ``conduit`` trainer mode (replaces verl's ``_step_once``).
 
 verl's sync step waits for the whole batch, then runs old-log-prob, ref, values and advantage on
-it one stage after another. Here, as soon as ``g_ing`` GRPO groups have finished generating, they
-run through those stages (Conduit ``Operator``s, one call per piece; a piece takes every group
-already finished if more than ``g_ing`` are) while the other groups are still
-generating; finished groups land in Conduit's grouped FIFO buffer, and once every group has its
-old-log-prob (all must come from the pre-update policy), the mini-batches are handed to
-``update_actor``. PPO (GAE): values and the GAE recursion run per piece, the batch whitening of
-the advantages once after the last piece (``gae.py``). Exposed time (DESIGN.md §4) is kept in Conduit's ``Metrics``: ingestion of the
-last piece and delivery are exposed; ingestion of earlier pieces overlaps generation.
+it one stage after another. Here, as soon as ``g_ing`` GRPO groups have finished generating (the
+agent loops report each one: ``completion.py``), they run through those stages (Conduit
+``Operator``s, one call per piece; a piece takes every group already finished if more than
+``g_ing`` are; a piece's TransferQueue writes go out in one put: ``piece_writes.py``) while the
+other groups are still generating. Finished groups land in Conduit's grouped FIFO buffer, and
+once every group has its old-log-prob (all must come from the pre-update policy), the
+mini-batches are handed to ``update_actor``. PPO (GAE): values and the GAE recursion run per
+piece, the batch whitening of the advantages once after the last piece (``gae.py``). Exposed time
+(DESIGN.md §4) is kept in Conduit's ``Metrics``: ingestion of the last piece and delivery are
+exposed; ingestion of earlier pieces overlaps generation.
 """
 
 from __future__ import annotations
