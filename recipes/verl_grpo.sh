@@ -2,7 +2,7 @@
 # GRPO on GPUs with verl 0.9.1 (V1 trainer, vLLM rollout, FSDP workers) and Conduit's trainer mode.
 #   bash recipes/verl_grpo.sh MODEL_PATH TRAIN_PARQUET VAL_PARQUET [extra hydra overrides...]
 # Needs: pip install -e ".[verl]" (registers the verl.plugins entry point) and vLLM.
-# MODE=sync gives verl's own trainer for comparison; BATCH, MINI, LOGGER override the defaults.
+# MODE=sync gives verl's own trainer for comparison; BATCH, MINI, LOGGER, G_ING (groups per ingestion piece, default auto) override the defaults.
 set -euo pipefail
 MODEL=${1:?model path}; TRAIN=${2:?train parquet}; VAL=${3:?val parquet}; shift 3
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
@@ -22,7 +22,7 @@ python -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
   trainer.v1.trainer_mode=${MODE:-conduit} \
-  +trainer.v1.conduit.g_ing=4 \
+  +trainer.v1.conduit.g_ing=${G_ING:-auto} \
   trainer.n_gpus_per_node="$NGPU" trainer.nnodes=1 \
   trainer.logger="[${LOGGER:-console}]" trainer.total_epochs=1 \
   "$@"

@@ -2,7 +2,8 @@
 # PPO (GAE with a critic) on GPUs with verl 0.9.1 (V1 trainer, vLLM rollout, FSDP workers), Conduit mode.
 #   bash recipes/verl_ppo.sh MODEL_PATH TRAIN_PARQUET VAL_PARQUET [extra hydra overrides...]
 # Needs: pip install -e ".[verl]" (registers the verl.plugins entry point) and vLLM.
-# MODE=sync gives verl's own trainer; BATCH, MINI, LOGGER (e.g. console,file) override defaults.
+# MODE=sync gives verl's own trainer; BATCH, MINI, LOGGER (e.g. console,file), G_ING (groups per
+# ingestion piece, default auto) override defaults.
 set -euo pipefail
 MODEL=${1:?model path}; TRAIN=${2:?train parquet}; VAL=${3:?val parquet}; shift 3
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
@@ -22,7 +23,7 @@ python -m verl.trainer.main_ppo \
   critic.enable=True critic.strategy=fsdp2 critic.model.path="$MODEL" \
   critic.optim.lr=1e-5 critic.ppo_micro_batch_size_per_gpu=8 critic.forward_micro_batch_size_per_gpu=8 \
   trainer.v1.trainer_mode=${MODE:-conduit} \
-  +trainer.v1.conduit.g_ing=32 \
+  +trainer.v1.conduit.g_ing=${G_ING:-auto} \
   trainer.n_gpus_per_node="$NGPU" trainer.nnodes=1 \
   trainer.logger="[${LOGGER:-console}]" trainer.total_epochs=1 \
   "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
@@ -74,22 +75,29 @@ def check_model_tokenizer(model_path: str, tokenizer: Any) -> None:
         check_vocab(len(tokenizer), int(vocab), where=model_path)
 
 
-def check_piece_micro_batches(batch_size: int, g_ing: int, n: int, micro: dict[str, int | None]) -> None:
-    """Every streamed piece (``g_ing`` groups of ``n``; the last may be smaller) must split into
-    whole inference micro-batches (verl asserts it in the worker, far from the cause)."""
+def piece_unit(batch_size: int, n: int, micro: dict[str, int | None], g_ing: int | str) -> int:
+    """The fewest groups a streamed piece may hold: every piece must split into whole inference
+    micro-batches (verl asserts it in the worker, far from the cause), so pieces are whole
+    multiples of this unit; the step's batch and a fixed ``g_ing`` must be too (else ConfigError)."""
     from conduit.errors import ConfigError
 
-    g = g_ing or batch_size
-    sizes = {min(g, batch_size) * n}
-    if batch_size % g:
-        sizes.add((batch_size % g) * n)
-    for name, size in micro.items():
-        if size and any(s % size for s in sizes):
-            raise ConfigError(
-                f"trainer.v1.conduit.g_ing={g_ing} gives pieces of {sorted(sizes)} samples, not a multiple "
-                f"of {name}={size}; set {name} to a divisor of g_ing*rollout.n (e.g. rollout.n={n}) "
-                "or use dynamic batch size"
-            )
+    unit = 1
+    for size in micro.values():
+        if size:
+            unit = math.lcm(unit, size // math.gcd(size, n))
+    where = ", ".join(f"{k}={v}" for k, v in micro.items() if v)
+    if batch_size % unit:
+        raise ConfigError(
+            f"data.train_batch_size={batch_size} prompts cannot be streamed in pieces that split into whole "
+            f"micro-batches ({where}; rollout.n={n}: pieces need multiples of {unit} groups); "
+            "set the micro-batch sizes to divisors of rollout.n or use dynamic batch size"
+        )
+    if isinstance(g_ing, int) and g_ing % unit:
+        raise ConfigError(
+            f"trainer.v1.conduit.g_ing={g_ing} gives pieces of {g_ing * n} samples, not whole micro-batches "
+            f"({where}); use a multiple of {unit} groups, 'auto', or micro-batch sizes that divide rollout.n={n}"
+        )
+    return unit
 
 
 def plugin_installed() -> bool:

@@ -13,6 +13,7 @@ added call; the trainer selects them through verl's ``rollout.agent.agent_loop_m
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import ray
@@ -32,6 +33,8 @@ class CompletionChannel:
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
+        self.times: dict[str, list[float]] = {}  # finish times of groups number first[p] onwards
+        self.first: dict[str, int] = {}
         self._cond: asyncio.Condition | None = None
 
     def _condition(self) -> asyncio.Condition:
@@ -44,6 +47,7 @@ class CompletionChannel:
         cond = self._condition()
         async with cond:
             self.counts[partition_id] = self.counts.get(partition_id, 0) + 1
+            self.times.setdefault(partition_id, []).append(time.time())
             cond.notify_all()
 
     async def wait(self, partition_id: str, at_least: int, timeout_s: float) -> int:
@@ -57,6 +61,15 @@ class CompletionChannel:
             except TimeoutError:
                 pass
             return self.counts.get(partition_id, 0)
+
+    def finish_times(self, partition_id: str, since: int) -> list[float]:
+        """Wall-clock finish times of the partition's groups number ``since`` onwards (older ones
+        are forgotten: the trainer asks once per step, for that step's groups)."""
+        times = self.times.get(partition_id, [])
+        drop = max(0, since - self.first.get(partition_id, 0))
+        del times[:drop]
+        self.first[partition_id] = self.first.get(partition_id, 0) + drop
+        return list(times)
 
 
 class _NotifyingWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[name-defined,misc]

@@ -19,7 +19,10 @@ class ConduitTrainerConfig:
     Args:
         overlap: ``async`` streams GRPO groups through the ingestion stages while others still
             generate; ``sync`` runs verl's whole-batch stages (the sync trainer's behaviour).
-        g_ing: prompt groups per ingestion piece (old-log-prob, ref, values, advantage).
+        g_ing: prompt groups a streamed ingestion piece waits for (old-log-prob, ref, values,
+            advantage; a piece also takes every group already finished); ``auto`` (default)
+            chooses it every step from measured piece costs and group finish times
+            (``piece_policy.py``); 0 = the whole batch in one piece.
         g_del: PPO mini-batches per ``update_actor`` call; 0 = all of them in one call (verl's).
         depth: delivered batches kept ready (reserved; streaming keeps every piece).
         poll_interval_s: how often the streaming wait re-reads TransferQueue's metadata; in
@@ -27,7 +30,7 @@ class ConduitTrainerConfig:
     """
 
     overlap: Literal["sync", "async"] = "async"
-    g_ing: int = 1
+    g_ing: int | Literal["auto"] = "auto"
     g_del: int = 0
     depth: int = 1
     poll_interval_s: float | None = None
@@ -37,8 +40,11 @@ class ConduitTrainerConfig:
             raise ConfigError(f"trainer.v1.conduit.overlap must be 'sync' or 'async', got {self.overlap!r}")
         for name in ("g_ing", "g_del"):
             value = getattr(self, name)
+            if name == "g_ing" and value == "auto":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"trainer.v1.conduit.{name} must be an int >= 0, got {value!r}")
+                extra = " or 'auto'" if name == "g_ing" else ""
+                raise ConfigError(f"trainer.v1.conduit.{name} must be an int >= 0{extra}, got {value!r}")
         if self.poll_interval_s is not None and not self.poll_interval_s > 0:
             raise ConfigError(f"trainer.v1.conduit.poll_interval_s must be > 0, got {self.poll_interval_s}")
         if not isinstance(self.depth, int) or self.depth < 1:

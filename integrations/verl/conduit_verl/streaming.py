@@ -28,6 +28,7 @@ from conduit.ops.operator import run_chain
 from conduit_verl.checks import check_groups, check_response_lengths
 from conduit_verl.delivery import GroupFifo
 from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
+from conduit_verl.piece_policy import PiecePolicy
 from conduit_verl.piece_writes import piece_writes
 
 #: longest a streaming wait blocks on the completion channel before verl's sampler takes over
@@ -74,28 +75,41 @@ class GroupWait:
 
     One per trainer (the channel's count runs over the whole job). ``next_piece`` returns how many
     groups to take: at least ``g_ing`` (never over what is left), or every group already finished
-    if more, so a piece catches up when generation runs ahead of ingestion.
+    if more, so a piece catches up when generation runs ahead of ingestion; always whole multiples
+    of ``unit`` groups (whole inference micro-batches).
     """
 
-    def __init__(self, channel: Any, partition_id: str = "train") -> None:
+    def __init__(self, channel: Any, unit: int = 1, partition_id: str = "train") -> None:
         self.channel = channel
+        self.unit = unit
         self.partition_id = partition_id
         self.taken = ray.get(channel.wait.remote(partition_id, 0, 0.0)) if channel is not None else 0
+        self.step_first = self.taken
 
     def next_piece(self, buffer: Any, g_ing: int, remaining: int) -> int:
         want = min(g_ing, remaining)
         if self.channel is None:  # polled: verl's replay-buffer view of TQ (finished prompt groups)
             buffer._sync_metadata_from_transfer_queue()
-            finished = len(buffer.finished_keys.get(self.partition_id, ()))
-            return min(remaining, max(want, finished))
-        # event-driven: wakes when a group finishes; on timeout (a failed group is refilled by
-        # verl's sampler) the replay buffer's own wait takes over
-        done = ray.get(self.channel.wait.remote(self.partition_id, self.taken + want, CHANNEL_TIMEOUT_S))
-        return min(remaining, max(want, done - self.taken))
+            ready = len(buffer.finished_keys.get(self.partition_id, ()))
+        else:
+            # event-driven: wakes when a group finishes; on timeout (a failed group is refilled by
+            # verl's sampler) the replay buffer's own wait takes over
+            done = ray.get(self.channel.wait.remote(self.partition_id, self.taken + want, CHANNEL_TIMEOUT_S))
+            ready = done - self.taken
+        return min(remaining, max(want, ready // self.unit * self.unit))
 
     def took(self, groups: int) -> None:
         """``groups`` were sampled out of the replay buffer."""
         self.taken += groups
+
+    def step_finish_times(self, t0_wall: float) -> list[float]:
+        """Seconds from ``t0_wall`` at which this step's groups finished (empty when polled)."""
+        if self.channel is None:
+            return []
+        count = self.taken - self.step_first
+        times = ray.get(self.channel.finish_times.remote(self.partition_id, self.step_first))[:count]
+        self.step_first = self.taken
+        return [t - t0_wall for t in times]
 
 
 def merge_metrics(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -126,14 +140,16 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     buffer = trainer.replay_buffer
     saved_poll, buffer.poll_interval = buffer.poll_interval, cfg.stream_poll_s
     parts: list[tuple[int, dict[str, Any]]] = []
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     taken = 0
     waiter: GroupWait = trainer.conduit_wait
+    policy: PiecePolicy = trainer.conduit_policy
+    g_ing = policy.g_ing()
     try:
         trainer.on_sample_begin()
         while taken < sample_batch_size:
             with m.span("wait_rollout"):
-                want = waiter.next_piece(buffer, cfg.g_ing or sample_batch_size, sample_batch_size - taken)
+                want = waiter.next_piece(buffer, g_ing, sample_batch_size - taken)
                 meta, off_policy = buffer.sample(global_steps=version, partition_id="train", batch_size=want)
             waiter.took(want)
             taken += want
@@ -146,6 +162,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
             check_groups(meta.keys, meta.tags, n)
             piece = _Piece(meta)
             piece.metrics.update(off_policy)
+            t_piece = time.perf_counter()
             with m.span("ingest_tail" if last else "ingest", exposed=last):
                 trainer._conduit_piece = True
                 try:
@@ -158,13 +175,16 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
                 m.incr("tq_puts_saved", writes.puts_saved)
                 groups = check_groups(piece.meta.keys, piece.meta.tags, n)
                 fifo.put(piece.meta, groups, version)
+            policy.record_piece(want, time.perf_counter() - t_piece)
             parts.append((len(piece.meta), piece.metrics))
             m.set_gauge("ready_samples", len(fifo))
     finally:
         buffer.poll_interval = saved_poll
     trainer.on_sample_end()
+    policy.record_step(waiter.step_finish_times(t0_wall))
     metrics.update(merge_metrics(parts))
     metrics["conduit/pieces"] = len(parts)
+    metrics["conduit/g_ing"] = g_ing
     batch = fifo.all_samples()
     batch.extra_info = dict(fifo.pieces[0].extra_info or {})
     if uses_gae(conf):

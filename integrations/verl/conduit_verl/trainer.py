@@ -17,10 +17,11 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from conduit import Metrics
-from conduit_verl.checks import check_model_tokenizer, check_piece_micro_batches
+from conduit_verl.checks import check_model_tokenizer, piece_unit
 from conduit_verl.config import MODE, ConduitTrainerConfig
 from conduit_verl.delivery import GroupFifo
 from conduit_verl.gae import check_streamable
+from conduit_verl.piece_policy import PiecePolicy
 from conduit_verl.streaming import GroupWait, stream_step
 
 __all__ = ["MODE", "ConduitTrainer", "ConduitTrainerConfig"]
@@ -78,13 +79,14 @@ class ConduitTrainer(PPOTrainerSync):
         capacity = 2 * int(config.data.train_batch_size) * n
         self.conduit_fifo = GroupFifo(n, capacity, self.conduit_metrics)
         self.conduit_channel: Any = None
+        groups = int(config.data.train_batch_size)
+        unit = 1
         if self.conduit_config.overlap == "async":
             check_streamable(config)
-            check_piece_micro_batches(
-                int(config.data.train_batch_size), self.conduit_config.g_ing, n, _infer_micro_batches(config)
-            )
+            unit = piece_unit(groups, n, _infer_micro_batches(config), self.conduit_config.g_ing)
             self.conduit_channel = _completion_channel(config)
-        self.conduit_wait = GroupWait(self.conduit_channel)
+        self.conduit_wait = GroupWait(self.conduit_channel, unit)
+        self.conduit_policy = PiecePolicy(self.conduit_config.g_ing, groups, unit)
 
     def _init_tokenizer(self) -> None:
         # runs first in ``init()``: a model/tokenizer mismatch fails before any worker starts

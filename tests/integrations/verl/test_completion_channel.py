@@ -47,10 +47,15 @@ def test_wait_wakes_on_finish_and_times_out(channel) -> None:
 
 
 def test_group_wait_takes_every_finished_group(channel) -> None:
-    wait = GroupWait(channel, "p3")
+    wait = GroupWait(channel, partition_id="p3")
     for _ in range(3):
         ray.get(channel.finished.remote("p3"))
     assert wait.next_piece(None, g_ing=1, remaining=4) == 3  # generation ran ahead: take all three
     wait.took(3)
     ray.get(channel.finished.remote("p3"))
     assert wait.next_piece(None, g_ing=2, remaining=1) == 1  # never more than what is left
+    wait.took(1)
+    assert len(wait.step_finish_times(0.0)) == 4  # the four groups taken since it was made
+    ray.get(channel.finished.remote("p3"))
+    wait.took(1)
+    assert len(wait.step_finish_times(0.0)) == 1  # the next step: only its own group

@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
 def _run(work: Path, mode: str, algo: str = "grpo") -> str:
     cmd = [sys.executable, "-m", "conduit_verl.cpu.run", "--steps", "2", "--trainer-mode", mode]
     cmd += ["--seed", "0", "--algo", algo, "--dump-samples", "--work-dir", str(work)]
+    if mode == "conduit":
+        cmd.append("+trainer.v1.conduit.g_ing=1")  # one group per piece: the most pieces
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 
-from conduit_verl.checks import check_piece_micro_batches  # noqa: E402
+from conduit_verl.checks import piece_unit  # noqa: E402
 from conduit_verl.delivery import GroupFifo  # noqa: E402
 from conduit_verl.streaming import GroupWait, merge_metrics  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
@@ -36,12 +36,20 @@ def test_merge_metrics_weights_by_samples() -> None:
     assert got == {"a": 2.5, "tag": "x"}
 
 
-def test_micro_batches_must_divide_pieces() -> None:
-    check_piece_micro_batches(4, 1, 4, {"rollout": 4, "ref": 2})
+def test_piece_unit_keeps_pieces_in_whole_micro_batches() -> None:
+    assert piece_unit(4, 4, {"rollout": 4, "ref": 2}, 1) == 1
+    assert piece_unit(8, 4, {"rollout": 8, "ref": None}, "auto") == 2  # 8-sample micro-batches: 2 groups
+    assert piece_unit(9, 4, {"rollout": 6}, 3) == 3  # lcm: 3 groups = 12 samples
     with pytest.raises(ConfigError, match="g_ing=1"):
-        check_piece_micro_batches(4, 1, 4, {"rollout": 16})
-    with pytest.raises(ConfigError):  # the last piece (1 group) is smaller
-        check_piece_micro_batches(5, 2, 4, {"rollout": 8})
+        piece_unit(4, 4, {"rollout": 8}, 1)
+    with pytest.raises(ConfigError, match="train_batch_size=5"):  # the last piece would be 1 group
+        piece_unit(5, 4, {"rollout": 8}, "auto")
+
+
+def test_polled_piece_rounds_to_whole_units() -> None:
+    wait = GroupWait(None, unit=2)
+    assert wait.next_piece(_FakeBuffer(5), 2, 8) == 4  # 5 finished: take 4 (2 units), leave 1
+    assert wait.next_piece(_FakeBuffer(1), 2, 8) == 2  # fewer than g_ing finished: wait for 2
 
 
 def test_group_fifo_whole_groups_once_in_order() -> None:

@@ -1,0 +1,94 @@
+"""How many groups a streamed piece waits for: a fixed ``g_ing``, or ``auto`` from measured costs.
+
+``auto`` keeps a two-number cost model of one piece's ingestion, ``seconds = a + b * groups``
+(least squares over recent pieces: ``a`` is the per-call cost of the worker calls and TQ round
+trips, ``b`` the per-group compute), and the finish times of the groups of the last step (from the
+completion channel; all groups are submitted at once, so they finish in clusters, not at a rate).
+For each candidate ``g`` it replays the streaming schedule on those finish times (wait for ``g``
+groups, take every finished one, ingest, repeat) and keeps the ``g`` whose last piece is ingested
+first — the exposed tail. Ties go to the larger ``g`` (fewer pieces, less work); the current
+``g`` is kept unless another is predicted ``HYSTERESIS`` faster (timings are noisy). ``g = all`` is
+verl's one whole-batch call, so the model never prefers a schedule it predicts slower than that.
+Until a step has been measured: two pieces (half the groups each).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+
+#: pieces remembered for the cost fit
+WINDOW = 32
+#: relative predicted gain needed to change ``g``
+HYSTERESIS = 0.05
+
+
+def simulate(finish: list[float], g: int, a: float, b: float, unit: int) -> float:
+    """When the last piece's ingestion ends, for groups finishing at ``finish`` (sorted, seconds).
+
+    Pieces are whole multiples of ``unit`` groups, at least ``g`` (never over what is left).
+    """
+    total, taken, t = len(finish), 0, 0.0
+    while taken < total:
+        want = min(g, total - taken)
+        t = max(t, finish[taken + want - 1])
+        ready = bisect.bisect_right(finish, t) - taken
+        k = min(total - taken, max(want, ready // unit * unit))
+        t += a + b * k
+        taken += k
+    return t
+
+
+class PiecePolicy:
+    """The next piece's ``g_ing``: fixed, or chosen by the cost model (``auto``)."""
+
+    def __init__(self, g_ing: int | str, groups: int, unit: int) -> None:
+        self.setting = g_ing
+        self.groups = groups
+        self.unit = unit
+        self.pieces: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self.finish: list[float] | None = None
+        self.chosen = self._round(math.ceil(groups / 2))
+
+    def _round(self, g: int) -> int:
+        """Up to a whole number of units, within [unit, groups]."""
+        return min(self.groups, max(self.unit, math.ceil(g / self.unit) * self.unit))
+
+    def g_ing(self) -> int:
+        """Groups the next piece waits for (0 in the settings means the whole step, one piece)."""
+        if self.setting == "auto":
+            return self.chosen
+        return int(self.setting) or self.groups
+
+    def record_piece(self, groups: int, seconds: float) -> None:
+        """One piece of ``groups`` took ``seconds`` of ingestion."""
+        self.pieces.append((groups, seconds))
+
+    def record_step(self, finish: list[float]) -> None:
+        """The step's group finish times (seconds from its start); re-choose ``g`` for ``auto``."""
+        self.finish = sorted(finish)
+        if self.setting == "auto" and len(self.finish) == self.groups and self.pieces:
+            a, b = self.cost()
+            self.chosen = self.best(a, b)
+
+    def cost(self) -> tuple[float, float]:
+        """``(a, b)`` of ``seconds = a + b * groups`` (least squares; one size only: split evenly)."""
+        xs = [float(k) for k, _ in self.pieces]
+        ys = [s for _, s in self.pieces]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        if var > 0:
+            b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var)
+            return max(0.0, my - b * mx), b
+        return my / 2, my / 2 / mx
+
+    def best(self, a: float, b: float) -> int:
+        """The candidate ``g`` with the earliest predicted end of the last piece."""
+        assert self.finish is not None
+        candidates = range(self.unit, self.groups + 1, self.unit)
+        ends = {g: simulate(self.finish, g, a, b, self.unit) for g in candidates}
+        first = min(ends.values())
+        if ends.get(self.chosen, math.inf) <= first * (1 + HYSTERESIS):
+            return self.chosen
+        return max(g for g, end in ends.items() if end <= first * 1.001)
