@@ -117,7 +117,7 @@ def main() -> int:
         "--reward-steps", type=int, default=0, help="also longer sync and conduit runs for a reward curve"
     )
     p.add_argument("--reward-lr", type=float, default=3e-3, help="learning rate of the reward-curve runs")
-    p.add_argument("--g-ing", type=int, default=1, help="conduit: prompt groups per ingestion piece")
+    p.add_argument("--g-ing", default="auto", help="conduit: prompt groups per ingestion piece (int or auto)")
     p.add_argument("--systems", default="verl_sync,verl_sync_tuned,verl_colocate_async,conduit")
     p.add_argument("--poll", type=float, default=None, help="skip the sweep; tuned poll period (s)")
     p.add_argument("--timeout", type=int, default=900)

@@ -1,27 +1,39 @@
-"""How many groups a streamed piece waits for: a fixed ``g_ing``, or ``auto`` from measured costs.
+"""How many groups a streamed piece waits for: a fixed ``g_ing``, or ``auto`` from measurements.
 
-``auto`` keeps a two-number cost model of one piece's ingestion, ``seconds = a + b * groups``
-(least squares over recent pieces: ``a`` is the per-call cost of the worker calls and TQ round
-trips, ``b`` the per-group compute), and the finish times of the groups of the last step (from the
+``auto`` has two parts.
+
+The cost model picks how to stream. It keeps ``seconds = a + b * groups`` for one piece's
+ingestion (least squares over recent pieces: ``a`` is the per-call cost of the worker calls and TQ
+round trips, ``b`` the per-group compute) and the finish times of the last step's groups (from the
 completion channel; all groups are submitted at once, so they finish in clusters, not at a rate).
 For each candidate ``g`` it replays the streaming schedule on those finish times (wait for ``g``
 groups, take every finished one, ingest, repeat) and keeps the ``g`` whose last piece is ingested
-first — the exposed tail. Ties go to the larger ``g`` (fewer pieces, less work); the current
-``g`` is kept unless another is predicted ``HYSTERESIS`` faster (timings are noisy). ``g = all`` is
-verl's one whole-batch call, so the model never prefers a schedule it predicts slower than that.
-Until a step has been measured: two pieces (half the groups each).
+first — the exposed tail. Ties go to the larger ``g`` (fewer pieces, less work); the current ``g``
+is kept unless another is predicted ``HYSTERESIS`` faster (timings are noisy). Until a step has
+been measured: two pieces (half the groups each).
+
+The model cannot see what overlap costs generation when both share the same cores or device
+(ingestion during generation slows it). So the step time decides whether to stream at all: the
+policy measures whole iterations (start of one step to the start of the next) under the model's
+``g`` ("stream") and under one whole-batch piece ("whole", verl's schedule), ``PROBES`` of each
+after the warm-up step, then runs the arm with the lower median and re-measures the other every
+``REPROBE_EVERY`` steps. Any ``g`` gives the same samples and losses; only time differs.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections import deque
 
 #: pieces remembered for the cost fit
 WINDOW = 32
 #: relative predicted gain needed to change ``g``
 HYSTERESIS = 0.05
+#: measured iterations per arm before choosing, and how often the other arm is re-measured
+PROBES = 3
+REPROBE_EVERY = 10
 
 
 def simulate(finish: list[float], g: int, a: float, b: float, unit: int) -> float:
@@ -50,6 +62,13 @@ class PiecePolicy:
         self.pieces: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self.finish: list[float] | None = None
         self.chosen = self._round(math.ceil(groups / 2))
+        self.periods: dict[str, deque[float]] = {
+            "stream": deque(maxlen=PROBES),
+            "whole": deque(maxlen=PROBES),
+        }
+        self.arm = "stream"
+        self.steps = 0
+        self._t_step: float | None = None
 
     def _round(self, g: int) -> int:
         """Up to a whole number of units, within [unit, groups]."""
@@ -58,8 +77,27 @@ class PiecePolicy:
     def g_ing(self) -> int:
         """Groups the next piece waits for (0 in the settings means the whole step, one piece)."""
         if self.setting == "auto":
-            return self.chosen
+            return self.chosen if self.arm == "stream" else self.groups
         return int(self.setting) or self.groups
+
+    def begin_step(self, now: float) -> int:
+        """A step starts at ``now`` (seconds, monotonic): close the last iteration's measurement,
+        pick this step's arm; return its ``g_ing``."""
+        if self._t_step is not None and self.steps > 1:  # the first iteration is warm-up
+            self.periods[self.arm].append(now - self._t_step)
+        self._t_step = now
+        self.steps += 1
+        if self.setting == "auto" and self.steps > 1:
+            self.arm = self._pick_arm()
+        return self.g_ing()
+
+    def _pick_arm(self) -> str:
+        stream, whole = self.periods["stream"], self.periods["whole"]
+        if len(stream) < PROBES or len(whole) < PROBES:  # probe both, alternating
+            return "whole" if len(whole) < len(stream) else "stream"
+        best = "stream" if statistics.median(stream) <= statistics.median(whole) else "whole"
+        other = "whole" if best == "stream" else "stream"
+        return other if self.steps % REPROBE_EVERY == 0 else best
 
     def record_piece(self, groups: int, seconds: float) -> None:
         """One piece of ``groups`` took ``seconds`` of ingestion."""

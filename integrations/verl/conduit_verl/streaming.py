@@ -144,7 +144,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     taken = 0
     waiter: GroupWait = trainer.conduit_wait
     policy: PiecePolicy = trainer.conduit_policy
-    g_ing = policy.g_ing()
+    g_ing = policy.begin_step(t0)
     try:
         trainer.on_sample_begin()
         while taken < sample_batch_size:
@@ -185,6 +185,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     metrics.update(merge_metrics(parts))
     metrics["conduit/pieces"] = len(parts)
     metrics["conduit/g_ing"] = g_ing
+    metrics["conduit/streamed"] = float(g_ing < sample_batch_size)
     batch = fifo.all_samples()
     batch.extra_info = dict(fifo.pieces[0].extra_info or {})
     if uses_gae(conf):

@@ -55,3 +55,27 @@ def test_fixed_setting_is_kept_and_units_respected() -> None:
     auto.record_piece(4, 0.1)
     auto.record_step([1.0 * i for i in range(1, 13)])
     assert auto.g_ing() % 4 == 0
+
+
+def _run_steps(policy: PiecePolicy, seconds: dict[str, float], steps: int) -> list[int]:
+    """Drive ``begin_step`` with iterations that take ``seconds[arm]``; the ``g_ing`` of each step."""
+    now, chosen = 0.0, []
+    for _ in range(steps):
+        chosen.append(policy.begin_step(now))
+        now += seconds[policy.arm]
+    return chosen
+
+
+def test_auto_measures_both_schedules_then_keeps_the_faster() -> None:
+    policy = PiecePolicy("auto", groups=4, unit=1)
+    chosen = _run_steps(policy, {"stream": 1.2, "whole": 1.0}, 20)
+    assert chosen[:2] == [2, 2]  # warm-up, then the first probe of the streaming schedule
+    assert sorted(chosen[1:7]) == [2, 2, 2, 4, 4, 4]  # three probes of each
+    # then the faster (one whole-batch piece), re-probing the other every 10th step
+    assert chosen[7:] == [2 if step % 10 == 0 else 4 for step in range(8, 21)]
+    faster_stream = PiecePolicy("auto", groups=4, unit=1)
+    assert _run_steps(faster_stream, {"stream": 0.8, "whole": 1.0}, 20)[7:] == [
+        4 if step % 10 == 0 else 2 for step in range(8, 21)
+    ]
+    fixed = PiecePolicy(1, groups=4, unit=1)
+    assert set(_run_steps(fixed, {"stream": 5.0, "whole": 1.0}, 12)) == {1}  # a fixed g_ing never changes
