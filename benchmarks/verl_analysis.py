@@ -54,7 +54,7 @@ def rows_for_run(
         start, end = windows.get(step, (0.0, 0.0))
         gen_busy = end - start
         stages = {k: round(t.get(k, 0.0), 4) for k in STAGES}
-        if system == "conduit":
+        if system.startswith("conduit"):
             wait = max(0.0, float(m.get("conduit/t_last_piece_wall", end)) - end)
             ingest = float(m.get("conduit/exposed_s", 0.0))
             stages["overlapped_ingest"] = round(sum(t.get(k, 0.0) for k in INGEST) - ingest, 4)
@@ -72,6 +72,7 @@ def rows_for_run(
                 "wall_s": round(t.get("step", 0.0), 4),
                 "exposed_s": round(wait + ingest, 4),
                 "actor_loss": m.get("actor/pg_loss"),
+                "g_ing": m.get("conduit/g_ing"),
                 "score": m.get("critic/score/mean"),
                 "stages": stages,
                 **extra,
@@ -80,20 +81,31 @@ def rows_for_run(
     return rows
 
 
-def median(rows: list[dict[str, Any]], system: str, key: str) -> float | None:
-    vals = [float(r[key]) for r in rows if r["system"] == system]
+def median(rows: list[dict[str, Any]], system: str, key: str, first: int = 0) -> float | None:
+    vals = [float(r[key]) for r in rows if r["system"] == system and r["iteration"] >= first]
     return statistics.median(vals) if vals else None
 
 
-def ratios(rows: list[dict[str, Any]], baselines: list[str]) -> dict[str, Any]:
-    """Conduit ÷ each baseline, medians, for wall and exposed time."""
+def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 0) -> dict[str, Any]:
+    """Each conduit system ÷ each baseline, medians, for wall and exposed time.
+
+    ``steady_from``: also ``<key>/conduit_steady_over_<base>``, conduit's iterations from that one
+    on (after ``g_ing=auto`` has measured its options).
+    """
     out: dict[str, Any] = {}
+    systems = sorted({r["system"] for r in rows})
+    mine = [s for s in systems if s.startswith("conduit")]
     for base in baselines:
         for key in ("wall_s", "exposed_s"):
-            c, b = median(rows, "conduit", key), median(rows, base, key)
+            b = median(rows, base, key)
+            for system in mine:
+                c = median(rows, system, key)
+                if c is not None and b:
+                    out[f"{key.removesuffix('_s')}/{system}_over_{base}"] = round(c / b, 3)
+            c = median(rows, "conduit", key, steady_from) if steady_from else None
             if c is not None and b:
-                out[f"{key.removesuffix('_s')}/conduit_over_{base}"] = round(c / b, 3)
-    for system in sorted({r["system"] for r in rows}):
+                out[f"{key.removesuffix('_s')}/conduit_steady_over_{base}"] = round(c / b, 3)
+    for system in systems:
         out[f"median_wall_s/{system}"] = median(rows, system, "wall_s")
         out[f"median_exposed_s/{system}"] = median(rows, system, "exposed_s")
     return out

@@ -70,7 +70,7 @@ def reward_runs(root: Path, args: argparse.Namespace, png: Path, errors: dict[st
         ("conduit", "conduit", []),
     ):
         work = root / f"reward_{system}"
-        rc, tail = run(work, mode, args.reward_steps, args, lr + extra + conduit_knobs(args, mode))
+        rc, tail = run(work, mode, args.reward_steps, args, lr + extra + conduit_knobs(args, system))
         if rc:
             errors[f"reward_{system}"] = tail
             continue
@@ -83,9 +83,11 @@ def reward_runs(root: Path, args: argparse.Namespace, png: Path, errors: dict[st
     return {"lr": args.reward_lr, "curves": curves}
 
 
-def conduit_knobs(args: argparse.Namespace, mode: str) -> list[str]:
+def conduit_knobs(args: argparse.Namespace, system: str) -> list[str]:
     """The conduit mode's knobs for this benchmark (none for verl's own modes)."""
-    return [f"+trainer.v1.conduit.g_ing={args.g_ing}"] if mode == "conduit" else []
+    if system == "conduit_stream":  # always stream, in pieces of a fixed size
+        return [f"+trainer.v1.conduit.g_ing={args.stream_g_ing}"]
+    return [f"+trainer.v1.conduit.g_ing={args.g_ing}"] if system == "conduit" else []
 
 
 def machine() -> dict[str, Any]:
@@ -118,12 +120,17 @@ def main() -> int:
     )
     p.add_argument("--reward-lr", type=float, default=3e-3, help="learning rate of the reward-curve runs")
     p.add_argument("--g-ing", default="auto", help="conduit: prompt groups per ingestion piece (int or auto)")
-    p.add_argument("--systems", default="verl_sync,verl_sync_tuned,verl_colocate_async,conduit")
+    p.add_argument("--stream-g-ing", type=int, default=2, help="conduit_stream: fixed groups per piece")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of all systems (default 2, quick 1)")
+    p.add_argument(
+        "--systems", default="verl_sync,verl_sync_tuned,verl_colocate_async,conduit,conduit_stream"
+    )
     p.add_argument("--poll", type=float, default=None, help="skip the sweep; tuned poll period (s)")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
     args = p.parse_args()
-    steps = args.steps or (4 if args.quick else 8)
+    steps = args.steps or (4 if args.quick else 14)
+    rounds = args.rounds or (1 if args.quick else 2)
     name = f"verl_iteration{'_quick' if args.quick else ''}_{args.algo}"
     out = Path(args.out) if args.out else RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -140,24 +147,29 @@ def main() -> int:
         "verl_sync_tuned": ("sync", ["--poll-interval", str(poll)]),
         "verl_colocate_async": ("colocate_async", []),
         "conduit": ("conduit", []),
+        "conduit_stream": ("conduit", []),
     }
-    for system in systems:
-        mode, extra = modes[system]
-        work = root / system
-        rc, tail = run(work, mode, steps + 1, args, extra + conduit_knobs(args, mode))
-        if rc or not (work / "metrics.jsonl").exists():
-            result["errors"][system] = tail
-            continue
-        result["rows"] += rows_for_run(
-            work, args.algo, system, 1, {"poll_s": poll if "tuned" in system else None}
-        )
-    base = [s for s in systems if s != "conduit"]
-    result["ratios"] = ratios(result["rows"], base)
+    for k in range(rounds):  # rounds interleave the systems against drift in the machine's load
+        for system in systems:
+            mode, extra = modes[system]
+            work = root / f"{system}_r{k}"
+            rc, tail = run(work, mode, steps + 1, args, extra + conduit_knobs(args, system))
+            if rc or not (work / "metrics.jsonl").exists():
+                result["errors"][f"{system}_r{k}"] = tail
+                continue
+            result["rows"] += rows_for_run(
+                work, args.algo, system, 1, {"round": k, "poll_s": poll if "tuned" in system else None}
+            )
+    base = [s for s in systems if not s.startswith("conduit")]
+    # g_ing=auto measures 3 iterations with and 3 without streaming after the warm-up one
+    result["ratios"] = ratios(result["rows"], base, steady_from=8 if steps + 1 > 8 else 0)
     result["method"] = {
-        "order": "systems run sequentially in one invocation (each start ~75 s), same seed/data; "
-        "iteration 1 of each run is warm-up and dropped",
+        "order": f"{rounds} round(s); in each, the systems run one after another (each start ~35-75 s), "
+        "same seed/data; iteration 1 of each run is warm-up and dropped",
+        "conduit_stream": f"conduit with g_ing={args.stream_g_ing} fixed (always streams)",
+        "conduit_steady": "conduit (g_ing=auto) iterations 8 and later, after its measurement phase",
         "exposed": (sys.modules["verl_analysis"].__doc__ or "").strip(),
-        "steps_per_system": steps,
+        "steps_per_system_per_round": steps,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine_load": "2 shared cores; other jobs may run concurrently (noisy)",
     }
