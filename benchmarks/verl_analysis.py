@@ -4,12 +4,14 @@ Exposed time (DESIGN.md §4), same definition for every system, from verl's ``ti
 CPU rollout server's generation log (``gen_events.jsonl``: wall-clock start/end of every request,
 by weight version; step ``s`` generates with version ``s``):
 
-* verl trainers: ``max(0, gen - gen_busy)`` (waiting in ``gen`` after generation has finished;
-  ``gen_busy`` = first request start → last request end) + old_log_prob + ref + values + adv.
-* conduit: ``max(0, t_last_piece - last request end)`` (waiting after generation has finished)
-  + Conduit ``Metrics`` exposed time (ingestion of the last piece and delivery; with PPO also the
-  whole-batch whitening of the GAE advantages; ingestion of the earlier pieces overlaps generation
-  and is not exposed).
+* every system: ``max(0, gen - gen_busy)``: the part of verl's ``gen`` stage (step start → the
+  trainer holds the last group) not spent generating (``gen_busy`` = first request start → last
+  request end): rollout start-up, the replay buffer's poll, and in conduit mode ingestion of an
+  earlier piece still running when the last group finished;
+* plus, verl trainers: old_log_prob + ref + values + adv (whole batch, after sampling);
+  conduit: Conduit ``Metrics`` exposed time (ingestion of the last piece and delivery; with PPO
+  also the whole-batch whitening of the GAE advantages; ingestion of the earlier pieces overlaps
+  generation and is not exposed).
 
 PPO adds ``values`` (critic forward: an ingestion stage, per piece in conduit mode) and
 ``update_critic`` (whole batch, like ``update_actor`` not part of the exposed time, in every system).
@@ -54,12 +56,11 @@ def rows_for_run(
         start, end = windows.get(step, (0.0, 0.0))
         gen_busy = end - start
         stages = {k: round(t.get(k, 0.0), 4) for k in STAGES}
+        wait = max(0.0, t.get("gen", 0.0) - gen_busy)
         if system.startswith("conduit"):
-            wait = max(0.0, float(m.get("conduit/t_last_piece_wall", end)) - end)
             ingest = float(m.get("conduit/exposed_s", 0.0))
             stages["overlapped_ingest"] = round(sum(t.get(k, 0.0) for k in INGEST) - ingest, 4)
         else:
-            wait = max(0.0, t.get("gen", 0.0) - gen_busy)
             ingest = sum(t.get(k, 0.0) for k in INGEST)
         stages.update(
             gen_busy=round(gen_busy, 4), gen_wait_exposed=round(wait, 4), ingest_exposed=round(ingest, 4)

@@ -31,7 +31,10 @@ SWEEP = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005)
 
 
 def run(work: Path, mode: str, steps: int, args: argparse.Namespace, extra: list[str]) -> tuple[int, str]:
-    """One CPU-mode training run; returns (exit code, log tail)."""
+    """One CPU-mode training run; returns (exit code, log tail). ``--reuse``: a finished run is read."""
+    if args.reuse and (work / "metrics.jsonl").exists():
+        print(f"[bench] reusing {work}", flush=True)
+        return 0, ""
     cmd = [sys.executable, "-m", "conduit_verl.cpu.run", "--trainer-mode", mode, "--steps", str(steps)]
     cmd += ["--seed", str(args.seed), "--algo", args.algo, "--work-dir", str(work), *extra]
     print(f"[bench] {' '.join(cmd[2:])}", flush=True)
@@ -128,6 +131,9 @@ def main() -> int:
     p.add_argument("--poll", type=float, default=None, help="skip the sweep; tuned poll period (s)")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
+    p.add_argument(
+        "--reuse", action="store_true", help="with --work: re-analyse runs already there instead of rerunning"
+    )
     args = p.parse_args()
     steps = args.steps or (4 if args.quick else 14)
     rounds = args.rounds or (1 if args.quick else 2)

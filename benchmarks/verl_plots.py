@@ -54,7 +54,8 @@ def reward_curve(curves: dict[str, list[tuple[int, float]]], out: Path, title: s
             sum(scores[max(0, j - window + 1) : j + 1]) / len(scores[max(0, j - window + 1) : j + 1])
             for j in range(len(scores))
         ]
-        ax.plot(steps, smooth, color=f"C{i}", label=f"{system} ({window}-iteration mean)")
+        style = ("-", "--", ":")[i % 3]  # identical runs overlap exactly: keep each visible
+        ax.plot(steps, smooth, color=f"C{i}", linestyle=style, label=f"{system} ({window}-iteration mean)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("critic/score/mean")
     ax.set_title(title)

@@ -156,7 +156,6 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
             last = taken >= sample_batch_size
             if last:
                 timing_raw["gen"] = time.perf_counter() - t0
-                metrics["conduit/t_last_piece_wall"] = time.time()
             meta.extra_info["temperature"] = conf.actor_rollout_ref.rollout.temperature
             check_response_lengths(meta.keys, meta.tags, max_response)
             check_groups(meta.keys, meta.tags, n)
