@@ -75,17 +75,18 @@ def check_model_tokenizer(model_path: str, tokenizer: Any) -> None:
         check_vocab(len(tokenizer), int(vocab), where=model_path)
 
 
-def piece_unit(batch_size: int, n: int, micro: dict[str, int | None], g_ing: int | str) -> int:
-    """The fewest groups a streamed piece may hold: every piece must split into whole inference
-    micro-batches (verl asserts it in the worker, far from the cause), so pieces are whole
-    multiples of this unit; the step's batch and a fixed ``g_ing`` must be too (else ConfigError)."""
+def piece_unit(batch_size: int, n: int, micro: dict[str, int | None], g_ing: int | str, dp: int = 1) -> int:
+    """The fewest groups a streamed piece may hold: every piece is split over ``dp`` data-parallel
+    ranks and each rank's share into whole inference micro-batches (verl asserts it in the worker,
+    far from the cause), so pieces are whole multiples of this unit; the step's batch and a fixed
+    ``g_ing`` must be too (else ConfigError)."""
     from conduit.errors import ConfigError
 
     unit = 1
     for size in micro.values():
         if size:
-            unit = math.lcm(unit, size // math.gcd(size, n))
-    where = ", ".join(f"{k}={v}" for k, v in micro.items() if v)
+            unit = math.lcm(unit, dp * size // math.gcd(dp * size, n))
+    where = ", ".join(f"{k}={v}" for k, v in micro.items() if v) + f"; {dp} data-parallel rank(s)"
     if batch_size % unit:
         raise ConfigError(
             f"data.train_batch_size={batch_size} prompts cannot be streamed in pieces that split into whole "

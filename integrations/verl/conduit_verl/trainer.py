@@ -47,6 +47,13 @@ def _infer_micro_batches(config: DictConfig) -> dict[str, int | None]:
     return out
 
 
+def _dp_size(config: DictConfig) -> int:
+    """Data-parallel ranks a piece is split over: the actor's world over its sequence-parallel size."""
+    world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    sp = int(config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    return max(1, world // sp)
+
+
 def _completion_channel(config: DictConfig) -> Any:
     """Start the channel the agent loops report finished groups to (None: keep polling TQ).
 
@@ -83,7 +90,9 @@ class ConduitTrainer(PPOTrainerSync):
         unit = 1
         if self.conduit_config.overlap == "async":
             check_streamable(config)
-            unit = piece_unit(groups, n, _infer_micro_batches(config), self.conduit_config.g_ing)
+            unit = piece_unit(
+                groups, n, _infer_micro_batches(config), self.conduit_config.g_ing, _dp_size(config)
+            )
             self.conduit_channel = _completion_channel(config)
         self.conduit_wait = GroupWait(self.conduit_channel, unit)
         self.conduit_policy = PiecePolicy(self.conduit_config.g_ing, groups, unit)

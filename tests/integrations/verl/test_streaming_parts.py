@@ -40,8 +40,11 @@ def test_piece_unit_keeps_pieces_in_whole_micro_batches() -> None:
     assert piece_unit(4, 4, {"rollout": 4, "ref": 2}, 1) == 1
     assert piece_unit(8, 4, {"rollout": 8, "ref": None}, "auto") == 2  # 8-sample micro-batches: 2 groups
     assert piece_unit(9, 4, {"rollout": 6}, 3) == 3  # lcm: 3 groups = 12 samples
+    assert piece_unit(4, 4, {"rollout": 4}, "auto", dp=2) == 2  # 2 ranks × 4-sample micro-batches
     with pytest.raises(ConfigError, match="g_ing=1"):
         piece_unit(4, 4, {"rollout": 8}, 1)
+    with pytest.raises(ConfigError, match="2 data-parallel"):
+        piece_unit(4, 4, {"rollout": 4}, 1, dp=2)
     with pytest.raises(ConfigError, match="train_batch_size=5"):  # the last piece would be 1 group
         piece_unit(5, 4, {"rollout": 8}, "auto")
 
