@@ -15,6 +15,7 @@ exposed; ingestion of earlier pieces overlaps generation.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -30,6 +31,8 @@ from conduit_verl.delivery import GroupFifo
 from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
 from conduit_verl.piece_policy import PiecePolicy
 from conduit_verl.piece_writes import piece_writes
+
+logger = logging.getLogger(__name__)
 
 #: longest a streaming wait blocks on the completion channel before verl's sampler takes over
 CHANNEL_TIMEOUT_S = 5.0
@@ -94,7 +97,14 @@ class GroupWait:
         else:
             # event-driven: wakes when a group finishes; on timeout (a failed group is refilled by
             # verl's sampler) the replay buffer's own wait takes over
-            done = ray.get(self.channel.wait.remote(self.partition_id, self.taken + want, CHANNEL_TIMEOUT_S))
+            try:
+                done = ray.get(
+                    self.channel.wait.remote(self.partition_id, self.taken + want, CHANNEL_TIMEOUT_S)
+                )
+            except ray.exceptions.RayActorError:
+                logger.warning("conduit: the completion channel died; waiting for groups by polling TQ")
+                self.channel = None
+                return self.next_piece(buffer, g_ing, remaining)
             ready = done - self.taken
         return min(remaining, max(want, ready // self.unit * self.unit))
 
@@ -106,9 +116,12 @@ class GroupWait:
         """Seconds from ``t0_wall`` at which this step's groups finished (empty when polled)."""
         if self.channel is None:
             return []
-        count = self.taken - self.step_first
-        times = ray.get(self.channel.finish_times.remote(self.partition_id, self.step_first))[:count]
-        self.step_first = self.taken
+        count, since, self.step_first = self.taken - self.step_first, self.step_first, self.taken
+        try:
+            times = ray.get(self.channel.finish_times.remote(self.partition_id, since))[:count]
+        except ray.exceptions.RayActorError:
+            self.channel = None
+            return []
         return [t - t0_wall for t in times]
 
 

@@ -59,3 +59,21 @@ def test_group_wait_takes_every_finished_group(channel) -> None:
     ray.get(channel.finished.remote("p3"))
     wait.took(1)
     assert len(wait.step_finish_times(0.0)) == 1  # the next step: only its own group
+
+
+class _Finished:
+    """verl's replay buffer as the polled wait reads it: ``finished`` prompt groups."""
+
+    def __init__(self, finished: int) -> None:
+        self.finished_keys = {"train": {f"u{i}" for i in range(finished)}}
+
+    def _sync_metadata_from_transfer_queue(self) -> None:
+        pass
+
+
+def test_a_dead_channel_falls_back_to_polling(channel) -> None:
+    doomed = CompletionChannel.remote()
+    wait = GroupWait(doomed)
+    ray.kill(doomed)
+    assert wait.next_piece(_Finished(3), g_ing=1, remaining=4) == 3  # polled TQ instead of hanging
+    assert wait.channel is None and wait.step_finish_times(0.0) == []
