@@ -34,7 +34,7 @@ from conduit_verl.piece_writes import piece_writes
 
 logger = logging.getLogger(__name__)
 
-#: longest a streaming wait blocks on the completion channel before verl's sampler takes over
+#: how often a streaming wait with no reports re-reads TQ's metadata (a lost report, failed groups)
 CHANNEL_TIMEOUT_S = 5.0
 
 
@@ -91,12 +91,19 @@ class GroupWait:
 
     def next_piece(self, buffer: Any, g_ing: int, remaining: int) -> int:
         want = min(g_ing, remaining)
-        if self.channel is None:  # polled: verl's replay-buffer view of TQ (finished prompt groups)
+        ready = self._wait_channel(buffer, want) if self.channel is not None else None
+        if ready is None:  # polled: verl's replay-buffer view of TQ (finished prompt groups)
             buffer._sync_metadata_from_transfer_queue()
             ready = len(buffer.finished_keys.get(self.partition_id, ()))
-        else:
-            # event-driven: wakes when a group finishes; on timeout (a failed group is refilled by
-            # verl's sampler) the replay buffer's own wait takes over
+        return min(remaining, max(want, ready // self.unit * self.unit))
+
+    def _wait_channel(self, buffer: Any, want: int) -> int | None:
+        """Block until ``want`` more groups are reported; the number ready (None: channel lost).
+
+        Every ``CHANNEL_TIMEOUT_S`` without enough reports, TQ's metadata is read once: a group
+        reported lost, or failed groups (verl's sampler refills them), end the wait there too.
+        """
+        while True:
             try:
                 done = ray.get(
                     self.channel.wait.remote(self.partition_id, self.taken + want, CHANNEL_TIMEOUT_S)
@@ -104,9 +111,13 @@ class GroupWait:
             except ray.exceptions.RayActorError:
                 logger.warning("conduit: the completion channel died; waiting for groups by polling TQ")
                 self.channel = None
-                return self.next_piece(buffer, g_ing, remaining)
-            ready = done - self.taken
-        return min(remaining, max(want, ready // self.unit * self.unit))
+                return None
+            if done - self.taken >= want:
+                return done - self.taken
+            buffer._sync_metadata_from_transfer_queue()
+            finished = len(buffer.finished_keys.get(self.partition_id, ()))
+            if finished >= want or buffer.failure_keys.get(self.partition_id):
+                return finished
 
     def took(self, groups: int) -> None:
         """``groups`` were sampled out of the replay buffer."""

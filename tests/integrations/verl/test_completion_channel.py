@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("verl")
 ray = pytest.importorskip("ray")
 
+from conduit_verl import streaming  # noqa: E402
 from conduit_verl.completion import CompletionChannel  # noqa: E402
 from conduit_verl.streaming import GroupWait  # noqa: E402
 
@@ -66,6 +67,7 @@ class _Finished:
 
     def __init__(self, finished: int) -> None:
         self.finished_keys = {"train": {f"u{i}" for i in range(finished)}}
+        self.failure_keys: dict[str, set[str]] = {}
 
     def _sync_metadata_from_transfer_queue(self) -> None:
         pass
@@ -77,3 +79,17 @@ def test_a_dead_channel_falls_back_to_polling(channel) -> None:
     ray.kill(doomed)
     assert wait.next_piece(_Finished(3), g_ing=1, remaining=4) == 3  # polled TQ instead of hanging
     assert wait.channel is None and wait.step_finish_times(0.0) == []
+
+
+def test_long_generation_stays_event_driven(channel, monkeypatch) -> None:
+    monkeypatch.setattr(streaming, "CHANNEL_TIMEOUT_S", 0.2)
+    fresh = CompletionChannel.remote()
+    wait = GroupWait(fresh)
+    threading.Timer(1.0, lambda: ray.get(fresh.finished.remote("train"))).start()
+    t0 = time.perf_counter()
+    # nothing in TQ either: keeps waiting past several timeouts, wakes on the report
+    assert wait.next_piece(_Finished(0), g_ing=1, remaining=4) == 1
+    assert 0.9 < time.perf_counter() - t0 < 5.0
+    wait.took(1)
+    # no report, but TQ shows two finished groups (a lost report): taken from the TQ re-read
+    assert wait.next_piece(_Finished(2), g_ing=1, remaining=4) == 2
