@@ -31,11 +31,7 @@ def stage_bars(rows: list[dict[str, Any]], out: Path, title: str) -> None:
             bottom += value
     ax.set_xticks(range(len(systems)), systems, rotation=15)
     ax.set_ylabel("seconds per iteration (median)")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, out, title, legend_size=7)
 
 
 def reward_curve(curves: dict[str, list[tuple[int, float]]], out: Path, title: str, window: int = 10) -> None:
@@ -58,8 +54,15 @@ def reward_curve(curves: dict[str, list[tuple[int, float]]], out: Path, title: s
         ax.plot(steps, smooth, color=f"C{i}", linestyle=style, label=f"{system} ({window}-iteration mean)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("critic/score/mean")
+    _finish(fig, ax, out, title, legend_size=8)
+
+
+def _finish(fig: Any, ax: Any, out: Path, title: str, legend_size: int) -> None:
+    """Title, legend, save as PNG, close."""
+    import matplotlib.pyplot as plt
+
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
