@@ -1,9 +1,121 @@
-"""Per-iteration timing of RLlib's native experience path (kept in ``conduit_rllib.timing``).
+"""Per-iteration timing of RLlib's native experience path, by wrapping the methods that make it up.
 
 Experience path = replay-buffer add + sample + priority update + learner connector + minibatch
-iteration. Re-exported here for the benchmarks.
+iteration (the time spent *producing* each minibatch, not the update on it). RLlib's own timers are
+moving averages per call, so they cannot give per-iteration sums; these wrappers can. Used by the
+demo (``benchmarks/rllib_demo.py``, run by ``./dev demo``) and ``benchmarks/rllib_iteration.py``. The
+wrapped methods are RLlib internals (2.60); this is measurement code, not part of ``conduit_rllib``.
 """
 
-from conduit_rllib.timing import PathTimer, install, timed_train
+from __future__ import annotations
 
-__all__ = ["PathTimer", "install", "timed_train"]
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class PathTimer:
+    """Accumulates wall time of wrapped calls while ``active``; ``take()`` returns and resets it."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.total = 0.0
+        self.by_name: dict[str, float] = {}
+        self._depth = 0
+
+    def take(self) -> tuple[float, dict[str, float]]:
+        out = (self.total, dict(self.by_name))
+        self.total, self.by_name = 0.0, {}
+        return out
+
+    def _add(self, name: str, dt: float) -> None:
+        self.by_name[name] = self.by_name.get(name, 0.0) + dt
+        self.total += dt
+
+    def wrap(self, owner: type, method: str, name: str) -> None:
+        fn = getattr(owner, method)
+        if getattr(fn, "_path_timed", False):
+            return
+        timer = self
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not timer.active or timer._depth:
+                return fn(*args, **kwargs)
+            timer._depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                timer._depth -= 1
+                timer._add(name, time.perf_counter() - t0)
+
+        timed._path_timed = True  # type: ignore[attr-defined]
+        setattr(owner, method, timed)
+
+    def wrap_iter(self, owner: type, name: str) -> None:
+        """Time each ``next()`` of ``owner.__iter__`` (the consumer's work between items is not counted)."""
+        fn = owner.__iter__
+        if getattr(fn, "_path_timed", False):
+            return
+        timer = self
+
+        def timed_iter(this: Any) -> Iterator[Any]:
+            it = fn(this)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    if timer.active:
+                        timer._add(name, time.perf_counter() - t0)
+                yield item
+
+        timed_iter._path_timed = True  # type: ignore[attr-defined]
+        owner.__iter__ = timed_iter  # type: ignore[method-assign]
+
+
+def install(timer: PathTimer) -> Callable[[Any], None]:
+    """Wrap the learner connector and minibatch iterators now; return a hook wrapping an algo's buffer."""
+    from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
+    from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator, MiniBatchDummyIterator
+
+    timer.wrap(LearnerConnectorPipeline, "__call__", "learner_connector")
+    timer.wrap_iter(MiniBatchCyclicIterator, "minibatch_iter")
+    timer.wrap_iter(MiniBatchDummyIterator, "minibatch_iter")
+
+    def wrap_buffer(algo: Any) -> None:
+        buf = getattr(algo, "local_replay_buffer", None)
+        if buf is None:
+            return
+        for method, name in (
+            ("add", "buffer_add"),
+            ("sample", "buffer_sample"),
+            ("update_priorities", "priority_update"),
+        ):
+            if hasattr(type(buf), method):
+                timer.wrap(type(buf), method, name)
+
+    return wrap_buffer
+
+
+def timed_train(
+    algo: Any, timer: PathTimer, conduit: bool
+) -> tuple[dict[str, Any], float, float, dict[str, float]]:
+    """One ``algo.train()``: ``(result, wall_s, exposed_s, native path parts)``.
+
+    Exposed time is the wrapped native path still on the training thread plus, for a Conduit
+    algorithm, the time its training step was blocked in Conduit calls.
+    """
+    timer.take()
+    timer.active = True
+    t0 = time.perf_counter()
+    result = algo.train()
+    wall = time.perf_counter() - t0
+    timer.active = False
+    path, parts = timer.take()
+    exposed = path + (result["conduit"]["exposed_s"] if conduit else 0.0)
+    return result, wall, exposed, parts

@@ -6,6 +6,7 @@ from conduit.buffer.buffer import ExperienceBuffer, Sample
 from conduit.config import BufferConfig, RateLimit, SchedulerConfig
 from conduit.errors import (
     CapacityError,
+    CheckpointError,
     ClosedError,
     ConduitError,
     ConfigError,
@@ -13,18 +14,21 @@ from conduit.errors import (
     DTypeError,
     InsufficientDataError,
     OperatorError,
+    PriorityError,
     RaggedLengthError,
     SchemaError,
     ShapeError,
     StaleDataError,
+    VersionError,
 )
 from conduit.metrics import Metrics
-from conduit.ops import Delivery, Operator
+from conduit.ops import Delivery, Operator, Part
 from conduit.schema import Column, Schema
 
 __all__ = [
     "BufferConfig",
     "CapacityError",
+    "CheckpointError",
     "ClosedError",
     "Column",
     "ColumnBatch",
@@ -40,6 +44,8 @@ __all__ = [
     "Metrics",
     "Operator",
     "OperatorError",
+    "Part",
+    "PriorityError",
     "RaggedLengthError",
     "RateLimit",
     "Ragged",
@@ -49,6 +55,7 @@ __all__ = [
     "SchemaError",
     "ShapeError",
     "StaleDataError",
+    "VersionError",
     "validate",
 ]
 __version__ = "0.1.0"

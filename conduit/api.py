@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
 
 from conduit.batch import ColumnBatch, validate
-from conduit.buffer.buffer import ExperienceBuffer
+from conduit.buffer.buffer import check_size
 from conduit.buffer.tiers import check_tier_available
 from conduit.config import BufferConfig, SchedulerConfig
-from conduit.errors import ClosedError, ConfigError, ShapeError
+from conduit.errors import CheckpointError, ClosedError, ConfigError, ShapeError, VersionError
 from conduit.metrics import Metrics
-from conduit.ops.delivery import Delivery, DeliveryPlan
-from conduit.ops.operator import Operator, run_chain
-from conduit.scheduler import AsyncIngestor, Prefetcher
+from conduit.ops.delivery import Delivery, DeliveryPlan, Part, Request
+from conduit.ops.operator import Operator
+from conduit.scheduler import BackgroundScheduler, InlineScheduler, Scheduler
 from conduit.schema import Schema
 
 
@@ -54,70 +55,106 @@ class Conduit:
         device: where ``get`` delivers; ranks: consumer ranks each delivery is split over.
         """
         self.buffer_config = buffer or BufferConfig()
-        self.scheduler = scheduler or SchedulerConfig()
+        self.scheduler_config = scheduler or SchedulerConfig()
         self.device = torch.device(device)
         check_tier_available(str(self.device) if self.device.type == "cuda" else "host")
-        if ranks < 1:
-            raise ConfigError(f"ranks must be >= 1, got {ranks}")
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ConfigError(f"ranks must be an int >= 1, got {ranks!r}")
         self.schema = schema
+        self.ranks = ranks
         self.metrics = metrics or Metrics()
-        self.buffer = ExperienceBuffer(stored_schema or schema, self.buffer_config, self.metrics, seed=seed)
-        self.ingest_ops = tuple(ingest)
-        self.plan = DeliveryPlan(tuple(deliver), self.device, ranks)
+        self.buffer = self.buffer_config.build(stored_schema or schema, self.metrics, seed=seed)
+        plan = DeliveryPlan(tuple(deliver), self.device, ranks, seed)
+        kind = BackgroundScheduler if self.scheduler_config.overlap == "async" else InlineScheduler
+        self._scheduler: Scheduler = kind(self.buffer, tuple(ingest), plan, self.scheduler_config)
         self._closed = False
-        self._ingestor: AsyncIngestor | None = None
-        self._prefetcher: Prefetcher | None = None
-        if self.scheduler.overlap == "async":
-            s = self.scheduler
-            self._ingestor = AsyncIngestor(self.buffer, self.ingest_ops, s.g_ing, s.depth, self.metrics)
-            error_mode = self.buffer_config.rate_limit.mode == "error"
-            self._prefetcher = Prefetcher(self.buffer, self.plan, s.g_del, s.depth, self.metrics, error_mode)
-            self._ingestor.start()
-            self._prefetcher.start()
-        self._ready_sync: list[Delivery] = []
+        self._put_version: int | None = None
+        self._get_version: int | None = None
+        self._version_lock = threading.Lock()
 
     @property
     def timeout_s(self) -> float:
         return self.buffer_config.rate_limit.timeout_s
 
     def put(self, batch: ColumnBatch, version: int = 0) -> None:
-        """Hand over a rollout fragment written by policy ``version`` (validated before it is queued)."""
+        """Hand over a rollout fragment written by policy ``version`` (validated before it is queued).
+
+        Raises a :class:`~conduit.errors.SchemaError` subclass on a schema mismatch,
+        :class:`~conduit.errors.CapacityError` for a write larger than the buffer (or not whole groups:
+        :class:`~conduit.errors.ShapeError`), :class:`~conduit.errors.VersionError` for a version older
+        than the last put — in both overlap modes, before anything is queued or stored.
+        """
         self._check_open()
         with self.metrics.span("put", exposed=True):
             validate(self.schema, batch)
-            if self._ingestor is not None:
-                self._ingestor.put(batch, version, self.timeout_s)
-            else:
-                self.buffer.extend(run_chain(self.ingest_ops, batch, self.metrics, "ingest"), version=version)
+            self.buffer.writer.check(batch.size)  # ingestion operators keep the item count
+            with self._version_lock:
+                self._put_version = _advance(self._put_version, version, "put")
+            self._scheduler.put(batch, version, self.timeout_s)
 
     def flush(self) -> None:
         """Block until every fragment put so far is in the buffer (an on-policy iteration boundary)."""
         self._check_open()
-        if self._ingestor is not None:
-            with self.metrics.span("flush", exposed=True):
-                self._ingestor.flush(self.timeout_s)
+        with self.metrics.span("flush", exposed=True):
+            self._scheduler.flush(self.timeout_s)
 
     def get(self, batch_size: int, version: int | None = None) -> Delivery:
-        """A training-ready batch of ``batch_size`` items on ``device`` (async: prepared ahead)."""
+        """A training-ready batch of ``batch_size`` items on ``device`` (async: prepared ahead).
+
+        ``delivery.parts[r]`` is rank ``r``'s share, with its own slots and weights.
+        """
+        return self._get(Request(batch_size, self._consumer(version)))
+
+    def get_epochs(
+        self,
+        size: int,
+        num_epochs: int,
+        minibatch_size: int | None = None,
+        num_minibatches: int | None = None,
+        version: int | None = None,
+    ) -> Delivery:
+        """``size`` items laid out for ``num_epochs`` epochs of minibatches (PPO), prepared like ``get``.
+
+        Each rank gets a contiguous share of the items; ``delivery.parts[r]`` holds that share's rows in
+        minibatch order — ``num_minibatches`` slices of ``minibatch_size`` rows, a fresh permutation per
+        epoch. ``minibatch_size`` defaults to the largest share (one minibatch per epoch);
+        ``num_minibatches`` to ``ceil(num_epochs * share / minibatch_size)`` (pass it to keep several
+        buffers in step).
+        """
+        check_size(size)
+        check_size(num_epochs)
+        share = -(-size // self.ranks)
+        mb = share if minibatch_size is None else minibatch_size
+        check_size(mb)
+        k = -(-num_epochs * share // mb) if num_minibatches is None else num_minibatches
+        return self._get(Request(size, self._consumer(version), mb, k))
+
+    @property
+    def shuffle_generator(self) -> torch.Generator:
+        """The generator of ``get_epochs``' permutations (saved in :meth:`state_dict`)."""
+        return self._scheduler.plan.generator
+
+    def _get(self, request: Request) -> Delivery:
         self._check_open()
         with self.metrics.span("get", exposed=True):
-            if self._prefetcher is not None:
-                delivery = self._prefetcher.get(batch_size, version, self.timeout_s)
-            else:
-                if not self._ready_sync or self._ready_sync[0].batch.size != batch_size:
-                    self._ready_sync = self.plan.prepare(
-                        self.buffer, batch_size, self.scheduler.g_del, self.metrics, version
-                    )
-                delivery = self._ready_sync.pop(0)
+            delivery = self._scheduler.get(request, self.timeout_s)
             delivery.wait()
             return delivery
 
-    def update_priorities(self, delivery: Delivery, priorities: torch.Tensor) -> None:
-        """Send new priorities for ``delivery``'s items back.
+    def _consumer(self, version: int | None) -> int | None:
+        if version is None:
+            return None
+        with self._version_lock:
+            self._get_version = _advance(self._get_version, version, "get")
+        return version
+
+    def update_priorities(self, delivery: Delivery | Part, priorities: torch.Tensor) -> None:
+        """Send new priorities for ``delivery``'s (or one rank part's) items back.
 
         Sync: applied now. Async: queued and applied by the delivery worker before its next sample.
         Either way an item whose slot was overwritten since it was sampled keeps its new occupant's
-        priority (counted as ``count/priority_updates_skipped``).
+        priority (counted as ``count/priority_updates_skipped``). Bad updates (shape, NaN/inf, slots
+        outside the buffer, a sampler without priorities) raise before anything is queued.
         """
         self.update_priorities_at(delivery.slots, delivery.generations, priorities)
 
@@ -126,40 +163,60 @@ class Conduit:
     ) -> None:
         """:meth:`update_priorities` for raw ``slots``/``generations`` (e.g. several deliveries merged)."""
         self._check_open()
-        priorities = priorities.detach().flatten()
-        if priorities.shape != slots.shape or generations.shape != slots.shape:
-            raise ShapeError(
-                f"{priorities.numel()} priorities and {generations.numel()} generations for {slots.numel()} slots"
-            )
+        if not isinstance(priorities, torch.Tensor):
+            raise ShapeError(f"priorities must be a tensor, got {type(priorities).__name__}")
+        priorities = priorities.detach().flatten().to("cpu")
         with self.metrics.span("update_priorities", exposed=True):
-            if self._prefetcher is not None:
-                self._prefetcher.update_priorities(slots, generations, priorities.to("cpu"))
-            else:
-                self.buffer.update_priorities(slots, generations, priorities)
+            self.buffer.check_priorities(slots.to("cpu"), generations.to("cpu"), priorities)
+            self._scheduler.update_priorities(slots, generations, priorities)
 
     def end_iteration(self) -> dict[str, float]:
         """This iteration's metrics (exposed_s, per-operator seconds, bytes, queues), then reset."""
         return self.metrics.end_iteration()
 
     def state_dict(self) -> dict[str, object]:
-        """The buffer's contents, priorities and counters (flush first so nothing queued is missed)."""
-        self.flush()
-        return {"buffer": self.buffer.state_dict()}
+        """Everything needed to resume: contents, priorities (queued updates applied), counters, and the
+        items sampled but not yet delivered (they count as unconsumed), with ingestion flushed first."""
+        self._check_open()
+        return self._scheduler.quiesced(
+            lambda first: {
+                "buffer": self.buffer.state_dict(first),
+                "delivery": {"generator": self._scheduler.plan.generator.get_state()},
+                "versions": {"put": self._put_version, "get": self._get_version},
+            },
+            self.timeout_s,
+        )
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.buffer.load_state_dict(state["buffer"])  # type: ignore[arg-type]
+        """Restore :meth:`state_dict` (checked first: a state of another shape raises ``CheckpointError``)."""
+        self._check_open()
+        if not isinstance(state, dict) or "buffer" not in state:
+            raise CheckpointError(
+                f"not a Conduit state: expected a dict with 'buffer', got {type(state).__name__}"
+            )
+
+        def load(first: int | None) -> None:
+            self.buffer.load_state_dict(state["buffer"])  # type: ignore[arg-type]
+            self._scheduler.ready.clear()  # prepared items belonged to the replaced contents
+            delivery = state.get("delivery")
+            if isinstance(delivery, dict) and isinstance(delivery.get("generator"), torch.Tensor):
+                self._scheduler.plan.generator.set_state(delivery["generator"])
+            versions = state.get("versions")
+            if isinstance(versions, dict):
+                self._put_version, self._get_version = versions.get("put"), versions.get("get")
+
+        self._scheduler.quiesced(load, self.timeout_s)
 
     def close(self, drain: bool = True) -> None:
-        """Stop the workers; with ``drain`` every queued fragment is ingested first."""
+        """Stop the workers; with ``drain`` every queued fragment is ingested first.
+
+        Raises :class:`~conduit.errors.ConduitError` if ``drain`` could not ingest everything (e.g. a
+        consume-once buffer full of undelivered items); the workers are stopped either way.
+        """
         if self._closed:
             return
-        if drain and self._ingestor is not None and self._ingestor.error is None:
-            self._ingestor.flush(self.timeout_s)
         self._closed = True
-        for worker in (self._prefetcher, self._ingestor):
-            if worker is not None:
-                worker.stop()
-        self.buffer.close()
+        self._scheduler.close(drain, self.timeout_s)
 
     def __enter__(self) -> Conduit:
         return self
@@ -170,3 +227,13 @@ class Conduit:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("Conduit was used after close()")
+
+
+def _advance(last: int | None, version: int, who: str) -> int:
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise VersionError(f"{who}: version must be an int, got {version!r}")
+    if last is not None and version < last:
+        raise VersionError(
+            f"{who}: policy version went backwards ({last} -> {version}); versions never decrease"
+        )
+    return version

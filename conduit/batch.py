@@ -330,8 +330,7 @@ def validate(schema: Schema, batch: ColumnBatch) -> None:
             if not isinstance(data, Ragged):
                 raise SchemaError(f"column {col.name!r} is ragged in the schema; pass a conduit.Ragged")
             t = data.values
-            if data.offsets.dtype != torch.int64 or data.offsets.dim() != 1:
-                raise DTypeError(f"column {col.name!r}: offsets must be a 1-D int64 tensor")
+            _check_offsets(col.name, data)
         else:
             if isinstance(data, Ragged):
                 raise SchemaError(f"column {col.name!r} is fixed-shape in the schema but got ragged data")
@@ -350,3 +349,23 @@ def validate(schema: Schema, batch: ColumnBatch) -> None:
                 raise RaggedLengthError(
                     f"column {col.name!r}: an item has length {longest} > max_len {col.max_len}"
                 )
+
+
+def _check_offsets(name: str, data: Ragged) -> None:
+    """Offsets must be 1-D int64, start at 0, never decrease and end at the number of values."""
+    off = data.offsets
+    if not isinstance(off, torch.Tensor) or not isinstance(data.values, torch.Tensor):
+        raise SchemaError(f"column {name!r}: Ragged values and offsets must be tensors")
+    if off.dtype != torch.int64 or off.dim() != 1 or off.numel() < 1:
+        raise DTypeError(f"column {name!r}: offsets must be a non-empty 1-D int64 tensor")
+    if data.values.dim() < 1:
+        raise ShapeError(f"column {name!r}: Ragged values must have a leading (token) dimension")
+    total = data.values.shape[0]
+    first, last = int(off[0]), int(off[-1])
+    if first != 0 or last != total:
+        raise ShapeError(
+            f"column {name!r}: offsets run from {first} to {last}, but must run from 0 to the "
+            f"{total} values given"
+        )
+    if off.numel() > 1 and bool((off[1:] < off[:-1]).any()):
+        raise ShapeError(f"column {name!r}: offsets decrease (an item of negative length)")

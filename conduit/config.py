@@ -7,11 +7,20 @@ raises :class:`~conduit.errors.ConfigError` naming it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
+
+import torch
 
 from conduit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from conduit.buffer.base import Sampler
+    from conduit.buffer.buffer import ExperienceBuffer
+    from conduit.metrics import Metrics
+    from conduit.schema import Schema
 
 TIER_PATTERN = re.compile(r"^(host|pinned|shm|disk|cuda(:\d+)?)$")
 SAMPLERS = ("uniform", "fifo", "prioritized")
@@ -44,6 +53,14 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
 @dataclass(frozen=True)
 class RateLimit(_FromDict):
     """When sampling may proceed.
@@ -69,17 +86,29 @@ class RateLimit(_FromDict):
     max_staleness: int | None = None
 
     def __post_init__(self) -> None:
-        _check(self.min_size >= 0, f"rate_limit.min_size must be >= 0, got {self.min_size}")
         _check(
-            self.samples_per_insert is None or self.samples_per_insert > 0,
-            f"rate_limit.samples_per_insert must be > 0, got {self.samples_per_insert}",
+            _is_int(self.min_size) and self.min_size >= 0,
+            f"rate_limit.min_size must be an int >= 0, got {self.min_size!r}",
         )
-        _check(self.tolerance >= 0, f"rate_limit.tolerance must be >= 0, got {self.tolerance}")
-        _check(self.mode in LIMIT_MODES, f"rate_limit.mode must be one of {LIMIT_MODES}, got {self.mode!r}")
-        _check(self.timeout_s > 0, f"rate_limit.timeout_s must be > 0, got {self.timeout_s}")
         _check(
-            self.max_staleness is None or self.max_staleness >= 0,
-            f"rate_limit.max_staleness must be >= 0, got {self.max_staleness}",
+            self.samples_per_insert is None
+            or (_is_real(self.samples_per_insert) and self.samples_per_insert > 0),
+            f"rate_limit.samples_per_insert must be a finite number > 0, got {self.samples_per_insert!r}",
+        )
+        _check(
+            _is_real(self.tolerance) and self.tolerance >= 0,
+            f"rate_limit.tolerance must be a finite number >= 0, got {self.tolerance!r}",
+        )
+        _check(self.mode in LIMIT_MODES, f"rate_limit.mode must be one of {LIMIT_MODES}, got {self.mode!r}")
+        _check(
+            isinstance(self.timeout_s, int | float)
+            and not isinstance(self.timeout_s, bool)
+            and self.timeout_s > 0,
+            f"rate_limit.timeout_s must be > 0, got {self.timeout_s!r}",
+        )
+        _check(
+            self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
+            f"rate_limit.max_staleness must be an int >= 0, got {self.max_staleness!r}",
         )
 
 
@@ -112,30 +141,135 @@ class BufferConfig(_FromDict):
     rate_limit: RateLimit = field(default_factory=RateLimit)
 
     def __post_init__(self) -> None:
+        if isinstance(self.rate_limit, dict):
+            object.__setattr__(self, "rate_limit", RateLimit.from_dict(self.rate_limit))
         _check(
-            isinstance(self.capacity, int) and self.capacity >= 1,
-            f"capacity must be >= 1, got {self.capacity}",
+            _is_int(self.capacity) and self.capacity >= 1,
+            f"capacity must be an int >= 1, got {self.capacity!r}",
         )
         _check(
-            self.capacity_bytes is None or self.capacity_bytes >= 1,
-            f"capacity_bytes must be >= 1, got {self.capacity_bytes}",
+            self.capacity_bytes is None or (_is_int(self.capacity_bytes) and self.capacity_bytes >= 1),
+            f"capacity_bytes must be an int >= 1, got {self.capacity_bytes!r}",
         )
         _check(
-            bool(TIER_PATTERN.match(self.tier)),
+            isinstance(self.tier, str) and bool(TIER_PATTERN.match(self.tier)),
             f"unknown tier {self.tier!r}; use host, pinned, shm, disk or cuda[:N]",
+        )
+        _check(
+            self.disk_path is None or (isinstance(self.disk_path, str) and bool(self.disk_path)),
+            f"disk_path must be a directory path (str), got {self.disk_path!r}",
+        )
+        _check(
+            isinstance(self.rate_limit, RateLimit), f"rate_limit must be a RateLimit, got {self.rate_limit!r}"
         )
         _check(self.writer in WRITERS, f"writer must be one of {WRITERS}, got {self.writer!r}")
         _check(self.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        _check(self.group_size >= 1, f"group_size must be >= 1, got {self.group_size}")
+        _check(
+            _is_int(self.group_size) and self.group_size >= 1,
+            f"group_size must be an int >= 1, got {self.group_size!r}",
+        )
         _check(
             self.writer == "grouped" or self.group_size == 1,
             "group_size only applies to writer='grouped'",
         )
-        _check(self.alpha >= 0, f"alpha must be >= 0, got {self.alpha}")
-        _check(self.beta >= 0, f"beta must be >= 0, got {self.beta}")
-        _check(self.priority_eps > 0, f"priority_eps must be > 0, got {self.priority_eps}")
-        if isinstance(self.rate_limit, dict):
-            object.__setattr__(self, "rate_limit", RateLimit.from_dict(self.rate_limit))
+        _check(
+            _is_real(self.alpha) and self.alpha >= 0,
+            f"alpha must be a finite number >= 0, got {self.alpha!r}",
+        )
+        _check(
+            _is_real(self.beta) and self.beta >= 0, f"beta must be a finite number >= 0, got {self.beta!r}"
+        )
+        _check(
+            _is_real(self.priority_eps) and self.priority_eps > 0,
+            f"priority_eps must be a finite number > 0, got {self.priority_eps!r}",
+        )
+        _check(
+            self.rate_limit.max_staleness is None or self.sampler == "fifo",
+            "rate_limit.max_staleness applies to consume-once data only: use sampler='fifo'",
+        )
+        _check(
+            self.writer != "grouped" or self.capacity >= self.group_size,
+            f"capacity {self.capacity} cannot hold one group of {self.group_size} items",
+        )
+
+    # -- named presets (Reverb's Table.queue / Table.stack idea) ----------------------------------
+
+    @classmethod
+    def prioritized_replay(
+        cls, capacity: int, alpha: float = 0.6, beta: float = 0.4, min_size: int = 1, **kw: Any
+    ) -> BufferConfig:
+        """Off-policy proportional prioritized replay (DQN): ring writer, oldest items overwritten."""
+        return cls(
+            capacity=capacity,
+            sampler="prioritized",
+            alpha=alpha,
+            beta=beta,
+            rate_limit=RateLimit(min_size=min_size),
+            **kw,
+        )
+
+    @classmethod
+    def uniform_replay(cls, capacity: int, min_size: int = 1, **kw: Any) -> BufferConfig:
+        """Off-policy uniform replay: ring writer, uniform sampling with replacement."""
+        return cls(capacity=capacity, sampler="uniform", rate_limit=RateLimit(min_size=min_size), **kw)
+
+    @classmethod
+    def on_policy(
+        cls,
+        capacity: int,
+        group_size: int = 1,
+        max_staleness: int | None = None,
+        timeout_s: float = 60.0,
+        **kw: Any,
+    ) -> BufferConfig:
+        """On-policy, consume-once: every item delivered exactly once, in order, never overwritten.
+
+        ``group_size > 1`` commits whole groups (GRPO's n responses per prompt) atomically;
+        ``max_staleness`` evicts items older than the consumer's version allows.
+        """
+        return cls(
+            capacity=capacity,
+            sampler="fifo",
+            writer="grouped" if group_size > 1 else "ring",
+            group_size=group_size,
+            rate_limit=RateLimit(min_size=0, max_staleness=max_staleness, timeout_s=timeout_s),
+            **kw,
+        )
+
+    # -- building the parts ---------------------------------------------------------------------
+
+    def build(
+        self, schema: Schema, metrics: Metrics | None = None, seed: int | None = None
+    ) -> ExperienceBuffer:
+        """The buffer this config describes: storage on ``tier``, writer, sampler and rate limiter."""
+        from conduit.buffer.buffer import ExperienceBuffer
+        from conduit.buffer.rate_limiter import RateLimiter
+        from conduit.buffer.samplers import FifoSampler, PrioritizedSampler, UniformSampler
+        from conduit.buffer.storage import RingStorage
+        from conduit.buffer.writers import GroupedWriter, RingWriter
+
+        storage = RingStorage(schema, self.capacity, self.tier, self.disk_path, self.capacity_bytes)
+        device = storage.device
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(seed)
+        sampler: Sampler
+        if self.sampler == "uniform":
+            sampler = UniformSampler(self.capacity, device, generator)
+        elif self.sampler == "fifo":
+            on_stale = "error" if self.rate_limit.mode == "error" else "evict"
+            sampler = FifoSampler(self.capacity, device, self.rate_limit.max_staleness, on_stale)
+        else:
+            sampler = PrioritizedSampler(
+                self.capacity, device, self.alpha, self.beta, self.priority_eps, generator
+            )
+        writer = (
+            GroupedWriter(self.capacity, device, self.group_size)
+            if self.writer == "grouped"
+            else RingWriter(self.capacity, device)
+        )
+        return ExperienceBuffer(storage, sampler, writer, RateLimiter(self.rate_limit), metrics)
 
 
 @dataclass(frozen=True)
@@ -157,6 +291,8 @@ class SchedulerConfig(_FromDict):
 
     def __post_init__(self) -> None:
         _check(self.overlap in OVERLAPS, f"overlap must be one of {OVERLAPS}, got {self.overlap!r}")
-        _check(1 <= self.depth <= 1024, f"depth must be in [1, 1024], got {self.depth}")
-        _check(1 <= self.g_ing <= 4096, f"g_ing must be in [1, 4096], got {self.g_ing}")
-        _check(1 <= self.g_del <= 4096, f"g_del must be in [1, 4096], got {self.g_del}")
+        for name, top in (("depth", 1024), ("g_ing", 4096), ("g_del", 4096)):
+            value = getattr(self, name)
+            _check(
+                _is_int(value) and 1 <= value <= top, f"{name} must be an int in [1, {top}], got {value!r}"
+            )

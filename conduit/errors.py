@@ -52,3 +52,16 @@ class DeviceUnavailableError(ConduitError):
 
 class OperatorError(ConduitError):
     """An ingestion or delivery operator failed or returned a batch of the wrong shape."""
+
+
+class PriorityError(ConduitError):
+    """A priority update that cannot apply: non-finite values, slots outside the buffer, or a sampler
+    without priorities."""
+
+
+class VersionError(ConduitError):
+    """A policy version went backwards (a put older than the last put, or a consumer older than the last)."""
+
+
+class CheckpointError(ConduitError):
+    """A saved state does not fit this buffer (other capacity, columns or sampler) or is malformed."""

@@ -23,6 +23,8 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any
 
+from conduit.errors import ConfigError
+
 _now = time.perf_counter_ns
 _ident = threading.get_ident
 _DROPPED = "trace_events_dropped"
@@ -100,7 +102,7 @@ class Metrics:
 
     def __init__(self, trace: bool = True, max_trace_events: int = 200_000) -> None:
         if max_trace_events < 0:
-            raise ValueError(f"max_trace_events must be >= 0, got {max_trace_events}")
+            raise ConfigError(f"max_trace_events must be >= 0, got {max_trace_events}")
         self._trace = trace
         self._max_events = max_trace_events
         self._lock = threading.Lock()
@@ -132,7 +134,7 @@ class Metrics:
         Exposed time added while the calling thread is inside an exposed span is not counted again.
         """
         if seconds < 0:
-            raise ValueError(f"seconds must be >= 0, got {seconds}")
+            raise ConfigError(f"seconds must be >= 0, got {seconds}")
         ns = round(seconds * 1e9)
         counted = exposed and not self._depth.get(_ident(), 0)
         with self._lock:
@@ -145,7 +147,7 @@ class Metrics:
     def add_bytes(self, link: str, nbytes: int) -> None:
         """Count ``nbytes`` moved across a tier crossing such as ``"host->cuda:0"``."""
         if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+            raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
         with self._lock:
             self._iter.bytes[link] = self._iter.bytes.get(link, 0) + nbytes
 

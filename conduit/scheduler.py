@@ -1,259 +1,418 @@
-"""Overlap: background ingestion and delivery workers that run vectorised kernels off the caller's path.
+"""Overlap: *when* ingestion and delivery run. One interface, two implementations with one semantics.
 
-The workers only call torch kernels (which release the GIL) and wait on condition variables; they do
-no per-item Python work, so they do not steal the interpreter from the learner. Errors raised in a
-worker are kept and re-raised to the caller at its next call — nothing is dropped silently.
+- :class:`InlineScheduler` (``overlap="sync"``) runs the ingestion operators and the delivery inside
+  the caller's ``put``/``get`` — the native path's behaviour.
+- :class:`BackgroundScheduler` (``overlap="async"``) runs them on two background threads: ingestion
+  takes fragments ``g_ing`` at a time, delivery keeps up to ``depth`` deliveries ready. The threads
+  only call torch kernels (which release the GIL) and wait on one condition variable; they do no
+  per-item Python work, so they do not steal the interpreter from the learner.
+
+Both serve a request from prepared deliveries first (:class:`~conduit.ops.delivery.ReadyQueue`), so a
+consume-once item is delivered exactly once whatever batch sizes the caller asks for. Inputs are
+validated by the runtime on the caller's thread before they reach a scheduler. A background failure
+is kept and raised to every caller (``put``, ``flush``, ``get``, ``update_priorities``) at once.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Sequence
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
 from conduit.batch import ColumnBatch
 from conduit.buffer.buffer import ExperienceBuffer
-from conduit.errors import ClosedError, ConduitError, InsufficientDataError
-from conduit.metrics import Metrics
-from conduit.ops.delivery import Delivery, DeliveryPlan
+from conduit.config import SchedulerConfig
+from conduit.errors import ClosedError, ConduitError, InsufficientDataError, StaleDataError
+from conduit.ops.delivery import Delivery, DeliveryPlan, ReadyQueue, Request
 from conduit.ops.operator import Operator, run_chain
 
+T = TypeVar("T")
 
-class _Worker:
-    """A daemon thread with a condition variable, a pending error and orderly shutdown."""
 
-    def __init__(self, name: str) -> None:
+class Scheduler(ABC):
+    """Runs ingestion and delivery for one buffer; ``Conduit`` calls it after validating the input."""
+
+    def __init__(
+        self,
+        buffer: ExperienceBuffer,
+        ingest: Sequence[Operator],
+        plan: DeliveryPlan,
+        config: SchedulerConfig,
+    ) -> None:
+        self.buffer, self.ingest, self.plan, self.config = buffer, tuple(ingest), plan, config
+        self.metrics = buffer.metrics
+        self.ready = ReadyQueue()
+
+    @abstractmethod
+    def put(self, batch: ColumnBatch, version: int, timeout: float) -> None: ...
+
+    @abstractmethod
+    def flush(self, timeout: float) -> None:
+        """Return once every fragment put so far is in the buffer."""
+
+    @abstractmethod
+    def get(self, request: Request, timeout: float) -> Delivery: ...
+
+    @abstractmethod
+    def update_priorities(
+        self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
+    ) -> None:
+        """Apply (sync) or queue (async: applied before the next sample, in order) a priority update."""
+
+    @abstractmethod
+    def quiesced(self, fn: Callable[[int | None], T], timeout: float) -> T:
+        """Run ``fn(first_undelivered_slot)`` with ingestion flushed, priorities applied, delivery paused."""
+
+    @abstractmethod
+    def close(self, drain: bool, timeout: float) -> None:
+        """Stop; with ``drain`` ingest what is queued first (raises if it cannot)."""
+
+
+class InlineScheduler(Scheduler):
+    """``overlap="sync"``: everything runs in the caller's thread; a lock keeps concurrent callers whole."""
+
+    def __init__(
+        self,
+        buffer: ExperienceBuffer,
+        ingest: Sequence[Operator],
+        plan: DeliveryPlan,
+        config: SchedulerConfig,
+    ) -> None:
+        super().__init__(buffer, ingest, plan, config)
+        self._lock = threading.RLock()
+
+    def put(self, batch: ColumnBatch, version: int, timeout: float) -> None:
+        self.buffer.extend(run_chain(self.ingest, batch, self.metrics, "ingest"), version=version)
+
+    def flush(self, timeout: float) -> None:
+        return None
+
+    def get(self, request: Request, timeout: float) -> Delivery:
+        with self._lock:
+            delivery = self.ready.take(request, self.plan)
+            if delivery is not None:
+                return delivery
+            short = request.size - self.ready.items
+            if self.ready.items:  # top up what is prepared, then cut the request from it
+                items, ready = self.plan.draw(self.buffer, short, request.version, self.metrics)
+                self.ready.push([Delivery(items, [items], None, ready)])
+            else:
+                count = self.plan.batches(self.buffer, request, self.config.g_del)
+                with self.metrics.span("deliver/batch"):
+                    self.ready.push(self.plan.prepare(self.buffer, request, count, self.metrics))
+            delivery = self.ready.take(request, self.plan)
+            assert delivery is not None
+            return delivery
+
+    def update_priorities(
+        self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
+    ) -> None:
+        self.buffer.update_priorities(slots, generations, priorities)
+
+    def quiesced(self, fn: Callable[[int | None], T], timeout: float) -> T:
+        with self._lock:
+            return fn(self.ready.first_slot())
+
+    def close(self, drain: bool, timeout: float) -> None:
+        with self._lock:
+            self.buffer.close()
+
+
+class BackgroundScheduler(Scheduler):
+    """``overlap="async"``: an ingestion thread and a delivery thread around one condition variable."""
+
+    def __init__(
+        self,
+        buffer: ExperienceBuffer,
+        ingest: Sequence[Operator],
+        plan: DeliveryPlan,
+        config: SchedulerConfig,
+    ) -> None:
+        super().__init__(buffer, ingest, plan, config)
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.closed = False
-        self.thread = threading.Thread(target=self._run_guarded, name=name, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def _run_guarded(self) -> None:
-        try:
-            self.run()
-        except BaseException as e:  # noqa: BLE001 — kept and re-raised to the caller
-            with self.cond:
-                self.error = e
-                self.cond.notify_all()
-
-    def run(self) -> None:
-        raise NotImplementedError
-
-    def raise_pending(self) -> None:
-        if self.error is not None:
-            err = self.error
-            if isinstance(err, ConduitError):
-                raise type(err)(f"background {self.thread.name} failed: {err}") from err
-            raise ConduitError(f"background {self.thread.name} failed: {err!r}") from err
-
-    def stop(self, timeout: float = 10.0) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
-        if self.thread.is_alive():
-            self.thread.join(timeout)
-
-
-class AsyncIngestor(_Worker):
-    """Takes fragments from ``put`` and ingests them ``g_ing`` at a time on a background thread."""
-
-    def __init__(
-        self, buffer: ExperienceBuffer, ops: Sequence[Operator], g_ing: int, depth: int, metrics: Metrics
-    ) -> None:
-        super().__init__("conduit-ingest")
-        self.buffer, self.ops, self.g_ing, self.metrics = buffer, ops, g_ing, metrics
-        self.capacity = depth * g_ing
+        # ingestion
         self.queue: collections.deque[tuple[ColumnBatch, int]] = collections.deque()
+        self.queue_limit = config.depth * config.g_ing
         self.busy = 0  # fragments taken from the queue and not yet committed
         self.flushing = 0
+        # delivery
+        self.request: Request | None = None
+        self.inflight = False  # the delivery thread is preparing or applying priorities
+        self.paused = 0
+        self.refusal: ConduitError | None = None  # why the last preparation could not run (error mode)
+        self.priorities: collections.deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
+            collections.deque()
+        )
+        self.error_mode = buffer.limiter.mode == "error"
+        self.stream = torch.cuda.Stream(plan.device) if plan.device.type == "cuda" else None
+        self.threads = [
+            threading.Thread(
+                target=self._guard, args=(self._ingest_loop,), name="conduit-ingest", daemon=True
+            ),
+            threading.Thread(
+                target=self._guard, args=(self._deliver_loop,), name="conduit-deliver", daemon=True
+            ),
+        ]
+        for t in self.threads:
+            t.start()
+
+    # -- caller side -----------------------------------------------------------------------------
 
     def put(self, batch: ColumnBatch, version: int, timeout: float) -> None:
         with self.cond:
             ok = self.cond.wait_for(
-                lambda: self.closed or self.error is not None or len(self.queue) < self.capacity, timeout
+                lambda: self.closed or self.error is not None or len(self.queue) < self.queue_limit, timeout
             )
-            self.raise_pending()
-            if self.closed:
-                raise ClosedError("put() after close()")
+            self._raise_pending()
             if not ok:
                 raise InsufficientDataError(
-                    f"ingestion queue stayed full ({self.capacity} fragments) for {timeout:g}s"
+                    f"ingestion queue stayed full ({self.queue_limit} fragments) for {timeout:g}s"
                 )
             self.queue.append((batch, version))
             self.metrics.set_gauge("ingest_queue", len(self.queue))
             self.cond.notify_all()
 
     def flush(self, timeout: float) -> None:
-        """Wait until every fragment put so far is committed to the buffer."""
         with self.cond:
             self.flushing += 1
             self.cond.notify_all()
             try:
-                ok = self.cond.wait_for(
-                    lambda: self.error is not None or (not self.queue and not self.busy), timeout
-                )
+                ok = self.cond.wait_for(self._drained, timeout)
             finally:
                 self.flushing -= 1
-            self.raise_pending()
+            self._raise_pending()
             if not ok:
+                reason = self.buffer.insert_waiting or "ingestion did not finish"
                 raise InsufficientDataError(
-                    f"flush() timed out after {timeout:g}s with {len(self.queue)} fragments queued"
+                    f"flush() timed out after {timeout:g}s with {len(self.queue) + self.busy} fragment(s) "
+                    f"not ingested: {reason}"
                 )
 
-    def run(self) -> None:
-        while True:
-            with self.cond:
-                self.cond.wait_for(
-                    lambda: self.closed or len(self.queue) >= self.g_ing or (self.queue and self.flushing > 0)
-                )
-                if self.closed and not self.queue:
-                    return
-                version = self.queue[0][1]
-                group: list[ColumnBatch] = []
-                while self.queue and len(group) < self.g_ing and self.queue[0][1] == version:
-                    group.append(self.queue.popleft()[0])
-                self.busy = len(group)
-                self.metrics.set_gauge("ingest_queue", len(self.queue))
-                self.cond.notify_all()
-            try:
-                with self.metrics.span("ingest/batch"):
-                    batch = run_chain(self.ops, ColumnBatch.cat(group), self.metrics, "ingest")
-                    self.buffer.extend(batch, version=version)
-            finally:
-                with self.cond:
-                    self.busy = 0
-                    self.cond.notify_all()
-
-
-class Prefetcher(_Worker):
-    """Keeps up to ``depth`` deliveries of the last requested size ready ahead of the learner."""
-
-    def __init__(
-        self,
-        buffer: ExperienceBuffer,
-        plan: DeliveryPlan,
-        g_del: int,
-        depth: int,
-        metrics: Metrics,
-        error_mode: bool,
-    ) -> None:
-        super().__init__("conduit-deliver")
-        self.buffer, self.plan, self.g_del, self.depth, self.metrics = buffer, plan, g_del, depth, metrics
-        self.ready: collections.deque[Delivery] = collections.deque()
-        self.batch_size: int | None = None
-        self.version: int | None = None
-        self.blocked_reason: str | None = None
-        self.error_mode = error_mode
-        self.inflight = False  # a delivery is being prepared at self.batch_size
-        self.priorities: collections.deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
-            collections.deque()
-        )
-        self.stream = torch.cuda.Stream(plan.device) if plan.device.type == "cuda" else None
-
-    def get(self, batch_size: int, version: int | None, timeout: float) -> Delivery:
+    def get(self, request: Request, timeout: float) -> Delivery:
+        deadline = time.monotonic() + timeout
         with self.cond:
-            self.raise_pending()
-            if self.batch_size is not None and batch_size != self.batch_size:
-                if self.buffer.sampler.consumes and (self.ready or self.inflight):
-                    raise ConduitError(
-                        f"async delivery of consume-once data was prepared for batch size {self.batch_size}; "
-                        f"requesting {batch_size} would reorder items — keep the batch size constant"
-                    )
-                self.ready.clear()  # samples with replacement: nothing is lost by dropping them
-            self.batch_size, self.version = batch_size, version
-            self.cond.notify_all()
-            ok = self.cond.wait_for(
-                lambda: (
-                    bool(self.ready)
-                    or self.error is not None
-                    or self.closed
-                    or (self.error_mode and self.blocked_reason is not None)
-                ),
-                timeout,
-            )
-            self.raise_pending()
-            if self.ready:
-                if self.ready[0].batch.size != batch_size:
-                    raise ConduitError(
-                        f"async delivery of consume-once data was prepared for batch size {self.ready[0].batch.size}; "
-                        f"requesting {batch_size} would reorder items — keep the batch size constant"
-                    )
-                delivery = self.ready.popleft()
-                self.metrics.set_gauge("delivery_ready", len(self.ready))
+            self._raise_pending()
+            if self.request != request:
+                # Only the delivery thread draws, and it appends in draw order: whatever it prepared for
+                # the old request is served first, re-cut to this one.
+                self.request, self.refusal = request, None
+                self.buffer.wake()  # the delivery thread may be waiting for the old request's items
                 self.cond.notify_all()
-                return delivery
-            if self.closed:
-                raise ClosedError("get() after close()")
-            reason = self.blocked_reason or "no delivery became ready"
-            if not ok:
-                raise InsufficientDataError(f"get() timed out after {timeout:g}s: {reason}")
-            raise InsufficientDataError(f"get() refused: {reason}")
+            while True:
+                self._raise_pending()
+                delivery = self.ready.take(request, self.plan)
+                if delivery is not None:
+                    self.metrics.set_gauge("delivery_ready", len(self.ready.entries))
+                    self.cond.notify_all()
+                    return delivery
+                if self.error_mode and self.refusal is not None:
+                    if isinstance(self.refusal, InsufficientDataError) and not self.inflight:
+                        if self.buffer.wait_sampleable(request.size, 0) is None:  # the refusal is outdated
+                            self.refusal = None
+                            self.cond.notify_all()
+                            continue
+                    raise type(self.refusal)(f"get() refused: {self.refusal}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    reason = (
+                        self.refusal
+                        or self.buffer.wait_sampleable(request.size, 0)
+                        or "no delivery became ready"
+                    )
+                    raise InsufficientDataError(f"get() timed out after {timeout:g}s: {reason}")
+                self.cond.wait(left)
 
     def update_priorities(
         self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
     ) -> None:
-        """Queue a priority update; the worker applies it before its next sample, in order."""
         with self.cond:
-            self.raise_pending()
+            self._raise_pending()
             self.priorities.append((slots, generations, priorities))
             self.cond.notify_all()
 
-    def _apply_priorities(self) -> None:
+    def quiesced(self, fn: Callable[[int | None], T], timeout: float) -> T:
+        self.flush(timeout)
         with self.cond:
-            pending = list(self.priorities)
-            self.priorities.clear()
-        for slots, generations, priorities in pending:
+            self.paused += 1
+            self.buffer.wake()
+            try:
+                ok = self.cond.wait_for(lambda: not self.inflight or self.error is not None, timeout)
+                self._raise_pending()
+                if not ok:
+                    raise InsufficientDataError(f"the delivery worker did not pause within {timeout:g}s")
+                self._apply_priorities()
+                return fn(self.ready.first_slot())
+            finally:
+                self.paused -= 1
+                self.cond.notify_all()
+
+    def close(self, drain: bool, timeout: float) -> None:
+        left, reason = 0, ""
+        if drain:
+            deadline = time.monotonic() + timeout
+            with self.cond:
+                self.flushing += 1
+                self.cond.notify_all()
+                # Wait for the queue to drain, unless the write waits for room nobody will make now.
+                while not self._drained() and self.error is None and time.monotonic() < deadline:
+                    if self.buffer.insert_waiting is not None:
+                        break
+                    self.cond.wait(0.05)
+                self.flushing -= 1
+                left = 0 if self.error is not None else len(self.queue) + self.busy
+                reason = self.buffer.insert_waiting or "timed out"
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.buffer.close()  # wakes a write or a wait_sampleable blocked in the buffer
+        for t in self.threads:
+            t.join(5.0)
+        if left:
+            raise ConduitError(
+                f"close(drain=True): {left} queued fragment(s) could not be ingested: {reason}"
+            )
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _drained(self) -> bool:
+        return self.error is not None or (not self.queue and not self.busy)
+
+    def _raise_pending(self) -> None:
+        if self.error is not None:
+            err = self.error
+            if isinstance(err, ConduitError):
+                raise type(err)(f"background worker failed: {err}") from err
+            raise ConduitError(f"background worker failed: {err!r}") from err
+        if self.closed:
+            raise ClosedError("Conduit was used after close()")
+
+    def _guard(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except BaseException as e:  # noqa: BLE001 — kept and raised to every caller
+            with self.cond:
+                if not self.closed:
+                    self.error = e
+                self.cond.notify_all()
+
+    def _ingest_loop(self) -> None:
+        g_ing, capacity = self.config.g_ing, self.buffer.capacity
+        while True:
+            with self.cond:
+                self.cond.wait_for(
+                    lambda: (
+                        self.closed or len(self.queue) >= g_ing or (bool(self.queue) and self.flushing > 0)
+                    )
+                )
+                if self.closed:
+                    return
+                version = self.queue[0][1]
+                group: list[ColumnBatch] = [self.queue.popleft()[0]]
+                total = group[0].size
+                while (
+                    self.queue
+                    and len(group) < g_ing
+                    and self.queue[0][1] == version
+                    and total + self.queue[0][0].size <= capacity
+                ):
+                    total += self.queue[0][0].size
+                    group.append(self.queue.popleft()[0])
+                self.busy = len(group)
+                self.metrics.set_gauge("ingest_queue", len(self.queue))
+                self.cond.notify_all()
+            with self.metrics.span("ingest/batch"):
+                batch = run_chain(self.ingest, ColumnBatch.cat(group), self.metrics, "ingest")
+                self.buffer.extend(batch, version=version)
+            with self.cond:
+                self.busy = 0
+                self.cond.notify_all()
+
+    def _room(self) -> int:
+        """Deliveries the next draw may prepare (0: enough is ready): up to ``g_del``, within ``depth``."""
+        req = self.request
+        if req is None:
+            return 0
+        g_del = 1 if req.minibatch_size is not None else self.config.g_del
+        free = max(self.config.depth, g_del) * req.size - self.ready.items
+        if self.ready.items < req.size:  # never leave a request unservable
+            return max(1, min(g_del, free // req.size))
+        return min(g_del, free // req.size)
+
+    def _apply_priorities(self) -> None:
+        while self.priorities:
+            slots, generations, priorities = self.priorities.popleft()
             with self.metrics.span("deliver/update_priorities"):
                 self.buffer.update_priorities(slots, generations, priorities)
 
-    def _has_room(self) -> bool:
-        return self.batch_size is not None and len(self.ready) + self.g_del <= max(self.depth, self.g_del)
-
-    def run(self) -> None:
+    def _deliver_loop(self) -> None:
         while True:
             with self.cond:
-                self.cond.wait_for(lambda: self.closed or bool(self.priorities) or self._has_room())
+                self.cond.wait_for(
+                    lambda: self.closed or (not self.paused and (bool(self.priorities) or self._room() > 0))
+                )
                 if self.closed:
                     return
-                batch_size, version, room = self.batch_size, self.version, self._has_room()
-                self.inflight = room
-            self._apply_priorities()
-            if not room:
-                continue
+                request, room, have = self.request, self._room(), self.ready.items
+                pending = list(self.priorities)
+                self.priorities.clear()
+                self.inflight = True
+            out: list[Delivery] = []
             try:
-                self._prepare(batch_size, version)
+                for slots, generations, priorities in pending:
+                    with self.metrics.span("deliver/update_priorities"):
+                        self.buffer.update_priorities(slots, generations, priorities)
+                if room and request is not None:
+                    out = self._prepare(request, room, have)
             finally:
-                with self.cond:
+                with self.cond:  # pushed before inflight clears: a pause never misses prepared items
+                    self.ready.push(out)
+                    self.metrics.set_gauge("delivery_ready", len(self.ready.entries))
                     self.inflight = False
                     self.cond.notify_all()
 
-    def _prepare(self, batch_size: int | None, version: int | None) -> None:
-        """Prepare ``g_del`` deliveries once the buffer can serve them (or note why it cannot)."""
-        assert batch_size is not None
-        reason = self.buffer.wait_sampleable(batch_size * self.g_del, timeout=0.5)
-        with self.cond:
-            self.blocked_reason = reason
-            self.cond.notify_all()
-        if reason is not None:
-            return
+    def _prepare(self, request: Request, room: int, have: int) -> list[Delivery]:
+        """Deliveries for ``request`` once the buffer can serve them (or the refusal noted for ``get``).
+
+        With ``have`` items already prepared but fewer than the request, only the shortfall is drawn
+        (the caller's ``get`` cuts the request from both), so consume-once data never waits for more
+        items than the request needs.
+        """
+
+        def moved_on() -> bool:
+            return self.closed or bool(self.paused) or self.request != request
+
+        short = request.size - have if 0 < have < request.size else 0
+        reason = self.buffer.wait_sampleable(short or request.size, timeout=0.5, cancel=moved_on)
+        if reason is not None or moved_on():
+            with self.cond:
+                self.refusal = None if reason is None else InsufficientDataError(reason)
+                self.cond.notify_all()
+            return []
         try:
             with self.metrics.span("deliver/batch"):
-                out = self.plan.prepare(
-                    self.buffer, batch_size, self.g_del, self.metrics, version, self.stream
-                )
-        except InsufficientDataError as e:  # another reader got there first; try again
+                if short:
+                    items, ready = self.plan.draw(
+                        self.buffer, short, request.version, self.metrics, self.stream
+                    )
+                    out = [Delivery(items, [items], None, ready)]
+                else:
+                    count = self.plan.batches(self.buffer, request, room)
+                    out = self.plan.prepare(self.buffer, request, count, self.metrics, self.stream)
+        except (
+            InsufficientDataError,
+            StaleDataError,
+        ) as e:  # error mode refused, or a reader got there first
             with self.cond:
-                self.blocked_reason = str(e)
-            return
+                self.refusal = e
+                self.cond.notify_all()
+            return []
         with self.cond:
-            # Samples with replacement at an outdated size are dropped (nothing is lost); consume-once
-            # data is always kept, and get() reports a size mismatch instead of reordering items.
-            if batch_size == self.batch_size or self.buffer.sampler.consumes:
-                self.ready.extend(out)
-            self.metrics.set_gauge("delivery_ready", len(self.ready))
-            self.cond.notify_all()
+            self.refusal = None
+        return out

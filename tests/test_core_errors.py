@@ -46,7 +46,7 @@ def good(n: int = 3) -> ColumnBatch:
 
 @pytest.fixture
 def buf() -> ExperienceBuffer:
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=16, rate_limit=RateLimit(mode="error")))
+    b = BufferConfig(capacity=16, rate_limit=RateLimit(mode="error")).build(SCHEMA)
     b.extend(good())
     return b
 
@@ -96,7 +96,7 @@ def test_ragged_item_too_long(buf):
 
 def test_item_larger_than_tier_capacity():
     with pytest.raises(CapacityError, match="one item needs"):
-        ExperienceBuffer(SCHEMA, BufferConfig(capacity=4, capacity_bytes=32))
+        BufferConfig(capacity=4, capacity_bytes=32).build(SCHEMA)
 
 
 def test_write_larger_than_capacity(buf):
@@ -106,9 +106,7 @@ def test_write_larger_than_capacity(buf):
 
 
 def test_sampling_more_than_available_in_error_mode():
-    b = ExperienceBuffer(
-        SCHEMA, BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error"))
-    )
+    b = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error")).build(SCHEMA)
     b.extend(good())
     with pytest.raises(InsufficientDataError, match="requested 5 items but only 3"):
         b.sample(5)
@@ -117,7 +115,7 @@ def test_sampling_more_than_available_in_error_mode():
 
 
 def test_min_size_in_error_mode():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=16, rate_limit=RateLimit(min_size=10, mode="error")))
+    b = BufferConfig(capacity=16, rate_limit=RateLimit(min_size=10, mode="error")).build(SCHEMA)
     b.extend(good())
     with pytest.raises(InsufficientDataError, match="min_size=10"):
         b.sample(1)
@@ -127,12 +125,12 @@ def test_min_size_in_error_mode():
     ("data", "match"),
     [
         ({"capacty": 10}, r"unknown BufferConfig key\(s\) \['capacty'\]"),
-        ({"capacity": 0}, "capacity must be >= 1"),
+        ({"capacity": 0}, "capacity must be an int >= 1"),
         ({"tier": "gpu"}, "unknown tier 'gpu'"),
         ({"sampler": "lifo"}, "sampler must be one of"),
         ({"rate_limit": {"mode": "wait"}}, "rate_limit.mode"),
         ({"rate_limit": {"min_sz": 1}}, r"unknown RateLimit key\(s\) \['min_sz'\]"),
-        ({"alpha": -1}, "alpha must be >= 0"),
+        ({"alpha": -1}, "alpha must be a finite number >= 0"),
     ],
 )
 def test_bad_buffer_config(data, match):
@@ -144,7 +142,7 @@ def test_bad_buffer_config(data, match):
     ("data", "match"),
     [
         ({"overlap": "maybe"}, "overlap must be one of"),
-        ({"depth": 0}, r"depth must be in \[1, 1024\]"),
+        ({"depth": 0}, r"depth must be an int in \[1, 1024\]"),
         ({"g_ing": 0}, "g_ing"),
         ({"g_del": 10_000}, "g_del"),
         ({"granularity": 2}, "unknown SchedulerConfig key"),
@@ -172,7 +170,7 @@ def test_use_after_close(overlap):
 @pytest.mark.parametrize("tier", ["cuda", "cuda:0", "pinned"])
 def test_cuda_tier_without_cuda(tier):
     with pytest.raises(DeviceUnavailableError, match="needs CUDA"):
-        ExperienceBuffer(SCHEMA, BufferConfig(capacity=4, tier=tier))
+        BufferConfig(capacity=4, tier=tier).build(SCHEMA)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")

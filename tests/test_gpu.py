@@ -8,7 +8,6 @@ from conduit import (
     Column,
     ColumnBatch,
     Conduit,
-    ExperienceBuffer,
     Ragged,
     SchedulerConfig,
     Schema,
@@ -26,7 +25,7 @@ def batch(n: int, device: str = "cpu") -> ColumnBatch:
 
 @pytest.mark.parametrize("tier", ["cuda", "pinned"])
 def test_gpu_and_pinned_tiers(tier):
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=64, tier=tier, sampler="fifo"))
+    b = BufferConfig(capacity=64, tier=tier, sampler="fifo").build(SCHEMA)
     src = batch(10)
     b.extend(src)
     s = b.sample(10)
@@ -52,7 +51,7 @@ def test_delivery_to_cuda_from_host(overlap):
 
 
 def test_prioritized_sum_tree_on_gpu():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=1024, tier="cuda", sampler="prioritized"))
+    b = BufferConfig(capacity=1024, tier="cuda", sampler="prioritized").build(SCHEMA)
     b.extend(batch(512, "cuda"))
     s = b.sample(256)
     assert s.slots.is_cuda and s.weights.is_cuda

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conduit import BufferConfig, Column, ColumnBatch, Conduit, ExperienceBuffer, SchedulerConfig, Schema  # noqa: E402
+from conduit import BufferConfig, Column, ColumnBatch, Conduit, SchedulerConfig, Schema  # noqa: E402
 
 DIM, BATCH, CAPACITY = 16384, 256, 4096
 
@@ -31,10 +31,10 @@ def check_tiers() -> None:
     schema = Schema([Column("obs", torch.float32, (DIM,))])
     src = torch.randn(64, DIM)
     for tier in ("cuda", "pinned"):
-        b = ExperienceBuffer(schema, BufferConfig(capacity=128, tier=tier, sampler="fifo"))
+        b = BufferConfig(capacity=128, tier=tier, sampler="fifo").build(schema)
         b.extend(ColumnBatch({"obs": src}))
         assert torch.equal(b.sample(64).batch["obs"].cpu(), src), tier
-    p = ExperienceBuffer(schema, BufferConfig(capacity=128, tier="cuda", sampler="prioritized"))
+    p = BufferConfig(capacity=128, tier="cuda", sampler="prioritized").build(schema)
     p.extend(ColumnBatch({"obs": src.cuda()}))
     s = p.sample(32)
     assert s.slots.is_cuda and s.weights is not None and s.weights.is_cuda

@@ -18,11 +18,11 @@ class ConduitSystem(System):
     name = "conduit"
 
     def open(self, sampler: str, dim: int, capacity: int) -> None:
-        from conduit import BufferConfig, Column, ColumnBatch, ExperienceBuffer, Schema
+        from conduit import BufferConfig, Column, ColumnBatch, Schema
 
         schema = Schema([Column("obs", torch.float32, (dim,))])
         cfg = BufferConfig(capacity=capacity, sampler=sampler, alpha=ALPHA, beta=BETA)
-        self._buf: Any = ExperienceBuffer(schema, cfg)
+        self._buf: Any = cfg.build(schema)
         filled = 0
         while filled < capacity:
             n = min(PREFILL_CHUNK, capacity - filled)

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from conduit.batch import ColumnBatch, validate
+from conduit.buffer.base import Sampler, Storage, Writer
 from conduit.buffer.rate_limiter import RateLimiter
-from conduit.buffer.samplers import FifoSampler, PrioritizedSampler, Sampler, UniformSampler
-from conduit.buffer.storage import RingStorage
-from conduit.buffer.writers import GroupedWriter, RingWriter
-from conduit.config import BufferConfig
-from conduit.errors import CapacityError, ClosedError, InsufficientDataError, ShapeError, StaleDataError
+from conduit.buffer.writers import RingWriter
+from conduit.errors import (
+    CheckpointError,
+    ClosedError,
+    ConfigError,
+    InsufficientDataError,
+    PriorityError,
+    ShapeError,
+)
 from conduit.metrics import Metrics
 from conduit.schema import Schema
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,11 +37,14 @@ class Sample:
 
 
 class ExperienceBuffer:
-    """Stores experience on one tier and serves samples of committed items.
+    """Storage + writer + sampler + rate limiter behind one lock: whole writes in, committed items out.
+
+    Build one from a config (``BufferConfig(...).build(schema)``, or a preset such as
+    ``BufferConfig.prioritized_replay(100_000).build(schema)``) or compose the parts yourself.
 
     Example:
         >>> schema = Schema([Column("obs", torch.float32, (4,)), Column("reward", torch.float32)])
-        >>> buf = ExperienceBuffer(schema, BufferConfig(capacity=1000, sampler="prioritized"))
+        >>> buf = BufferConfig(capacity=1000, sampler="prioritized").build(schema)
         >>> buf.extend(ColumnBatch({"obs": torch.zeros(8, 4), "reward": torch.zeros(8)}))
         >>> s = buf.sample(4)
         >>> buf.update_priorities(s.slots, s.generations, torch.rand(4))
@@ -46,38 +52,33 @@ class ExperienceBuffer:
 
     def __init__(
         self,
-        schema: Schema,
-        config: BufferConfig | None = None,
+        storage: Storage,
+        sampler: Sampler,
+        writer: Writer | None = None,
+        limiter: RateLimiter | None = None,
         metrics: Metrics | None = None,
-        seed: int | None = None,
     ) -> None:
-        self.config = config or BufferConfig()
-        cfg = self.config
-        self.storage = RingStorage(schema, cfg.capacity, cfg.tier, cfg.disk_path, cfg.capacity_bytes)
-        device = self.storage.device
-        self.metrics = metrics or Metrics(trace=False)
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(seed)
-        self.sampler: Sampler
-        if cfg.sampler == "uniform":
-            self.sampler = UniformSampler(cfg.capacity, device, generator)
-        elif cfg.sampler == "fifo":
-            self.sampler = FifoSampler(cfg.capacity, device)
-        else:
-            self.sampler = PrioritizedSampler(
-                cfg.capacity, device, cfg.alpha, cfg.beta, cfg.priority_eps, generator
+        self.storage = storage
+        self.sampler = sampler
+        self.writer = writer or RingWriter(storage.capacity, storage.device)
+        self.limiter = limiter or RateLimiter()
+        if self.writer.capacity != storage.capacity or getattr(sampler, "capacity", storage.capacity) != (
+            storage.capacity
+        ):
+            raise ConfigError(
+                f"storage, writer and sampler disagree on capacity: {storage.capacity}, "
+                f"{self.writer.capacity}, {getattr(sampler, 'capacity', None)}"
             )
-        self.writer = (
-            GroupedWriter(cfg.capacity, device, cfg.group_size)
-            if cfg.writer == "grouped"
-            else RingWriter(cfg.capacity, device)
-        )
-        self.limiter = RateLimiter(cfg.rate_limit)
+        self.metrics = metrics or Metrics(trace=False)
+        self.sampler.attach(storage, self.metrics)
         self.sampled = 0
+        self.insert_waiting: str | None = None  # why a write is waiting right now (None: none is)
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
+
+    @property
+    def capacity(self) -> int:
+        return self.storage.capacity
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -102,9 +103,8 @@ class ExperienceBuffer:
         :class:`~conduit.errors.CapacityError` when the write cannot fit; the buffer is then unchanged.
         """
         self._check_open()
-        validate(self.schema, batch)
+        self.check_write(batch)
         n = batch.size
-        self.writer.check(n)
         if n == 0:
             return torch.empty(0, dtype=torch.int64)
         with self._cond:
@@ -118,14 +118,15 @@ class ExperienceBuffer:
         self.metrics.add_bytes(f"{batch.device.type}->{self.storage.tier}", batch.nbytes)
         return slots
 
+    def check_write(self, batch: ColumnBatch) -> None:
+        """Raise what :meth:`extend` would raise for ``batch`` before waiting (schema, size, groups)."""
+        validate(self.schema, batch)
+        self.writer.check(batch.size)
+
     def _insert_blocker(self, n: int) -> str | None:
-        if self.sampler.consumes:
-            free = self.config.capacity - self.sampler.available()
-            if n > free:
-                return (
-                    f"only {free} free slots for {n} items: unconsumed on-policy items are never overwritten"
-                )
-        return self.limiter.insert_blocker(n, self.writer.inserted, self.sampled)
+        return self.sampler.insert_blocker(n) or self.limiter.insert_blocker(
+            n, self.writer.inserted, self.sampled
+        )
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -140,29 +141,19 @@ class ExperienceBuffer:
         (``count/stale_evicted``) in block mode, or raise :class:`StaleDataError` in error mode.
         """
         self._check_open()
-        if n < 1:
-            raise InsufficientDataError(f"sample size must be >= 1, got {n}")
+        check_size(n)
         if out is not None:
             self._check_out(out, n)
         with self._cond:
+            self.sampler.before_sample(n, version)
             if self._sample_blocker(n) is not None:
-                self._wait(lambda: self._sample_blocker(n), "sample")
-            check_stale = (
-                self.sampler.consumes
-                and version is not None
-                and self.config.rate_limit.max_staleness is not None
-            )
-            if check_stale and self.config.rate_limit.mode == "error":
-                self._check_staleness(n, version)  # type: ignore[arg-type]
+                self._wait(lambda: self._sample_blocker(n, version), "sample")
             slots, weights = self.sampler.sample(n)
-            if check_stale:
-                slots = self._drop_stale(slots, n, version)  # type: ignore[arg-type]
             batch = self.storage.read(slots, out)
-            meta = self.storage.meta.index_select(0, slots)
+            generations = self.storage.generation.index_select(0, slots)
+            versions = self.storage.version.index_select(0, slots)
             self.sampled += n
-            if self.sampler.consumes or self.config.rate_limit.samples_per_insert is not None:
-                self._cond.notify_all()  # a writer may wait for room or for the ratio
-        generations, versions = meta[:, 0], meta[:, 1]
+            self._cond.notify_all()  # a writer may wait for room or for the ratio
         self.metrics.incr("sampled", n)
         return Sample(batch, slots, generations, versions, weights)
 
@@ -182,42 +173,32 @@ class ExperienceBuffer:
                     f"sample(out=...): column {col.name!r} is on {dst.device}, not {self.storage.device}"
                 )
 
-    def _sample_blocker(self, n: int) -> str | None:
+    def _sample_blocker(self, n: int, version: int | None = None) -> str | None:
+        if version is not None:
+            self.sampler.before_sample(n, version)  # items may have gone stale while waiting
         return self.limiter.sample_blocker(
-            n, self.sampler.available(), self.writer.inserted, self.sampled, self.sampler.consumes
-        )
+            n, self.writer.inserted, self.sampled
+        ) or self.sampler.sample_blocker(n)
 
-    def _drop_stale(self, slots: torch.Tensor, n: int, version: int) -> torch.Tensor:
-        kept = self._fresh(slots, version)
-        while kept.numel() < n:
-            need = n - kept.numel()
-            self._wait(lambda need=need: self._sample_blocker(need), "sample")
-            more, _ = self.sampler.sample(need)
-            kept = torch.cat([kept, self._fresh(more, version)])
-        return kept
-
-    def _fresh(self, slots: torch.Tensor, version: int) -> torch.Tensor:
-        bound = self.config.rate_limit.max_staleness
-        assert bound is not None
-        fresh = slots[self.storage.version.index_select(0, slots) + bound >= version]
-        evicted = slots.numel() - fresh.numel()
-        if evicted:
-            self.metrics.incr("stale_evicted", evicted)
-            log.warning(
-                "evicted %d stale item(s) (max_staleness=%d, consumer version %d)", evicted, bound, version
+    def check_priorities(
+        self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
+    ) -> None:
+        """Raise what :meth:`update_priorities` would raise, without changing anything."""
+        if not self.sampler.has_priorities:
+            raise PriorityError(
+                f"{type(self.sampler).__name__} has no priorities; use sampler='prioritized' to update them"
             )
-        return fresh
-
-    def _check_staleness(self, n: int, version: int) -> None:
-        """Error mode: refuse, before consuming anything, a read that would include stale items."""
-        bound = self.config.rate_limit.max_staleness
-        assert bound is not None and isinstance(self.sampler, FifoSampler)
-        oldest = int(self.storage.version.index_select(0, self.sampler.peek(n)).min())
-        if oldest + bound < version:
-            raise StaleDataError(
-                f"the next {n} items include version {oldest}, older than max_staleness={bound} allows "
-                f"for consumer version {version}"
+        if not (slots.shape == generations.shape == priorities.shape) or slots.dim() != 1:
+            raise ShapeError(
+                f"update_priorities: slots {tuple(slots.shape)}, generations {tuple(generations.shape)} and "
+                f"priorities {tuple(priorities.shape)} must be 1-D and of the same shape"
             )
+        if slots.dtype != torch.int64 or generations.dtype != torch.int64:
+            raise ShapeError(f"update_priorities: slots and generations must be int64, got {slots.dtype}")
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.capacity):
+            raise PriorityError(f"update_priorities: slots must lie in [0, {self.capacity})")
+        if not bool(torch.isfinite(priorities).all()):
+            raise PriorityError("update_priorities: priorities must be finite (got NaN or inf)")
 
     def update_priorities(
         self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
@@ -229,16 +210,10 @@ class ExperienceBuffer:
         flight while the ring moved on never touch the newer items.
         """
         self._check_open()
-        if not (slots.shape == generations.shape == priorities.shape):
-            raise CapacityError(
-                f"update_priorities: slots {tuple(slots.shape)}, generations {tuple(generations.shape)} and "
-                f"priorities {tuple(priorities.shape)} must have the same shape"
-            )
+        self.check_priorities(slots, generations, priorities)
         with self._cond:
             dev = self.storage.device
             slots, generations = slots.to(dev), generations.to(dev)
-            if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.config.capacity):
-                raise CapacityError(f"update_priorities: slots must lie in [0, {self.config.capacity})")
             live = self.storage.generation.index_select(0, slots) == generations
             self.sampler.update_priorities(slots, priorities.to(dev), live)
         applied = int(live.sum())
@@ -252,26 +227,36 @@ class ExperienceBuffer:
         reason = blocker()
         if reason is None:
             return
-        if self.config.rate_limit.mode == "error":
+        if self.limiter.mode == "error":
             raise InsufficientDataError(f"{what} refused: {reason}")
-        deadline = time.monotonic() + self.config.rate_limit.timeout_s
-        while reason is not None:
-            if self._closed:
-                raise ClosedError(f"buffer closed while a {what} was waiting: {reason}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise InsufficientDataError(
-                    f"{what} timed out after {self.config.rate_limit.timeout_s:g}s waiting: {reason}"
-                )
-            self._cond.wait(timeout=min(left, 0.5))
-            reason = blocker()
+        timeout = self.limiter.timeout_s
+        deadline = time.monotonic() + timeout
+        try:
+            while reason is not None:
+                if what == "insert":
+                    self.insert_waiting = reason
+                if self._closed:
+                    raise ClosedError(f"buffer closed while a {what} was waiting: {reason}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise InsufficientDataError(f"{what} timed out after {timeout:g}s waiting: {reason}")
+                self._cond.wait(timeout=min(left, 0.5))
+                reason = blocker()
+        finally:
+            if what == "insert":
+                self.insert_waiting = None
 
-    def wait_sampleable(self, n: int, timeout: float) -> str | None:
-        """Wait up to ``timeout`` seconds until a sample of ``n`` could run; the reason if it still cannot."""
+    def wait_sampleable(
+        self, n: int, timeout: float, cancel: Callable[[], bool] = lambda: False
+    ) -> str | None:
+        """Wait up to ``timeout`` seconds until a sample of ``n`` could run; the reason if it still cannot.
+
+        ``cancel`` is checked at every wake-up (see :meth:`wake`); when it returns True the wait ends early.
+        """
         deadline = time.monotonic() + timeout
         with self._cond:
             reason = self._sample_blocker(n)
-            while reason is not None and not self._closed:
+            while reason is not None and not self._closed and not cancel():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -280,26 +265,44 @@ class ExperienceBuffer:
             self._check_open()
             return reason
 
+    def wake(self) -> None:
+        """Wake every waiter so it re-checks its condition (e.g. a ``wait_sampleable`` cancel)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def grow_column(self, name: str, max_len: int) -> None:
         """Raise ragged column ``name``'s maximum length in place (an explicit, one-copy operation)."""
         with self._cond:
-            self.storage.grow_ragged(name, max_len)
+            self.storage.grow_ragged(name, max_len)  # type: ignore[attr-defined]
 
-    def state_dict(self) -> dict[str, object]:
+    def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
+        """Contents, sampler state and counters; items sampled from ``first_undelivered`` on count as unconsumed."""
         with self._cond:
             return {
                 "storage": self.storage.state_dict(),
-                "sampler": self.sampler.state_dict(),
+                "sampler": self.sampler.state_dict(first_undelivered),
                 "inserted": self.writer.inserted,
                 "sampled": self.sampled,
             }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore :meth:`state_dict`; a state that does not fit raises :class:`CheckpointError` first."""
+        if not isinstance(state, dict) or not {"storage", "sampler", "inserted", "sampled"} <= set(state):
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(
+                f"not a buffer state: expected storage, sampler, inserted, sampled; got {got}"
+            )
+        for key in ("inserted", "sampled"):
+            if not isinstance(state[key], int) or state[key] < 0:  # type: ignore[operator]
+                raise CheckpointError(f"buffer state {key}={state[key]!r} is not a count")
         with self._cond:
+            self.storage.check_state(state["storage"])  # type: ignore[arg-type]
+            self.sampler.check_state(state["sampler"])  # type: ignore[arg-type]
             self.storage.load_state_dict(state["storage"])  # type: ignore[arg-type]
             self.sampler.load_state_dict(state["sampler"])  # type: ignore[arg-type]
             self.writer.inserted = int(state["inserted"])  # type: ignore[call-overload]
             self.sampled = int(state["sampled"])  # type: ignore[call-overload]
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Refuse further use and wake any caller that is waiting."""
@@ -310,3 +313,9 @@ class ExperienceBuffer:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the buffer was used after close()")
+
+
+def check_size(n: int) -> None:
+    """Raise :class:`ConfigError` unless ``n`` is a positive int (a sample or batch size)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"batch size must be an int >= 1, got {n!r}")

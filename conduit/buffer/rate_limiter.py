@@ -13,22 +13,24 @@ from conduit.config import RateLimit
 
 
 class RateLimiter:
-    """Decides whether a sample or an insert may proceed now."""
+    """Decides whether a sample or an insert may proceed now, and how a refusal is handled."""
 
-    def __init__(self, config: RateLimit) -> None:
-        self.config = config
+    def __init__(self, config: RateLimit | None = None) -> None:
+        self.config = config or RateLimit()
 
-    def sample_blocker(
-        self, n: int, available: int, inserted: int, sampled: int, consumes: bool
-    ) -> str | None:
-        """Why a sample of ``n`` cannot run now, or None if it can."""
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    @property
+    def timeout_s(self) -> float:
+        return self.config.timeout_s
+
+    def sample_blocker(self, n: int, inserted: int, sampled: int) -> str | None:
+        """Why a sample of ``n`` cannot run now, or None if it can (the sampler adds its own reasons)."""
         cfg = self.config
         if inserted < cfg.min_size:
             return f"min_size={cfg.min_size} not reached ({inserted} items inserted)"
-        if consumes and n > available:
-            return f"requested {n} items but only {available} unconsumed items are available"
-        if not consumes and available == 0:
-            return "the buffer is empty"
         if cfg.samples_per_insert is not None:
             allowed = cfg.samples_per_insert * inserted + cfg.tolerance
             if sampled + n > allowed:

@@ -6,52 +6,30 @@ that is still being written. All selection is vectorised over the batch.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+import logging
+import math
 
 import torch
 
+from conduit.buffer.base import Sampler, Storage
 from conduit.buffer.sumtree import SumTree
-from conduit.errors import ConduitError
+from conduit.errors import CheckpointError, StaleDataError
+from conduit.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 
-class Sampler(ABC):
-    """Chooses slots among committed items."""
-
-    consumes: bool = False  # True when sampled items leave the buffer (on-policy FIFO)
-
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        self.capacity = capacity
-        self.device = device
-
-    @abstractmethod
-    def on_insert(self, slots: torch.Tensor, total_inserted: int) -> None:
-        """Slots that were just committed (after ``total_inserted`` items in all)."""
-
-    @abstractmethod
-    def available(self) -> int:
-        """Items a sample may return now."""
-
-    @abstractmethod
-    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``n`` slots and, for prioritized sampling, their importance weights."""
-
-    def update_priorities(
-        self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor | None = None
-    ) -> None:
-        raise ConduitError(f"{type(self).__name__} has no priorities; use sampler='prioritized'")
-
-    def state_dict(self) -> dict[str, object]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        del state
+def _int_state(state: dict[str, object], keys: tuple[str, ...], owner: str) -> None:
+    missing = [k for k in keys if not isinstance(state.get(k), int)]
+    if missing:
+        raise CheckpointError(f"{owner} state lacks integer entries {missing}; got keys {sorted(state)}")
 
 
 class UniformSampler(Sampler):
     """Each committed item with equal probability, with replacement."""
 
     def __init__(self, capacity: int, device: torch.device, generator: torch.Generator | None = None) -> None:
-        super().__init__(capacity, device)
+        self.capacity, self.device = capacity, device
         self.size = 0
         self.generator = generator
 
@@ -65,22 +43,45 @@ class UniformSampler(Sampler):
         slots = torch.randint(0, self.size, (n,), generator=self.generator, device=self.device)
         return slots, None
 
-    def state_dict(self) -> dict[str, object]:
-        return {"size": self.size}
+    def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
+        return {"kind": "uniform", "size": self.size}
+
+    def check_state(self, state: dict[str, object]) -> None:
+        _check_kind(state, "uniform")
+        _int_state(state, ("size",), "uniform sampler")
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.size = int(state["size"])  # type: ignore[call-overload]
 
 
 class FifoSampler(Sampler):
-    """Consume-once, in commit order: every item is returned exactly once (on-policy)."""
+    """Consume-once, in commit order: every item is returned exactly once (on-policy).
+
+    Writes never overwrite unconsumed items. With ``max_staleness``, an item written by policy
+    version ``v`` may be consumed by versions up to ``v + max_staleness``. Versions never decrease in
+    commit order (the runtime refuses a put older than the last), so stale items are always the
+    oldest ones: ``on_stale="evict"`` drops them (counted as ``count/stale_evicted``, logged),
+    ``on_stale="error"`` raises :class:`StaleDataError` before anything is consumed.
+    """
 
     consumes = True
 
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        super().__init__(capacity, device)
-        self.head = 0  # items consumed so far
+    def __init__(
+        self,
+        capacity: int,
+        device: torch.device,
+        max_staleness: int | None = None,
+        on_stale: str = "evict",
+    ) -> None:
+        self.capacity, self.device = capacity, device
+        self.max_staleness, self.on_stale = max_staleness, on_stale
+        self.head = 0  # items consumed (or evicted) so far
         self.tail = 0  # items committed so far
+        self._versions: torch.Tensor | None = None
+        self._metrics: Metrics | None = None
+
+    def attach(self, storage: Storage, metrics: Metrics) -> None:
+        self._versions, self._metrics = storage.version, metrics
 
     def on_insert(self, slots: torch.Tensor, total_inserted: int) -> None:
         self.tail = total_inserted
@@ -88,17 +89,63 @@ class FifoSampler(Sampler):
     def available(self) -> int:
         return self.tail - self.head
 
+    def sample_blocker(self, n: int) -> str | None:
+        if n > self.available():
+            return f"requested {n} items but only {self.available()} unconsumed items are available"
+        return None
+
+    def insert_blocker(self, n: int) -> str | None:
+        free = self.capacity - self.available()
+        if n > free:
+            return f"only {free} free slots for {n} items: unconsumed on-policy items are never overwritten"
+        return None
+
     def peek(self, n: int) -> torch.Tensor:
         """The next ``n`` slots, without consuming them."""
         return (self.head + torch.arange(n, device=self.device)) % self.capacity
+
+    def before_sample(self, n: int, version: int | None) -> None:
+        bound = self.max_staleness
+        if bound is None or version is None or self.available() == 0:
+            return
+        assert self._versions is not None, "attach() was not called"
+        versions = self._versions.index_select(0, self.peek(self.available()))
+        stale = int((versions + bound < version).sum())  # a prefix: versions never decrease
+        if stale == 0:
+            return
+        if self.on_stale == "error":
+            oldest = int(versions[0])
+            raise StaleDataError(
+                f"the next {n} items include version {oldest}, older than max_staleness={bound} allows "
+                f"for consumer version {version}"
+            )
+        self.head += stale
+        if self._metrics is not None:
+            self._metrics.incr("stale_evicted", stale)
+        log.warning("evicted %d stale item(s) (max_staleness=%d, consumer version %d)", stale, bound, version)
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         slots = self.peek(n)
         self.head += n
         return slots, None
 
-    def state_dict(self) -> dict[str, object]:
-        return {"head": self.head, "tail": self.tail}
+    def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
+        """Head and tail; items sampled but not yet delivered (from ``first_undelivered`` on) count as unconsumed."""
+        head = self.head
+        if first_undelivered is not None:
+            back = (head - first_undelivered - 1) % self.capacity + 1  # 1..capacity logical steps back
+            head -= back
+        return {"kind": "fifo", "head": head, "tail": self.tail}
+
+    def check_state(self, state: dict[str, object]) -> None:
+        _check_kind(state, "fifo")
+        _int_state(state, ("head", "tail"), "fifo sampler")
+        head, tail = state["head"], state["tail"]
+        assert isinstance(head, int) and isinstance(tail, int)
+        if not 0 <= tail - head <= self.capacity:
+            raise CheckpointError(
+                f"fifo state holds {tail - head} unconsumed items for capacity {self.capacity}"
+            )
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.head = int(state["head"])  # type: ignore[call-overload]
@@ -114,6 +161,8 @@ class PrioritizedSampler(Sampler):
     far, so each is likely to be replayed at least once.
     """
 
+    has_priorities = True
+
     def __init__(
         self,
         capacity: int,
@@ -123,7 +172,7 @@ class PrioritizedSampler(Sampler):
         eps: float,
         generator: torch.Generator | None = None,
     ) -> None:
-        super().__init__(capacity, device)
+        self.capacity, self.device = capacity, device
         self.alpha, self.beta, self.eps = alpha, beta, eps
         self.tree = SumTree(capacity, device=device)
         self.max_priority = torch.ones((), dtype=torch.float64, device=device)  # a tensor: no host sync
@@ -144,27 +193,50 @@ class PrioritizedSampler(Sampler):
         ratio = self.tree.leaf_values(slots).div_(self.tree.min_tensor())
         return slots, ratio.pow_(-self.beta).to(torch.float32)
 
-    def update_priorities(
-        self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor | None = None
-    ) -> None:
-        """New priorities ``|p| + eps``; entries where ``live`` is False keep their current value."""
+    def update_priorities(self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor) -> None:
+        """New priorities ``|p| + eps`` (checked finite by the buffer); where ``live`` is False the value is kept."""
         p = priorities.detach().to(self.device, torch.float64).abs().add_(self.eps)
-        if not bool(torch.isfinite(p).all()):
-            raise ConduitError("priorities must be finite (got NaN or inf)")
-        if live is not None:
-            p = torch.where(live, p, 0.0)
+        p = torch.where(live, p, 0.0)
         if slots.numel():
             self.max_priority = torch.maximum(self.max_priority, p.max())
-        values = p.pow_(self.alpha)
-        if live is not None:
-            values = torch.where(live, values, self.tree.leaf_values(slots))
+        values = torch.where(live, p.pow_(self.alpha), self.tree.leaf_values(slots))
         self.tree.update_trusted(slots, values)
 
-    def state_dict(self) -> dict[str, object]:
-        return {"tree": self.tree.state_dict(), "max_priority": float(self.max_priority), "size": self.size}
+    def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
+        return {
+            "kind": "prioritized",
+            "tree": self.tree.state_dict(),
+            "max_priority": float(self.max_priority),
+            "size": self.size,
+        }
+
+    def check_state(self, state: dict[str, object]) -> None:
+        _check_kind(state, "prioritized")
+        _int_state(state, ("size",), "prioritized sampler")
+        tree = state.get("tree")
+        if not isinstance(tree, dict) or set(tree) != {"priorities", "written"}:
+            raise CheckpointError("prioritized sampler state lacks its sum tree ('priorities', 'written')")
+        pri = tree["priorities"]
+        if not isinstance(pri, torch.Tensor) or tuple(pri.shape) != (self.capacity,):
+            got = tuple(pri.shape) if isinstance(pri, torch.Tensor) else type(pri).__name__
+            raise CheckpointError(f"prioritized state holds {got} priorities for capacity {self.capacity}")
+        if not bool(((pri >= 0) & torch.isfinite(pri)).all()):
+            raise CheckpointError("prioritized state holds negative or non-finite priorities")
+        mp = state.get("max_priority")
+        if not isinstance(mp, float) or not math.isfinite(mp):
+            raise CheckpointError(f"prioritized state has max_priority {mp!r}")
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.tree.load_state_dict(state["tree"])  # type: ignore[arg-type]
         value = float(state["max_priority"])  # type: ignore[arg-type]
         self.max_priority = torch.tensor(value, dtype=torch.float64, device=self.device)
         self.size = int(state["size"])  # type: ignore[call-overload]
+
+
+def _check_kind(state: dict[str, object], kind: str) -> None:
+    if not isinstance(state, dict) or state.get("kind") != kind:
+        got = state.get("kind") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"the saved sampler is {got!r}; this buffer's sampler is {kind!r}")
+
+
+__all__ = ["FifoSampler", "PrioritizedSampler", "Sampler", "UniformSampler"]

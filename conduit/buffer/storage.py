@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from conduit.batch import ColumnBatch, Ragged
+from conduit.buffer.base import Storage
 from conduit.buffer.tiers import allocate, tier_device
-from conduit.errors import CapacityError, ConfigError
+from conduit.errors import CapacityError, CheckpointError, ConfigError
 from conduit.schema import Column, Schema
 
 
-class RingStorage:
+class RingStorage(Storage):
     """Fixed-size slots for ``capacity`` items of ``schema`` on ``tier``.
 
     Fixed columns are ``[capacity, *shape]``; ragged columns are padded per slot to
@@ -128,10 +129,27 @@ class RingStorage:
         state["version"] = self.version.cpu()
         return state
 
+    def _expected(self) -> dict[str, torch.Tensor]:
+        out = {f"data/{k}": v for k, v in self.data.items()}
+        out.update({f"lengths/{k}": v for k, v in self.lengths.items()})
+        out["generation"], out["version"] = self.generation, self.version
+        return out
+
+    def check_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Raise :class:`CheckpointError` unless ``state`` has exactly this storage's tensors and shapes."""
+        want = self._expected()
+        if not isinstance(state, dict) or set(state) != set(want):
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(f"saved storage holds {keys}; this buffer stores {sorted(want)}")
+        for key, dst in want.items():
+            src = state[key]
+            if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+                got = (tuple(src.shape), src.dtype) if isinstance(src, torch.Tensor) else type(src).__name__
+                raise CheckpointError(
+                    f"saved {key!r} is {got}; this buffer has {(tuple(dst.shape), dst.dtype)} "
+                    f"(capacity {self.capacity}) — load into a buffer built with the same schema and capacity"
+                )
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        for k, v in self.data.items():
-            v.copy_(state[f"data/{k}"])
-        for k, v in self.lengths.items():
-            v.copy_(state[f"lengths/{k}"])
-        self.generation.copy_(state["generation"])
-        self.version.copy_(state["version"])
+        for key, dst in self._expected().items():
+            dst.copy_(state[key])

@@ -8,7 +8,7 @@ import uuid
 
 import torch
 
-from conduit.errors import DeviceUnavailableError
+from conduit.errors import CapacityError, ConfigError, DeviceUnavailableError
 
 
 def tier_device(tier: str) -> torch.device:
@@ -41,6 +41,22 @@ def allocate(
     memory map under ``disk_dir`` (a temporary directory if None) that is deleted when unlinked.
     """
     check_tier_available(tier)
+    try:
+        return _allocate(shape, dtype, tier, disk_dir)
+    except OSError as e:
+        raise ConfigError(f"tier {tier!r}: cannot create storage under disk_path={disk_dir!r}: {e}") from e
+    except (RuntimeError, MemoryError) as e:  # the allocator's out-of-memory
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        raise CapacityError(
+            f"tier {tier!r} cannot allocate {nbytes / 2**30:.2f} GiB for a {tuple(shape)} {dtype} column; "
+            f"lower capacity or max_len ({e})"
+        ) from e
+
+
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype, tier: str, disk_dir: str | None) -> torch.Tensor:
     if tier == "host":
         return torch.zeros(shape, dtype=dtype)
     if tier == "pinned":

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from conduit.buffer.base import Writer
 from conduit.errors import CapacityError, ShapeError
 
 
-class RingWriter:
+class RingWriter(Writer):
     """Slots in insertion order, wrapping around: the oldest items are overwritten (off-policy)."""
 
     def __init__(self, capacity: int, device: torch.device) -> None:

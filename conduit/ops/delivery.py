@@ -1,63 +1,220 @@
-"""Delivery: sample → gather → operators (collate / pack) → move to the consumer device → split per rank."""
+"""Delivery: sample → gather → operators (collate / pack) → move to the consumer device → lay out per rank.
+
+A consumer asks with a :class:`Request`: ``size`` items as one mini-batch split over the ranks, or (PPO)
+``size`` items laid out as ``num_minibatches`` minibatches of ``minibatch_size`` rows per rank, with a
+fresh permutation per epoch. Prepared deliveries wait in a :class:`ReadyQueue`; a request of another
+shape is served from the items already prepared (merged and re-cut in order), so a consume-once item is
+delivered exactly once whatever sizes the caller asks for, and no sampled item is wasted.
+"""
 
 from __future__ import annotations
 
+import collections
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from conduit.batch import ColumnBatch
-from conduit.buffer.buffer import ExperienceBuffer, Sample
+from conduit.buffer.buffer import ExperienceBuffer, check_size
+from conduit.errors import ConfigError
 from conduit.metrics import Metrics
 from conduit.ops.operator import Operator, run_chain
 
 
-@dataclass
-class Delivery:
-    """One training-ready mini-batch, with what is needed to send priorities back.
+@dataclass(frozen=True)
+class Request:
+    """What a consumer asks for; ``minibatch_size``/``num_minibatches`` set ask for an epoch layout."""
 
-    ``parts`` holds the batch split into one contiguous part per consumer rank.
-    """
+    size: int
+    version: int | None = None
+    minibatch_size: int | None = None
+    num_minibatches: int | None = None
+
+    def __post_init__(self) -> None:
+        check_size(self.size)
+        if (self.minibatch_size is None) != (self.num_minibatches is None):
+            raise ConfigError("an epoch request needs both minibatch_size and num_minibatches")
+        if self.minibatch_size is not None:
+            check_size(self.minibatch_size)
+            check_size(self.num_minibatches)  # type: ignore[arg-type]
+
+    @property
+    def layout(self) -> tuple[int, int | None, int | None]:
+        """What makes two requests' deliveries interchangeable (the consumer version does not)."""
+        return (self.size, self.minibatch_size, self.num_minibatches)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Items with what is needed to send their priorities back: a whole delivery or one rank's share."""
 
     batch: ColumnBatch
     slots: torch.Tensor
     generations: torch.Tensor
     versions: torch.Tensor
     weights: torch.Tensor | None
-    parts: list[ColumnBatch]
+
+    @property
+    def size(self) -> int:
+        return self.batch.size
+
+    def slice(self, lo: int, hi: int) -> Part:
+        w = None if self.weights is None else self.weights[lo:hi]
+        return Part(
+            self.batch.slice(lo, hi), self.slots[lo:hi], self.generations[lo:hi], self.versions[lo:hi], w
+        )
+
+    def index(self, idx: torch.Tensor) -> Part:
+        w = None if self.weights is None else self.weights.index_select(0, idx.to(self.weights.device))
+        meta = [t.index_select(0, idx.to(t.device)) for t in (self.slots, self.generations, self.versions)]
+        return Part(self.batch.index(idx), meta[0], meta[1], meta[2], w)
+
+    def split(self, parts: int) -> list[Part]:
+        """``parts`` contiguous shares whose sizes differ by at most one (as ``ColumnBatch.split``)."""
+        bounds = [0]
+        for b in self.batch.split(parts):
+            bounds.append(bounds[-1] + b.size)
+        return [self.slice(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+    @staticmethod
+    def cat(parts: Sequence[Part]) -> Part:
+        if len(parts) == 1:
+            return parts[0]
+        weights = None if parts[0].weights is None else torch.cat([p.weights for p in parts])  # type: ignore[misc]
+        return Part(
+            ColumnBatch.cat([p.batch for p in parts]),
+            torch.cat([p.slots for p in parts]),
+            torch.cat([p.generations for p in parts]),
+            torch.cat([p.versions for p in parts]),
+            weights,
+        )
+
+
+@dataclass
+class Delivery:
+    """One training-ready delivery: its items, and one :class:`Part` per consumer rank.
+
+    Plain requests: ``parts[r]`` is rank ``r``'s contiguous share of ``batch``. Epoch requests:
+    ``parts[r]`` holds rank ``r``'s rows in minibatch order for all epochs (``num_minibatches`` slices
+    of ``minibatch_size`` rows each). Every part carries its own slots, generations and weights.
+    """
+
+    items: Part
+    parts: list[Part]
+    layout: tuple[int, int | None, int | None] | None = None
     ready: torch.cuda.Event | None = field(default=None, repr=False)
+
+    @property
+    def batch(self) -> ColumnBatch:
+        return self.items.batch
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return self.items.slots
+
+    @property
+    def generations(self) -> torch.Tensor:
+        return self.items.generations
+
+    @property
+    def versions(self) -> torch.Tensor:
+        return self.items.versions
+
+    @property
+    def weights(self) -> torch.Tensor | None:
+        return self.items.weights
+
+    @property
+    def minibatch_size(self) -> int | None:
+        return None if self.layout is None else self.layout[1]
+
+    @property
+    def num_minibatches(self) -> int | None:
+        return None if self.layout is None else self.layout[2]
 
     def wait(self) -> None:
         """Make the current CUDA stream wait for the copy that produced this delivery."""
         if self.ready is not None:
             torch.cuda.current_stream().wait_event(self.ready)
+            self.ready = None
 
 
-@dataclass(frozen=True)
+def epoch_index(
+    n: int, num_minibatches: int, minibatch_size: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Row order for ``num_minibatches`` minibatches over ``n`` rows: a fresh permutation per epoch."""
+    total = num_minibatches * minibatch_size
+    epochs = math.ceil(total / n)
+    perms = torch.argsort(torch.rand(epochs, n, generator=generator), dim=1)
+    return perms.reshape(-1)[:total]
+
+
 class DeliveryPlan:
-    """How deliveries are built; ``prepare`` makes ``g_del`` of them with one sample and one gather."""
+    """How deliveries are built: delivery operators, consumer device, ranks, and the epoch shuffle's seed."""
 
-    ops: Sequence[Operator]
-    device: torch.device
-    ranks: int
+    def __init__(
+        self, ops: Sequence[Operator], device: torch.device, ranks: int, seed: int | None = None
+    ) -> None:
+        self.ops, self.device, self.ranks = tuple(ops), device, ranks
+        self.generator = torch.Generator()
+        self.generator.manual_seed(0 if seed is None else seed)
+
+    def batches(self, buffer: ExperienceBuffer, request: Request, limit: int) -> int:
+        """How many deliveries one draw prepares: up to ``limit`` (consume-once: no more than are available)."""
+        if request.minibatch_size is not None:
+            return 1
+        if buffer.sampler.consumes:
+            return max(1, min(limit, len(buffer) // request.size))
+        return limit
 
     def prepare(
         self,
         buffer: ExperienceBuffer,
-        batch_size: int,
-        g_del: int,
+        request: Request,
+        count: int,
         metrics: Metrics,
-        version: int | None = None,
         stream: torch.cuda.Stream | None = None,
     ) -> list[Delivery]:
+        """``count`` deliveries for ``request`` from one sample, one gather and one move."""
+        items, ready = self.draw(buffer, request.size * count, request.version, metrics, stream)
+        n = request.size
+        return [self.lay_out(items.slice(i * n, (i + 1) * n), request, ready) for i in range(count)]
+
+    def draw(
+        self,
+        buffer: ExperienceBuffer,
+        n: int,
+        version: int | None,
+        metrics: Metrics,
+        stream: torch.cuda.Stream | None = None,
+    ) -> tuple[Part, torch.cuda.Event | None]:
+        """Sample ``n`` items, run the delivery operators and move them to the consumer device."""
         with metrics.span("deliver/sample"):
-            sample = buffer.sample(batch_size * g_del, version=version)
+            sample = buffer.sample(n, version=version)
         batch = run_chain(self.ops, sample.batch, metrics, "deliver")
         ready = None
         if batch.device != self.device:
             batch, ready = self._move(batch, buffer.storage.tier, metrics, stream)
-        return [self._slice(sample, batch, i * batch_size, (i + 1) * batch_size, ready) for i in range(g_del)]
+        weights = None if sample.weights is None else sample.weights.to(self.device)
+        return Part(batch, sample.slots, sample.generations, sample.versions, weights), ready
+
+    def lay_out(self, items: Part, request: Request, ready: torch.cuda.Event | None) -> Delivery:
+        """Cut ``items`` into the request's per-rank parts."""
+        if request.minibatch_size is None:
+            parts = items.split(self.ranks) if self.ranks > 1 else [items]
+        else:
+            assert request.num_minibatches is not None
+            if items.size < self.ranks:
+                raise ConfigError(
+                    f"an epoch delivery of {items.size} items cannot be split over {self.ranks} ranks"
+                )
+            parts = []
+            for share in items.split(self.ranks):
+                idx = epoch_index(share.size, request.num_minibatches, request.minibatch_size, self.generator)
+                parts.append(share.index(idx.to(share.slots.device)))
+        return Delivery(items, parts, request.layout, ready)
 
     def _move(
         self, batch: ColumnBatch, tier: str, metrics: Metrics, stream: torch.cuda.Stream | None
@@ -75,16 +232,44 @@ class DeliveryPlan:
                 return moved.unpack(), event
             return packed.to(self.device, non_blocking=False).unpack(), None
 
-    def _slice(
-        self, sample: Sample, batch: ColumnBatch, lo: int, hi: int, ready: torch.cuda.Event | None
-    ) -> Delivery:
-        part = batch.slice(lo, hi)
-        return Delivery(
-            batch=part,
-            slots=sample.slots[lo:hi],
-            generations=sample.generations[lo:hi],
-            versions=sample.versions[lo:hi],
-            weights=None if sample.weights is None else sample.weights[lo:hi].to(self.device),
-            parts=part.split(self.ranks) if self.ranks > 1 else [part],
-            ready=ready,
-        )
+
+class ReadyQueue:
+    """Prepared deliveries in sampling order; serves any request from them without losing an item."""
+
+    def __init__(self) -> None:
+        self.entries: collections.deque[Delivery] = collections.deque()
+        self.items = 0
+
+    def push(self, deliveries: Sequence[Delivery]) -> None:
+        self.entries.extend(deliveries)
+        self.items += sum(d.items.size for d in deliveries)
+
+    def take(self, request: Request, plan: DeliveryPlan) -> Delivery | None:
+        """The next delivery for ``request``, re-cut from what is prepared; None if too few items are ready."""
+        if self.entries and self.entries[0].layout == request.layout:
+            d = self.entries.popleft()
+            self.items -= d.items.size
+            return d
+        if self.items < request.size or not self.entries:
+            return None
+        pieces, got = [], 0
+        while got < request.size:
+            d = self.entries.popleft()
+            d.wait()
+            pieces.append(d.items)
+            got += d.items.size
+        self.items -= got
+        merged = Part.cat(pieces)
+        if got > request.size:
+            rest = merged.slice(request.size, got)
+            self.entries.appendleft(Delivery(rest, [rest]))  # no layout: always re-cut
+            self.items += rest.size
+        return plan.lay_out(merged.slice(0, request.size), request, None)
+
+    def first_slot(self) -> int | None:
+        """The slot of the oldest prepared item (None when nothing is prepared)."""
+        return int(self.entries[0].items.slots[0]) if self.entries else None
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.items = 0

@@ -10,7 +10,6 @@ from conduit import (
     BufferConfig,
     Column,
     ColumnBatch,
-    ExperienceBuffer,
     InsufficientDataError,
     Ragged,
     RateLimit,
@@ -30,7 +29,7 @@ def ids(start: int, n: int) -> ColumnBatch:
 
 @pytest.mark.parametrize("tier", ["host", "shm", "disk"])
 def test_tiers_store_and_return_what_was_written(tier, tmp_path):
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=8, tier=tier, disk_path=str(tmp_path), sampler="fifo"))
+    b = BufferConfig(capacity=8, tier=tier, disk_path=str(tmp_path), sampler="fifo").build(SCHEMA)
     b.extend(ids(0, 5))
     s = b.sample(5)
     assert s.batch["id"].tolist() == [0, 1, 2, 3, 4]
@@ -44,7 +43,7 @@ def _child_writes(t: torch.Tensor) -> None:
 
 
 def test_shm_tier_is_shared_across_processes_without_copies():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=4, tier="shm"))
+    b = BufferConfig(capacity=4, tier="shm").build(SCHEMA)
     p = mp.get_context("fork").Process(target=_child_writes, args=(b.storage.data["obs"],))
     p.start()
     p.join(30)
@@ -53,7 +52,7 @@ def test_shm_tier_is_shared_across_processes_without_copies():
 
 
 def test_ring_overwrites_oldest():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=4))
+    b = BufferConfig(capacity=4).build(SCHEMA)
     b.extend(ids(0, 3))
     b.extend(ids(3, 3))
     assert sorted(b.storage.data["id"].tolist()) == [2, 3, 4, 5]
@@ -61,7 +60,7 @@ def test_ring_overwrites_oldest():
 
 
 def test_ragged_storage_round_trip_and_growth():
-    b = ExperienceBuffer(TOK, BufferConfig(capacity=4, sampler="fifo"))
+    b = BufferConfig(capacity=4, sampler="fifo").build(TOK)
     tok = Ragged.from_lengths(torch.arange(9, dtype=torch.int32), torch.tensor([2, 3, 4]))
     b.extend(ColumnBatch({"id": torch.arange(3), "tok": tok}))
     b.grow_column("tok", 10)
@@ -73,7 +72,7 @@ def test_ragged_storage_round_trip_and_growth():
 
 
 def test_grouped_writer_refuses_partial_groups_whole():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=8, writer="grouped", group_size=4))
+    b = BufferConfig(capacity=8, writer="grouped", group_size=4).build(SCHEMA)
     b.extend(ids(0, 8))
     with pytest.raises(ShapeError, match="last group has 2 items"):
         b.extend(ids(8, 6))
@@ -81,7 +80,7 @@ def test_grouped_writer_refuses_partial_groups_whole():
 
 
 def test_grouped_writes_are_never_seen_half_done():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=64, writer="grouped", group_size=8))
+    b = BufferConfig(capacity=64, writer="grouped", group_size=8).build(SCHEMA)
     b.extend(ids(0, 8))
     stop = threading.Event()
     seen_partial = []
@@ -108,9 +107,7 @@ def test_grouped_writes_are_never_seen_half_done():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=12), st.integers(1, 5))
 def test_fifo_delivers_every_item_exactly_once_in_order(puts, take):
-    b = ExperienceBuffer(
-        SCHEMA, BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error"))
-    )
+    b = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error")).build(SCHEMA)
     seen: list[int] = []
     nxt = 0
     for n in puts:
@@ -124,7 +121,7 @@ def test_fifo_delivers_every_item_exactly_once_in_order(puts, take):
 
 
 def test_fifo_refuses_to_overwrite_unconsumed_items():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=4, sampler="fifo", rate_limit=RateLimit(mode="error")))
+    b = BufferConfig(capacity=4, sampler="fifo", rate_limit=RateLimit(mode="error")).build(SCHEMA)
     b.extend(ids(0, 3))
     with pytest.raises(InsufficientDataError, match="only 1 free slots"):
         b.extend(ids(3, 2))
@@ -133,7 +130,7 @@ def test_fifo_refuses_to_overwrite_unconsumed_items():
 
 def test_fifo_versions_and_staleness_error_mode():
     cfg = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error", max_staleness=1))
-    b = ExperienceBuffer(SCHEMA, cfg)
+    b = cfg.build(SCHEMA)
     b.extend(ids(0, 2), version=0)
     b.extend(ids(2, 2), version=2)
     with pytest.raises(StaleDataError, match="version 0"):
@@ -145,7 +142,7 @@ def test_fifo_versions_and_staleness_error_mode():
 
 def test_fifo_staleness_block_mode_evicts_and_counts():
     cfg = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(max_staleness=0))
-    b = ExperienceBuffer(SCHEMA, cfg)
+    b = cfg.build(SCHEMA)
     b.extend(ids(0, 3), version=0)
     b.extend(ids(3, 3), version=1)
     s = b.sample(3, version=1)
@@ -154,7 +151,7 @@ def test_fifo_staleness_block_mode_evicts_and_counts():
 
 
 def test_prioritized_distribution_follows_priorities():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=4, sampler="prioritized", alpha=1.0, beta=1.0), seed=0)
+    b = BufferConfig(capacity=4, sampler="prioritized", alpha=1.0, beta=1.0).build(SCHEMA, seed=0)
     b.extend(ids(0, 4))
     s = b.sample(4)
     order = torch.argsort(s.slots)
@@ -171,7 +168,7 @@ def test_prioritized_distribution_follows_priorities():
 
 
 def test_priority_update_for_overwritten_slot_is_skipped():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=4, sampler="prioritized", alpha=1.0))
+    b = BufferConfig(capacity=4, sampler="prioritized", alpha=1.0).build(SCHEMA)
     b.extend(ids(0, 4))
     s = b.sample(4)  # in flight
     b.extend(ids(4, 2))  # overwrites slots 0 and 1
@@ -184,7 +181,7 @@ def test_priority_update_for_overwritten_slot_is_skipped():
 
 
 def test_concurrent_writers_samplers_and_priority_updates():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=256, sampler="prioritized"))
+    b = BufferConfig(capacity=256, sampler="prioritized").build(SCHEMA)
     b.extend(ids(0, 64))
     errors: list[BaseException] = []
     done = threading.Event()
@@ -213,7 +210,7 @@ def test_concurrent_writers_samplers_and_priority_updates():
 
 def test_samples_per_insert_ratio_error_mode():
     cfg = BufferConfig(capacity=64, rate_limit=RateLimit(samples_per_insert=2.0, tolerance=4, mode="error"))
-    b = ExperienceBuffer(SCHEMA, cfg)
+    b = cfg.build(SCHEMA)
     b.extend(ids(0, 4))
     b.sample(8)
     b.sample(4)  # 12 <= 2*4 + 4
@@ -225,7 +222,7 @@ def test_samples_per_insert_ratio_error_mode():
 
 def test_samples_per_insert_block_mode_waits_for_inserts():
     cfg = BufferConfig(capacity=64, rate_limit=RateLimit(samples_per_insert=1.0, timeout_s=5))
-    b = ExperienceBuffer(SCHEMA, cfg)
+    b = cfg.build(SCHEMA)
     b.extend(ids(0, 4))
     b.sample(4)
     timer = threading.Timer(0.2, lambda: b.extend(ids(4, 4)))
@@ -236,7 +233,7 @@ def test_samples_per_insert_block_mode_waits_for_inserts():
 
 def test_block_mode_times_out_with_reason():
     cfg = BufferConfig(capacity=8, rate_limit=RateLimit(min_size=4, timeout_s=0.2))
-    b = ExperienceBuffer(SCHEMA, cfg)
+    b = cfg.build(SCHEMA)
     with pytest.raises(InsufficientDataError, match="timed out.*min_size=4"):
         b.sample(1)
 
@@ -244,12 +241,12 @@ def test_block_mode_times_out_with_reason():
 @pytest.mark.parametrize("sampler", ["uniform", "fifo", "prioritized"])
 def test_state_dict_round_trip(sampler):
     cfg = BufferConfig(capacity=8, sampler=sampler)
-    a = ExperienceBuffer(SCHEMA, cfg)
+    a = cfg.build(SCHEMA)
     a.extend(ids(0, 6))
     s = a.sample(2)
     if sampler == "prioritized":
         a.update_priorities(s.slots, s.generations, torch.tensor([5.0, 7.0]))
-    b = ExperienceBuffer(SCHEMA, cfg)
+    b = cfg.build(SCHEMA)
     b.load_state_dict(a.state_dict())
     assert (b.inserted, b.sampled, len(b)) == (a.inserted, a.sampled, len(a))
     assert torch.equal(b.storage.data["obs"], a.storage.data["obs"])
@@ -258,7 +255,7 @@ def test_state_dict_round_trip(sampler):
 
 
 def test_sample_into_reused_memory():
-    b = ExperienceBuffer(SCHEMA, BufferConfig(capacity=16, sampler="fifo"))
+    b = BufferConfig(capacity=16, sampler="fifo").build(SCHEMA)
     b.extend(ids(0, 8))
     first = b.sample(4).batch
     ptr = first["obs"].data_ptr()

@@ -12,6 +12,7 @@ from conduit_rllib.errors import (
     OldAPIStackError,
     ReplayConfigError,
     RLlibIntegrationError,
+    RLlibVersionError,
     UnsupportedAlgorithmError,
     UnsupportedSpaceError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ConduitSettings",
     "OldAPIStackError",
     "RLlibIntegrationError",
+    "RLlibVersionError",
     "ReplayConfigError",
     "UnsupportedAlgorithmError",
     "UnsupportedSpaceError",

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from conduit_rllib.compat import learner_device, local_learner, module_spaces
 from conduit_rllib.settings import ConduitSettings
 from conduit_rllib.spaces import check_spaces
 
@@ -17,7 +18,6 @@ class ConduitAlgorithmMixin:
 
     config: Any
     learner_group: Any
-    spaces: Any
 
     @property
     def conduit_path(self) -> Any:
@@ -34,11 +34,10 @@ class ConduitAlgorithmMixin:
         """The local learner's device; CPU (then object refs) when learners are remote actors."""
         if self.config.num_learners > 0:
             return torch.device("cpu")
-        return torch.device(self.learner_group._learner._device)
+        return torch.device(learner_device(local_learner(self.learner_group)))
 
     def _check_spaces(self, discrete_actions: bool) -> None:
-        if self.spaces:
-            check_spaces(self.spaces, discrete_actions)
+        check_spaces(module_spaces(self), discrete_actions)
 
     def step(self) -> dict[str, Any]:
         """RLlib's iteration, plus Conduit's metrics for it under ``conduit/…``."""

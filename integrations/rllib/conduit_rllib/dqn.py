@@ -6,14 +6,13 @@ the learner update, target-network updates and weight sync are RLlib's own calls
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
-import numpy as np
-from ray.rllib.algorithms.dqn.dqn import DQN, DQNConfig, calculate_rr_weights
-from ray.rllib.core import ALL_MODULES
-from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
-from ray.rllib.utils.metrics import (
+from conduit import BufferConfig, RateLimit
+from conduit_rllib.common import ConduitAlgorithmMixin
+from conduit_rllib.compat import (
+    ALL_MODULES,
+    DQN,
     ENV_RUNNER_RESULTS,
     ENV_RUNNER_SAMPLING_TIMER,
     LEARNER_RESULTS,
@@ -25,15 +24,13 @@ from ray.rllib.utils.metrics import (
     REPLAY_BUFFER_UPDATE_PRIOS_TIMER,
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
+    DQNConfig,
+    calculate_rr_weights,
+    pop_td_errors,
+    sample_episodes,
 )
-from ray.rllib.utils.numpy import convert_to_numpy
-
-from conduit import BufferConfig, RateLimit
-from conduit_rllib.common import ConduitAlgorithmMixin
 from conduit_rllib.replay import ConduitReplay
 from conduit_rllib.validate import check_dqn_config
-
-TD_ERROR_KEY = "td_error"
 
 
 def buffer_config(config: DQNConfig) -> BufferConfig:
@@ -81,12 +78,8 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
         store_weight, train_weight = calculate_rr_weights(self.config)
         for _ in range(store_weight):
             with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-                episodes, env_runner_results = synchronous_parallel_sample(
-                    worker_set=self.env_runner_group,
-                    concat=True,
-                    sample_timeout_s=self.config.sample_timeout_s,
-                    _uses_new_env_runners=True,
-                    _return_metrics=True,
+                episodes, env_runner_results = sample_episodes(
+                    self.env_runner_group, sample_timeout_s=self.config.sample_timeout_s
                 )
             self.metrics.aggregate(env_runner_results, key=ENV_RUNNER_RESULTS)
             with self.metrics.log_time((TIMERS, REPLAY_BUFFER_ADD_DATA_TIMER)):
@@ -102,7 +95,7 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
             with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
                 learner_results = self.learner_group.update(**train.kwargs, timesteps=self._timesteps())
                 self._policy_version += 1
-                td_errors = _pop_td_errors(learner_results)
+                td_errors = pop_td_errors(learner_results)
                 self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
             with self.metrics.log_time((TIMERS, REPLAY_BUFFER_UPDATE_PRIOS_TIMER)):
                 self._replay.update_priorities(train, td_errors)
@@ -131,16 +124,6 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
                 (ENV_RUNNER_RESULTS, NUM_AGENT_STEPS_SAMPLED_LIFETIME)
             ),
         }
-
-
-def _pop_td_errors(learner_results: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """TD errors per module, concatenated over learners in shard order (as RLlib's DQN does)."""
-    parts: dict[str, list[np.ndarray]] = defaultdict(list)
-    for res in learner_results:
-        for mid, module_results in res.items():
-            if TD_ERROR_KEY in module_results:
-                parts[mid].append(np.asarray(convert_to_numpy(module_results.pop(TD_ERROR_KEY).peek())))
-    return {mid: np.concatenate([p.reshape(-1) for p in ps]) for mid, ps in parts.items()}
 
 
 __all__ = ["ConduitDQN", "buffer_config"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conduit_rllib.settings import ATTR, ConduitSettings
+from conduit_rllib.settings import ConduitSettings
 from conduit_rllib.validate import algorithm_name, check_dqn_config, check_ppo_config
 
 
@@ -30,6 +30,7 @@ def enable(
         OldAPIStackError: the config is on RLlib's old API stack.
         ReplayConfigError: a replay/training setting Conduit cannot honour (the message names the key).
     """
+    from conduit_rllib.compat import store_settings
     from conduit_rllib.dqn import ConduitDQN
     from conduit_rllib.ppo import ConduitPPO
 
@@ -46,6 +47,6 @@ def enable(
         from conduit_rllib.learner import learner_class_for
 
         if isinstance(config.learner_class, type):
-            config.training(learner_class=learner_class_for(config.learner_class))
-    setattr(config, ATTR, settings.to_dict())
+            config.learners(learner_class=learner_class_for(config.learner_class))
+    store_settings(config, settings.to_dict())
     return config

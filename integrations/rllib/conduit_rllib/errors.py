@@ -23,3 +23,7 @@ class UnsupportedSpaceError(RLlibIntegrationError):
 
 class ReplayConfigError(RLlibIntegrationError):
     """A replay or training setting the Conduit path cannot honour (the message names the key)."""
+
+
+class RLlibVersionError(RLlibIntegrationError):
+    """The installed RLlib lacks something conduit_rllib relies on (the message names it and the version)."""

@@ -7,15 +7,14 @@ each chunk's arrays are read once and concatenated column by column.
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
-from ray.rllib.core.columns import Columns
-from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from conduit import ColumnBatch
+from conduit_rllib.compat import Columns, MultiAgentEpisode, chunk_arrays
 
 DEFAULT_MODULE = "default_policy"
 
@@ -48,23 +47,6 @@ def _last_of_segment(lengths: list[int], flags: list[bool]) -> torch.Tensor:
     ends = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0) - 1
     out[ends[torch.tensor(flags, dtype=torch.bool)]] = True
     return out
-
-
-def chunk_arrays(ep: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(observations, actions, rewards)`` of a finalized episode chunk, read without RLlib's getters.
-
-    The chunk's observations start with the last observation of its predecessor (RLlib's lookback).
-    Falls back to the getters for chunks RLlib did not convert to numpy.
-    """
-    o, a, r = ep.observations, ep.actions, ep.rewards
-    od, ad, rd = o.data, a.data, r.data
-    if type(od) is np.ndarray and type(ad) is np.ndarray and type(rd) is np.ndarray:
-        return od[o.lookback :], ad[a.lookback :], rd[r.lookback :]
-    return (
-        np.asarray(ep.get_observations()),
-        np.asarray(ep.get_actions()),
-        np.asarray(ep.get_rewards()),
-    )
 
 
 class _Segment:
@@ -244,7 +226,3 @@ def _as_column(a: np.ndarray) -> torch.Tensor:
 
 def _float_or_long(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float32) if t.is_floating_point() else t.to(torch.int64)
-
-
-def iter_chunks(grouped: dict[str, list[Any]]) -> Iterator[tuple[str, list[Any]]]:
-    return iter(sorted(grouped.items()))

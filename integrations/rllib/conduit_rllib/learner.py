@@ -14,9 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from ray.rllib.policy.sample_batch import MultiAgentBatch
 
-from conduit_rllib.train_batch import tensor_sample_batch
+from conduit_rllib.compat import (
+    LearnerIteratorHook,
+    MultiAgentBatch,
+    PPOTorchLearner,
+    learner_device,
+    tensor_sample_batch,
+)
 
 
 class PreparedMinibatches(MultiAgentBatch):
@@ -75,41 +80,32 @@ def _minibatch(splits: dict[str, dict[str, tuple[torch.Tensor, ...]]], i: int, m
     )
 
 
-class ConduitLearnerMixin:
+class ConduitLearnerMixin(LearnerIteratorHook):
     """Put before an RLlib ``Learner`` class: iterates ``PreparedMinibatches`` as ready-made views."""
 
-    def _create_iterator_if_necessary(self, *, training_data: Any, **kwargs: Any) -> Any:
-        batch = training_data.batch
-        if not isinstance(batch, PreparedMinibatches) or training_data.episodes is not None:
-            return super()._create_iterator_if_necessary(training_data=training_data, **kwargs)  # type: ignore[misc]
+    def conduit_minibatches(self, batch: Any) -> Any:
+        if not isinstance(batch, PreparedMinibatches):
+            return None
         for mid in list(batch.policy_batches):
             if not self.should_module_be_updated(mid, batch):  # type: ignore[attr-defined]
                 del batch.policy_batches[mid]
         if not batch.policy_batches:
             return {}
         if any(self.module[mid].is_stateful() for mid in batch.policy_batches):  # type: ignore[attr-defined]
-            return super()._create_iterator_if_necessary(training_data=training_data, **kwargs)  # type: ignore[misc]
-        return batch.minibatches(self._device)  # type: ignore[attr-defined]
+            return None
+        return batch.minibatches(learner_device(self))
 
 
 def learner_class_for(base: type) -> type:
     """``base`` with ``ConduitLearnerMixin`` in front (``base`` itself if it already has it)."""
     if issubclass(base, ConduitLearnerMixin):
         return base
-    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-
     if base is PPOTorchLearner:
         return ConduitPPOTorchLearner
     return type(f"Conduit{base.__name__}", (ConduitLearnerMixin, base), {})
 
 
-def _ppo_torch_learner() -> type:
-    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-
-    return PPOTorchLearner
-
-
-class ConduitPPOTorchLearner(ConduitLearnerMixin, _ppo_torch_learner()):  # type: ignore[misc]
+class ConduitPPOTorchLearner(ConduitLearnerMixin, PPOTorchLearner):  # type: ignore[misc]
     """RLlib's PPO torch learner, iterating Conduit's prepared minibatches as views."""
 
 

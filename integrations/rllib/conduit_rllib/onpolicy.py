@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from conduit import BufferConfig, Column, ColumnBatch, Conduit, Metrics, Operator, RateLimit, Schema
+from conduit import BufferConfig, Column, ColumnBatch, Conduit, Metrics, Operator, Schema
 from conduit_rllib.fragments import FragmentPacker, by_module
 from conduit_rllib.gae import ValueFn, gae_operator, normalize_advantages
 from conduit_rllib.learner import PreparedMinibatches
@@ -36,16 +36,6 @@ def _schemas(sample: ColumnBatch) -> tuple[Schema, Schema]:
     return put, stored
 
 
-def epoch_index(
-    n: int, num_minibatches: int, minibatch_size: int, generator: torch.Generator
-) -> torch.Tensor:
-    """Row order for ``num_minibatches`` minibatches: a fresh permutation per epoch, like RLlib's cycle."""
-    total = num_minibatches * minibatch_size
-    epochs = math.ceil(total / n)
-    perms = torch.argsort(torch.rand(epochs, n, generator=generator), dim=1)
-    return perms.reshape(-1)[:total]
-
-
 class ConduitOnPolicy:
     """One FIFO (consume-once) Conduit per module; every iteration's batch is delivered exactly once."""
 
@@ -70,8 +60,9 @@ class ConduitOnPolicy:
         self.conduits: dict[str, Conduit] = {}
         self.pending: dict[str, int] = {}
         self.packer = FragmentPacker()
-        self.generator = torch.Generator()
-        self.generator.manual_seed(0 if seed is None else seed)
+        self.seed = seed
+        self.version = 0
+        self._shuffle_states: dict[str, torch.Tensor] = {}  # restored before the module's Conduit exists
 
     def _conduit(self, mid: str, sample: ColumnBatch) -> Conduit:
         c = self.conduits.get(mid)
@@ -79,16 +70,18 @@ class ConduitOnPolicy:
             put, stored = _schemas(sample)
             c = Conduit(
                 put,
-                BufferConfig(
-                    capacity=self.capacity, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=600.0)
-                ),
-                self.settings.scheduler(force_sync=True),
+                BufferConfig.on_policy(self.capacity, timeout_s=600.0),
+                self.settings.scheduler(algo="ppo"),
                 ingest=[gae_operator(self.value_fns[mid], self.gamma, self.lambda_)],
                 deliver=[Operator("normalize_advantages", normalize_advantages)],
                 device=self.device,
+                ranks=max(1, self.num_learners),
                 stored_schema=stored,
+                seed=self.seed,
                 metrics=self.metrics,
             )
+            if mid in self._shuffle_states:
+                c.shuffle_generator.set_state(self._shuffle_states.pop(mid))
             self.conduits[mid] = c
         return c
 
@@ -101,29 +94,29 @@ class ConduitOnPolicy:
                     continue
                 self._conduit(mid, batch).put(batch, version=version)
                 self.pending[mid] = self.pending.get(mid, 0) + batch.size
+            self.version = version
 
     def deliver(self, num_epochs: int, minibatch_size: int | None) -> LearnerInput:
         """Each learner's rows in minibatch order for all epochs, on the learner device.
 
-        Rows are split over learners in contiguous shards (as RLlib's ``ShardBatchIterator``); every
-        learner and module gets the same number of minibatches, so multi-learner updates stay in step.
+        Each module's Conduit delivers its iteration once, through its prefetcher
+        (``Conduit.get_epochs``): rows split over learners in contiguous shards (as RLlib's
+        ``ShardBatchIterator``), a fresh permutation per epoch. Every learner and module gets the same
+        number of minibatches, so multi-learner updates stay in step.
         """
         with self.metrics.span("rllib/deliver", exposed=True):
             ranks = max(1, self.num_learners)
-            shards: dict[str, list[ColumnBatch]] = {}
-            for mid, n in sorted(self.pending.items()):
-                batch = self.conduits[mid].get(n).batch
-                shards[mid] = batch.split(ranks) if ranks > 1 else [batch]
-            self.pending.clear()
-            mb = minibatch_size or max(p.size for ps in shards.values() for p in ps)
-            k = max(math.ceil(num_epochs * p.size / mb) for ps in shards.values() for p in ps)
+            share = {mid: -(-n // ranks) for mid, n in self.pending.items()}
+            mb = minibatch_size or max(share.values())
+            k = max(math.ceil(num_epochs * s / mb) for s in share.values())
             per_rank: list[dict[str, Any]] = [{} for _ in range(ranks)]
             steps = 0
-            for mid, parts in shards.items():
-                for r, part in enumerate(parts):
-                    idx = epoch_index(part.size, k, mb, self.generator).to(self.device)
-                    per_rank[r][mid] = to_sample_batch(part.index(idx))
-                    steps += part.size
+            for mid, n in sorted(self.pending.items()):
+                d = self.conduits[mid].get_epochs(n, num_epochs, mb, k, version=self.version)
+                for r, part in enumerate(d.parts):
+                    per_rank[r][mid] = to_sample_batch(part.batch)
+                steps += n
+            self.pending.clear()
             metrics = None if self.num_learners > 0 else self.metrics
 
             def make(batches: dict[str, Any], env_steps: int) -> PreparedMinibatches:
@@ -136,10 +129,16 @@ class ConduitOnPolicy:
         return self.metrics.end_iteration()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
+        """The epoch shuffle's position per module (the on-policy buffers are empty between iterations)."""
+        states = {mid: c.shuffle_generator.get_state() for mid, c in self.conduits.items()}
+        return {"shuffle": {**self._shuffle_states, **states}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
+        for mid, gen in state.get("shuffle", {}).items():
+            if mid in self.conduits:
+                self.conduits[mid].shuffle_generator.set_state(gen)
+            else:
+                self._shuffle_states[mid] = gen
 
     def close(self) -> None:
         for c in self.conduits.values():

@@ -12,22 +12,26 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from ray.rllib.algorithms.ppo.ppo import PPO, PPOConfig
-from ray.rllib.core import ALL_MODULES
-from ray.rllib.core.columns import Columns
-from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
-from ray.rllib.utils.metrics import (
+
+from conduit_rllib.common import ConduitAlgorithmMixin
+from conduit_rllib.compat import (
+    ALL_MODULES,
     ENV_RUNNER_RESULTS,
     ENV_RUNNER_SAMPLING_TIMER,
     LEARNER_RESULTS,
     LEARNER_UPDATE_TIMER,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     NUM_MODULE_STEPS_TRAINED_LIFETIME,
+    PPO,
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
+    Columns,
+    PPOConfig,
+    call_first_learner,
+    learner_device,
+    local_learner,
+    sample_episodes,
 )
-
-from conduit_rllib.common import ConduitAlgorithmMixin
 from conduit_rllib.onpolicy import ConduitOnPolicy
 from conduit_rllib.validate import check_ppo_config
 
@@ -41,11 +45,11 @@ class _ValueFns:
     def __getitem__(self, mid: str) -> Any:
         lg = self.learner_group
         if lg.is_local:
-            learner = lg._learner
+            learner = local_learner(lg)
             module = learner.module[mid]
 
             def local(obs: torch.Tensor) -> torch.Tensor:
-                return module.compute_values({Columns.OBS: obs.to(learner._device)}).to("cpu")
+                return module.compute_values({Columns.OBS: obs.to(learner_device(learner))}).to("cpu")
 
             return local
 
@@ -55,13 +59,11 @@ class _ValueFns:
             def fn(learner: Any) -> Any:
                 with torch.no_grad():
                     out = learner.module[mid].compute_values(
-                        {Columns.OBS: torch.from_numpy(arr).to(learner._device)}
+                        {Columns.OBS: torch.from_numpy(arr).to(learner_device(learner))}
                     )
                 return out.cpu().numpy()
 
-            results = lg.foreach_learner(fn)
-            first = next(iter(results))
-            return torch.tensor(first.get() if hasattr(first, "get") else first)
+            return torch.tensor(call_first_learner(lg, fn))
 
         return remote
 
@@ -76,6 +78,7 @@ class ConduitPPO(ConduitAlgorithmMixin, PPO):
     def setup(self, config: Any) -> None:
         check_ppo_config(config)
         super().setup(config)
+        self._conduit_settings().scheduler(algo="ppo")  # a knob that does not apply to PPO raises here
         self._check_spaces(discrete_actions=False)
         self._onpolicy = ConduitOnPolicy(
             self._conduit_settings(),
@@ -96,11 +99,9 @@ class ConduitPPO(ConduitAlgorithmMixin, PPO):
     def training_step(self) -> None:
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             by = "max_agent_steps" if self.config.count_steps_by == "agent_steps" else "max_env_steps"
-            episodes, env_runner_results = synchronous_parallel_sample(
-                worker_set=self.env_runner_group,
+            episodes, env_runner_results = sample_episodes(
+                self.env_runner_group,
                 sample_timeout_s=self.config.sample_timeout_s,
-                _uses_new_env_runners=True,
-                _return_metrics=True,
                 **{by: self.config.total_train_batch_size},
             )
             if not episodes:

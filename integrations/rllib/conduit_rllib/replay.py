@@ -155,14 +155,9 @@ class ConduitReplay:
                     continue  # a module whose first transitions are still held back for n-step
                 d = c.get(batch_size)
                 deliveries[mid] = d
-                weights = d.weights if d.weights is not None else self._ones_for(mid, batch_size)
-                if ranks == 1:
-                    per_rank[0][mid] = to_sample_batch(d.batch, {"weights": weights})
-                    continue
-                lo = 0
-                for r, part in enumerate(d.parts):
-                    per_rank[r][mid] = to_sample_batch(part, {"weights": weights[lo : lo + part.size]})
-                    lo += part.size
+                for r, part in enumerate(d.parts):  # each rank's part carries its own weights
+                    weights = part.weights if part.weights is not None else self._ones_for(mid, part.size)
+                    per_rank[r][mid] = to_sample_batch(part.batch, {"weights": weights})
             kwargs = learner_input(per_rank, batch_size, remote=self.num_learners > 0)
             return LearnerInput(kwargs, deliveries)
 

@@ -1,4 +1,7 @@
-"""The plugin's knobs, stored on the RLlib config as a plain dict under ``config.conduit``."""
+"""The plugin's knobs, stored on the RLlib config as a plain dict under ``config.conduit``.
+
+(Storing and reading that attribute is an RLlib seam: ``compat.store_settings`` / ``stored_settings``.)
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,6 @@ from typing import Any
 from conduit import SchedulerConfig
 from conduit.errors import ConfigError
 
-ATTR = "conduit"
-
 
 @dataclass(frozen=True)
 class ConduitSettings:
@@ -18,12 +19,12 @@ class ConduitSettings:
 
     Args:
         overlap: ``sync`` (inline, RLlib's behaviour) or ``async`` (ingestion and delivery on
-            background workers, deliveries prepared ``depth`` ahead). PPO is on-policy and delivers
-            each iteration's batch whole, so it always runs its delivery inline.
+            background workers, deliveries prepared ``depth`` ahead). PPO's GAE runs on the ingestion
+            worker and its epochs of minibatches are laid out by the delivery worker.
         depth: deliveries (and queued fragments) kept ready in async mode (``None``: ``2 * g_del``).
         g_ing: fragments per ingestion-operator call.
         g_del: mini-batches sampled and gathered per delivery call (``None``: 8 for async DQN, whose
-            training steps each take one small batch, else 1).
+            training steps each take one small batch, else 1). DQN only: PPO raises if it is set.
         seed: seed of Conduit's sampler (``None``: RLlib's ``config.seed``).
         stage_steps: DQN env steps staged before one ``put`` (and priority updates queued before one
             send). ``None``: 1 in sync mode (every transition is sampleable in the step that collected
@@ -47,18 +48,27 @@ class ConduitSettings:
             return self.stage_steps
         return 32 if self.overlap == "async" and algo == "dqn" else 1
 
-    def scheduler(self, force_sync: bool = False, algo: str = "") -> SchedulerConfig:
-        overlap = "sync" if force_sync else self.overlap
+    def scheduler(self, algo: str = "") -> SchedulerConfig:
+        """The core's scheduler knobs for ``algo`` ("dqn" or "ppo"); a knob that does not apply raises."""
+        if algo == "ppo":
+            for name in ("g_del", "stage_steps"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(
+                        f"conduit setting {name}={getattr(self, name)!r} does not apply to PPO (it delivers "
+                        "each iteration once, as epochs of minibatches); remove it"
+                    )
         g_del = self.g_del
         if g_del is None:
-            g_del = 8 if overlap == "async" and algo == "dqn" else 1
+            g_del = 8 if self.overlap == "async" and algo == "dqn" else 1
         depth = self.depth if self.depth is not None else 2 * g_del
-        return SchedulerConfig(overlap=overlap, depth=depth, g_ing=self.g_ing, g_del=g_del)
+        return SchedulerConfig(overlap=self.overlap, depth=depth, g_ing=self.g_ing, g_del=g_del)
 
     @classmethod
     def of(cls, config: Any) -> ConduitSettings:
         """The settings stored on an RLlib ``AlgorithmConfig`` (defaults if ``enable`` was not called)."""
-        raw = getattr(config, ATTR, None) or {}
+        from conduit_rllib.compat import stored_settings
+
+        raw = stored_settings(config)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:

@@ -31,9 +31,9 @@ def column_spec(space: gym.Space, what: str) -> tuple[torch.dtype, tuple[int, ..
 
 
 def check_spaces(spaces: dict[str, tuple[gym.Space, gym.Space]], discrete_actions: bool) -> None:
-    """Validate every module's spaces; ``discrete_actions`` for DQN."""
+    """Validate every module's spaces (``{module_id: (obs, action)}``); ``discrete_actions`` for DQN."""
     for mid, (obs_space, act_space) in spaces.items():
-        if mid.startswith("__env") or obs_space is None:
+        if obs_space is None:
             continue
         column_spec(obs_space, f"the observation space of module {mid!r}")
         if act_space is None:

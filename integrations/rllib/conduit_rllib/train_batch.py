@@ -8,33 +8,9 @@ from typing import Any
 
 import ray
 import torch
-from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from conduit import ColumnBatch
-
-
-def _fresh_attrs() -> dict[str, Any] | None:
-    """The attributes ``SampleBatch.__init__`` sets on a plain batch of tensors (checked once)."""
-    probe = SampleBatch({"x": torch.zeros(2)})
-    attrs = dict(vars(probe))
-    expected = {
-        "time_major": None,
-        "max_seq_len": None,
-        "zero_padded": False,
-        "_is_training": False,
-        "num_grad_updates": None,
-        "_slice_seq_lens_in_B": False,
-        "get_interceptor": None,
-        "count": 2,
-    }
-    mutable = {"accessed_keys", "added_keys", "deleted_keys", "intercepted_values", "_slice_map"}
-    if set(attrs) != set(expected) | mutable or any(attrs[k] != v for k, v in expected.items()):
-        return None  # another RLlib version: always take the constructor
-    del expected["count"]
-    return expected
-
-
-_ATTRS = _fresh_attrs()
+from conduit_rllib.compat import MultiAgentBatch, SampleBatch, tensor_sample_batch
 
 
 def to_sample_batch(batch: ColumnBatch, extra: Mapping[str, torch.Tensor] | None = None) -> SampleBatch:
@@ -43,24 +19,6 @@ def to_sample_batch(batch: ColumnBatch, extra: Mapping[str, torch.Tensor] | None
     if extra:
         cols.update(extra)
     return tensor_sample_batch(cols, batch.size)
-
-
-def tensor_sample_batch(cols: dict[str, Any], count: int) -> SampleBatch:
-    """A ``SampleBatch`` of ``count`` rows of fixed-shape tensors.
-
-    Such columns need none of ``SampleBatch.__init__``'s conversions, so the batch gets the
-    attributes that constructor would set (checked against it at import; else the constructor runs).
-    """
-    if _ATTRS is None or "seq_lens" in cols:
-        return SampleBatch(cols)
-    sb = dict.__new__(SampleBatch)
-    dict.update(sb, cols)
-    d = sb.__dict__
-    d.update(_ATTRS)
-    d["count"] = count
-    d["accessed_keys"], d["added_keys"], d["deleted_keys"] = set(), set(), set()
-    d["intercepted_values"], d["_slice_map"] = {}, []
-    return sb
 
 
 @dataclass

@@ -19,8 +19,7 @@ REPLAY_KEYS = {"type", "capacity", "alpha", "beta", "epsilon", "metrics_num_epis
 
 def algorithm_name(config: Any) -> str:
     """``"DQN"`` or ``"PPO"`` for a config of (a subclass of) those algorithms, else raise."""
-    from ray.rllib.algorithms.dqn import DQN
-    from ray.rllib.algorithms.ppo import PPO
+    from conduit_rllib.compat import DQN, PPO
 
     algo = config.algo_class
     name = algo if isinstance(algo, str) else getattr(algo, "__name__", repr(algo))

@@ -6,6 +6,8 @@ import pytest
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 
+from conduit import ConfigError
+
 pytestmark = pytest.mark.ray
 
 
@@ -76,12 +78,14 @@ def test_dqn_sync_learning_signal_is_reproducible(ray_local):
     assert a_loss == b_loss
 
 
-def test_ppo_trains_with_conduit(ray_local):
-    algo = conduit_rllib.enable(ppo_config()).build_algo()
+@pytest.mark.parametrize("overlap", ["sync", "async"])
+def test_ppo_trains_with_conduit(ray_local, overlap):
+    algo = conduit_rllib.enable(ppo_config(), overlap=overlap).build_algo()
     try:
         for _ in range(2):
             result = algo.train()
         assert result["conduit"]["op/ingest/gae_s"] > 0
+        assert algo.conduit_path.conduits["default_policy"].scheduler_config.overlap == overlap  # applied
         # The learner iterated Conduit's prepared minibatches (not RLlib's slicing iterator): 256 rows,
         # minibatches of 64, 2 epochs.
         assert result["conduit"]["op/rllib/minibatch_calls"] == 8
@@ -89,3 +93,8 @@ def test_ppo_trains_with_conduit(ray_local):
         assert np.isfinite(learner["policy_loss"]) and np.isfinite(learner["vf_loss"])
     finally:
         algo.stop()
+
+
+def test_ppo_refuses_a_knob_that_does_not_apply(ray_local):
+    with pytest.raises(ConfigError, match="g_del=4 does not apply to PPO"):
+        conduit_rllib.enable(ppo_config(), overlap="async", g_del=4).build_algo()

@@ -13,6 +13,7 @@ import conduit_rllib
 import numpy as np
 import pytest
 import torch
+from conduit_rllib.compat import local_learner
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 from rllib_reference import gae_reference, nstep_reference
@@ -117,7 +118,7 @@ def test_dqn_sync_learning_signal_equals_reference(ray_local):
         return out
 
     replay.sample = sample
-    records = _record_updates(algo.learner_group._learner, n_keep=3)
+    records = _record_updates(local_learner(algo.learner_group), n_keep=3)
     try:
         algo.train()
     finally:
@@ -163,7 +164,7 @@ def test_ppo_first_minibatch_loss_equals_reference(ray_local):
     algo = conduit_rllib.enable(cfg).build_algo()
     chunks = []
     _record_chunks(algo.conduit_path, chunks)
-    learner = algo.learner_group._learner
+    learner = local_learner(algo.learner_group)
     module0 = copy.deepcopy(learner.module[MID])
     records = _record_updates(learner, n_keep=1)
     try:

@@ -1,15 +1,31 @@
-"""The README demo runs on a tiny budget and writes its JSON and plot."""
+"""The README demo (``./dev demo`` runs ``benchmarks/rllib_demo.py``) runs on a tiny budget and writes its JSON and plot."""
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
-from conduit_rllib import demo
 
 pytestmark = pytest.mark.ray
+DEMO = Path(__file__).resolve().parents[3] / "benchmarks" / "rllib_demo.py"
+
+
+def _load_demo():
+    spec = importlib.util.spec_from_file_location("rllib_demo", DEMO)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["rllib_demo"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dev_demo_runs_the_demo_script():
+    dev = (DEMO.parents[1] / "dev").read_text()
+    assert '"$VENV/bin/python" benchmarks/rllib_demo.py "$@"' in dev
 
 
 def test_demo_tiny_budget(ray_local, tmp_path, capsys):
-    report = demo.main(
+    report = _load_demo().main(
         ["--seconds", "1", "--steps-per-iter", "40", "--max-iters", "1", "--out", str(tmp_path)]
     )
     data = json.loads((tmp_path / "demo.json").read_text())
@@ -22,3 +38,8 @@ def test_demo_tiny_budget(ray_local, tmp_path, capsys):
     assert s["ratio_wall"] > 0 and s["ratio_exposed"] is not None
     out = capsys.readouterr().out
     assert "conduit" in out and "ratio" in out
+
+
+def test_demo_and_timing_are_not_in_the_plugin():
+    assert importlib.util.find_spec("conduit_rllib.demo") is None
+    assert importlib.util.find_spec("conduit_rllib.timing") is None

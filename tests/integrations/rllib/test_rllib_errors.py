@@ -7,6 +7,7 @@ from conduit_rllib import (
     OldAPIStackError,
     ReplayConfigError,
     RLlibIntegrationError,
+    RLlibVersionError,
     UnsupportedAlgorithmError,
     UnsupportedSpaceError,
 )
@@ -19,7 +20,13 @@ from conduit.errors import ConduitError
 
 
 def test_hierarchy():
-    for cls in (OldAPIStackError, ReplayConfigError, UnsupportedAlgorithmError, UnsupportedSpaceError):
+    for cls in (
+        OldAPIStackError,
+        ReplayConfigError,
+        RLlibVersionError,
+        UnsupportedAlgorithmError,
+        UnsupportedSpaceError,
+    ):
         assert issubclass(cls, RLlibIntegrationError) and issubclass(cls, ConduitError)
 
 

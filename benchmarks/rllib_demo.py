@@ -1,11 +1,12 @@
 """DQN on CartPole, native RLlib vs Conduit, side by side in one process (about a minute).
 
-    python -m conduit_rllib.demo [--seconds 60] [--out demo_results/] [--train-batch-size 32]
+    ./dev demo [--seconds 60] [--out demo_results/] [--train-batch-size 32]
+    python benchmarks/rllib_demo.py [same flags]        (with conduit-rl[rllib,bench] installed)
 
 Both algorithms are built with the same seed and trained alternately, one iteration each (native,
 Conduit, native, ...), so both see the same machine load. Per iteration it prints the wall time and
 the exposed experience-path time: for native RLlib the replay buffer's add + sample + priority update,
-the learner connector and minibatch iteration (wrapped methods, ``conduit_rllib.timing``); for Conduit
+the learner connector and minibatch iteration (wrapped methods, ``rllib_native_timing.py``); for Conduit
 the time the training step was blocked in Conduit (``result["conduit"]["exposed_s"]``) plus any RLlib
 minibatch iteration still on its path. Then medians and ratios (Conduit ÷ native); writes
 ``demo.json`` and ``demo.png`` into ``--out``.
@@ -18,9 +19,13 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rllib_native_timing import PathTimer, install, timed_train  # noqa: E402
 
 
 def dqn_config(train_batch_size: int, steps_per_iter: int, seed: int) -> Any:
@@ -92,11 +97,9 @@ def run(
     max_iters: int | None = None,
 ) -> dict[str, Any]:
     """Alternate native / Conduit iterations until ``seconds`` have passed; write JSON and PNG to ``out``."""
+    import conduit_rllib
     import ray
     import torch
-
-    import conduit_rllib
-    from conduit_rllib.timing import PathTimer, install, timed_train
 
     t_start = time.perf_counter()
     started_ray = False
