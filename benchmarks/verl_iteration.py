@@ -35,7 +35,7 @@ def run(work: Path, mode: str, steps: int, args: argparse.Namespace, extra: list
     if args.reuse and (work / "metrics.jsonl").exists():
         print(f"[bench] reusing {work}", flush=True)
         return 0, ""
-    cmd = [sys.executable, "-m", "conduit_verl.cpu.run", "--trainer-mode", mode, "--steps", str(steps)]
+    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--trainer-mode", mode, "--steps", str(steps)]
     cmd += ["--seed", str(args.seed), "--algo", args.algo, "--work-dir", str(work), *extra]
     print(f"[bench] {' '.join(cmd[2:])}", flush=True)
     t0 = time.monotonic()

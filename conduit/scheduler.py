@@ -47,6 +47,11 @@ class Scheduler(ABC):
         self.buffer, self.ingest, self.plan, self.config = buffer, tuple(ingest), plan, config
         self.metrics = buffer.metrics
         self.ready = ReadyQueue()
+        self._start()
+
+    @abstractmethod
+    def _start(self) -> None:
+        """Set up what the implementation needs (locks, threads)."""
 
     @abstractmethod
     def put(self, batch: ColumnBatch, version: int, timeout: float) -> None: ...
@@ -76,14 +81,7 @@ class Scheduler(ABC):
 class InlineScheduler(Scheduler):
     """``overlap="sync"``: everything runs in the caller's thread; a lock keeps concurrent callers whole."""
 
-    def __init__(
-        self,
-        buffer: ExperienceBuffer,
-        ingest: Sequence[Operator],
-        plan: DeliveryPlan,
-        config: SchedulerConfig,
-    ) -> None:
-        super().__init__(buffer, ingest, plan, config)
+    def _start(self) -> None:
         self._lock = threading.RLock()
 
     def put(self, batch: ColumnBatch, version: int, timeout: float) -> None:
@@ -126,14 +124,8 @@ class InlineScheduler(Scheduler):
 class BackgroundScheduler(Scheduler):
     """``overlap="async"``: an ingestion thread and a delivery thread around one condition variable."""
 
-    def __init__(
-        self,
-        buffer: ExperienceBuffer,
-        ingest: Sequence[Operator],
-        plan: DeliveryPlan,
-        config: SchedulerConfig,
-    ) -> None:
-        super().__init__(buffer, ingest, plan, config)
+    def _start(self) -> None:
+        buffer, plan, config = self.buffer, self.plan, self.config
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.closed = False
@@ -150,7 +142,7 @@ class BackgroundScheduler(Scheduler):
         self.priorities: collections.deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
             collections.deque()
         )
-        self.error_mode = buffer.limiter.mode == "error"
+        self.error_mode = buffer.limiter.config.mode == "error"
         self.stream = torch.cuda.Stream(plan.device) if plan.device.type == "cuda" else None
         self.threads = [
             threading.Thread(

@@ -11,8 +11,13 @@ See ``integrations/verl/NOTES.md`` for what CPU mode changes and why.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from conduit_verl.cpu.run import main
+try:
+    from conduit_verl_cpu.run import main
+except ImportError:  # not installed (`pip install --no-deps -e tools/verl_cpu`): use the checkout's copy
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "verl_cpu"))
+    from conduit_verl_cpu.run import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,7 +27,8 @@ if ((${#missing[@]})); then
   echo "[verl_gpu] GPU machine). Install with: pip install -e \".[verl]\" plus vLLM. Running the CUDA sanity check only."
   timeout 300 $PY - "$OUT" <<'PY'
 import json, sys, time, torch
-from conduit_verl.cpu.model import build_model_dir
+sys.path.insert(0, "tools/verl_cpu")  # the CPU harness's tiny model (needs only transformers)
+from conduit_verl_cpu.model import build_model_dir
 from transformers import AutoModelForCausalLM
 import tempfile
 d = build_model_dir(tempfile.mkdtemp())

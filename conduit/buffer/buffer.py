@@ -76,11 +76,11 @@ class ExperienceBuffer:
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
 
+    # -- properties ------------------------------------------------------------------------------
+
     @property
     def capacity(self) -> int:
         return self.storage.capacity
-
-    # -- properties ------------------------------------------------------------------------------
 
     @property
     def schema(self) -> Schema:
@@ -227,9 +227,9 @@ class ExperienceBuffer:
         reason = blocker()
         if reason is None:
             return
-        if self.limiter.mode == "error":
+        if self.limiter.config.mode == "error":
             raise InsufficientDataError(f"{what} refused: {reason}")
-        timeout = self.limiter.timeout_s
+        timeout = self.limiter.config.timeout_s
         deadline = time.monotonic() + timeout
         try:
             while reason is not None:

@@ -18,14 +18,6 @@ class RateLimiter:
     def __init__(self, config: RateLimit | None = None) -> None:
         self.config = config or RateLimit()
 
-    @property
-    def mode(self) -> str:
-        return self.config.mode
-
-    @property
-    def timeout_s(self) -> float:
-        return self.config.timeout_s
-
     def sample_blocker(self, n: int, inserted: int, sampled: int) -> str | None:
         """Why a sample of ``n`` cannot run now, or None if it can (the sampler adds its own reasons)."""
         cfg = self.config

@@ -12,7 +12,7 @@ The plugin's other modules import RLlib only through this module. It holds
 At import every seam is checked against the installed RLlib (``verify``): a missing one raises
 ``RLlibVersionError`` naming it and the ray version; an optional one (with a fallback) logs a
 warning; a ray version other than ``TESTED_RAY`` with every seam present logs a warning.
-``tests/integrations/rllib/test_compat.py`` checks each seam on its own.
+``tests/integrations/rllib/test_rllib_compat.py`` checks each seam on its own.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Event-driven group completion for the streaming step (TransferQueue 0.1.11 has no notification).
 
 verl's agent-loop workers mark a prompt group finished by writing the TransferQueue tag
-``status="finished"`` (``AgentLoopWorkerTQ._run_prompt``); the replay buffer only sees it by
-re-reading TQ's metadata on a timer. Here the worker also tells a small Ray actor, the
-``CompletionChannel``, *after* the tag is written, and the trainer blocks on that channel until
-enough groups are done: it wakes when a group finishes, not on a poll period.
+``status="finished"``; the replay buffer only sees it by re-reading TQ's metadata on a timer. Here
+the worker also tells a small Ray actor, the ``CompletionChannel``, *after* the tag is written, and
+the trainer blocks on that channel until enough groups are done: it wakes when a group finishes,
+not on a poll period.
 
 The worker and manager are verl's own (``AgentLoopWorkerTQ``, ``AgentLoopManagerTQ``) with one
-added call; the trainer selects them through verl's ``rollout.agent.agent_loop_manager_class``.
+added call (``compat.NotifyingAgentLoopWorker``); the trainer selects them through verl's
+``rollout.agent.agent_loop_manager_class``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 from typing import Any
 
 import ray
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+
+from conduit_verl.compat import AgentLoopManagerTQ, NotifyingAgentLoopWorker, set_agent_loop_workers
 
 MANAGER_FQN = "conduit_verl.completion.ConduitAgentLoopManager"
 
@@ -72,22 +74,16 @@ class CompletionChannel:
         return list(times)
 
 
-class _NotifyingWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[name-defined,misc]
+class _NotifyingWorker(NotifyingAgentLoopWorker):  # type: ignore[misc]
     """verl's TransferQueue agent-loop worker that also reports each finished group."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._conduit_channel = ray.get_actor(channel_name())
 
-    async def _run_prompt(
-        self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False
-    ) -> None:
-        partition_id = "train" if not trajectory["validate"] else "val"
-        try:
-            await super()._run_prompt(prompt, sampling_params, trajectory=trajectory, trace=trace)
-        finally:
-            # the TQ tag (finished / failure) is written by now: the trainer may sample the group
-            await self._conduit_channel.finished.remote(partition_id)
+    async def conduit_group_done(self, partition_id: str) -> None:
+        # the TQ tag (finished / failure) is written by now: the trainer may sample the group
+        await self._conduit_channel.finished.remote(partition_id)
 
 
 ConduitAgentLoopWorker = ray.remote(_NotifyingWorker)
@@ -98,7 +94,7 @@ class ConduitAgentLoopManager(AgentLoopManagerTQ):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.agent_loop_workers_class = ConduitAgentLoopWorker
+        set_agent_loop_workers(self, ConduitAgentLoopWorker)
 
 
 def start_channel() -> Any:

@@ -24,7 +24,6 @@ class ConduitTrainerConfig:
             chooses it every step from measured piece costs and group finish times
             (``piece_policy.py``); 0 = the whole batch in one piece.
         g_del: PPO mini-batches per ``update_actor`` call; 0 = all of them in one call (verl's).
-        depth: delivered batches kept ready (reserved; streaming keeps every piece).
         poll_interval_s: how often the streaming wait re-reads TransferQueue's metadata; in
             ``sync`` overlap, the replay buffer's poll period (None = verl's 2 s).
     """
@@ -32,7 +31,6 @@ class ConduitTrainerConfig:
     overlap: Literal["sync", "async"] = "async"
     g_ing: int | Literal["auto"] = "auto"
     g_del: int = 0
-    depth: int = 1
     poll_interval_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -47,8 +45,6 @@ class ConduitTrainerConfig:
                 raise ConfigError(f"trainer.v1.conduit.{name} must be an int >= 0{extra}, got {value!r}")
         if self.poll_interval_s is not None and not self.poll_interval_s > 0:
             raise ConfigError(f"trainer.v1.conduit.poll_interval_s must be > 0, got {self.poll_interval_s}")
-        if not isinstance(self.depth, int) or self.depth < 1:
-            raise ConfigError(f"trainer.v1.conduit.depth must be an int >= 1, got {self.depth!r}")
 
     @property
     def stream_poll_s(self) -> float:

@@ -9,9 +9,9 @@ it); the token-level columns stay in TransferQueue, where verl's workers read th
 from __future__ import annotations
 
 import torch
-from transfer_queue import KVBatchMeta
 
-from conduit import BufferConfig, Column, ColumnBatch, ExperienceBuffer, Metrics, RateLimit, Schema
+from conduit import BufferConfig, Column, ColumnBatch, Metrics, RateLimit, Schema
+from conduit_verl.compat import KVBatchMeta
 
 REF_SCHEMA = Schema([Column("piece", torch.int64), Column("row", torch.int64)])
 
@@ -27,7 +27,7 @@ class GroupFifo:
             sampler="fifo",
             rate_limit=RateLimit(min_size=0, max_staleness=0, mode="error"),
         )
-        self.buffer = ExperienceBuffer(REF_SCHEMA, config, metrics)
+        self.buffer = config.build(REF_SCHEMA, metrics)
         self.pieces: list[KVBatchMeta] = []
 
     def put(self, piece: KVBatchMeta, groups: list[list[int]], version: int) -> None:

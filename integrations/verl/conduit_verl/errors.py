@@ -13,6 +13,7 @@ __all__ = [
     "GroupSizeError",
     "PluginNotInstalledError",
     "ResponseTooLongError",
+    "VerlCompatError",
     "VerlIntegrationError",
     "VocabMismatchError",
 ]
@@ -36,3 +37,7 @@ class ResponseTooLongError(VerlIntegrationError):
 
 class VocabMismatchError(VerlIntegrationError):
     """The tokenizer produces token ids the model's embedding table does not have."""
+
+
+class VerlCompatError(VerlIntegrationError):
+    """The installed verl (or TransferQueue) lacks something conduit_verl uses (``compat.py``)."""

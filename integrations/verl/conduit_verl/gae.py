@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from conduit.errors import ConfigError
+from conduit_verl import compat
 
 GAE = "gae"
 
@@ -64,14 +65,8 @@ def gae_without_whitening(
 def deferred_whitening() -> Iterator[None]:
     """Within the block, verl's GAE (looked up as ``core_algos.compute_gae_advantage_return`` by
     ``ray_trainer.compute_advantage``) skips the batch whitening. Driver process, one thread."""
-    from verl.trainer.ppo import core_algos
-
-    original = core_algos.compute_gae_advantage_return
-    core_algos.compute_gae_advantage_return = gae_without_whitening
-    try:
+    with compat.gae_function(gae_without_whitening):
         yield
-    finally:
-        core_algos.compute_gae_advantage_return = original
 
 
 def per_piece(method: Any) -> Any:
@@ -91,16 +86,13 @@ def whiten_advantages(batch: Any) -> None:
     Same statistic as verl's sync step: ``masked_whiten`` over all response tokens of the batch
     (rows padded to the batch's longest response, the padding masked out).
     """
-    import transfer_queue as tq
     from tensordict import TensorDict
-    from verl.utils import torch_functional as verl_F
-    from verl.workers.utils.padding import response_to_nested
 
-    data = tq.kv_batch_get(
+    data = compat.tq.kv_batch_get(
         keys=batch.keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"]
     )
     nested_mask = data["response_mask"]
     padded = data.to_padded_tensor()
-    adv = verl_F.masked_whiten(padded["advantages"], padded["response_mask"])
-    out = TensorDict({"advantages": response_to_nested(adv, nested_mask)}, batch_size=len(batch))
-    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=out)
+    adv = compat.masked_whiten(padded["advantages"], padded["response_mask"])
+    out = TensorDict({"advantages": compat.response_to_nested(adv, nested_mask)}, batch_size=len(batch))
+    compat.tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=out)

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from tensordict import TensorDict
-from transfer_queue import KVBatchMeta
+
+from conduit_verl.compat import KVBatchMeta, trainer_tq
 
 
 class PieceWrites:
@@ -97,13 +98,9 @@ def piece_writes(meta: KVBatchMeta) -> Iterator[PieceWrites]:
 
     Driver process, one thread (the streaming step runs its stages one after another).
     """
-    from verl.trainer.ppo.v1 import trainer_base
+    from conduit_verl.compat import tq
 
-    real = trainer_base.tq
-    writes = PieceWrites(real, meta)
-    trainer_base.tq = writes
-    try:
+    writes = PieceWrites(tq, meta)
+    with trainer_tq(writes):
         yield writes
         writes.flush()
-    finally:
-        trainer_base.tq = real

@@ -15,18 +15,19 @@ exposed; ingestion of earlier pieces overlaps generation.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
 
 import ray
 import torch
-from transfer_queue import KVBatchMeta
-from verl.utils.debug import marked_timer
 
 from conduit import ColumnBatch, Metrics, Operator
 from conduit.ops.operator import run_chain
+from conduit_verl import compat
 from conduit_verl.checks import check_groups, check_response_lengths
+from conduit_verl.compat import KVBatchMeta, marked_timer
 from conduit_verl.delivery import GroupFifo
 from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
 from conduit_verl.piece_policy import PiecePolicy
@@ -59,15 +60,19 @@ def _stage(name: str, method: Any, piece: _Piece, timing_raw: dict) -> Operator:
 
 def ingest_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Operator]:
     """The per-piece stages verl's ``_step_once`` runs between sampling and the updates."""
+
+    def method(fn: Any) -> Any:
+        return functools.partial(fn, trainer)
+
     ops: list[Operator] = []
-    if trainer.reward_loop_manager.reward_loop_worker_handles is None:
-        ops.append(_stage("reward", trainer._compute_reward_colocate, piece, timing_raw))
-    ops.append(_stage("old_log_prob", trainer._compute_old_log_prob, piece, timing_raw))
-    if trainer.use_reference_policy:
-        ops.append(_stage("ref", trainer._compute_ref_log_prob, piece, timing_raw))
-    if trainer.use_critic:
-        ops.append(_stage("values", trainer._compute_values, piece, timing_raw))
-    adv = trainer._compute_advantage
+    if compat.colocated_reward(trainer):
+        ops.append(_stage("reward", method(compat.compute_reward_colocate), piece, timing_raw))
+    ops.append(_stage("old_log_prob", method(compat.compute_old_log_prob), piece, timing_raw))
+    if compat.uses_reference_policy(trainer):
+        ops.append(_stage("ref", method(compat.compute_ref_log_prob), piece, timing_raw))
+    if compat.uses_critic(trainer):
+        ops.append(_stage("values", method(compat.compute_values), piece, timing_raw))
+    adv = method(compat.compute_advantage)
     # GAE: the recursion per piece (per trajectory: exact), the batch whitening after the last piece
     ops.append(_stage("adv", per_piece(adv) if uses_gae(trainer.config) else adv, piece, timing_raw))
     return ops
@@ -93,8 +98,7 @@ class GroupWait:
         want = min(g_ing, remaining)
         ready = self._wait_channel(buffer, want) if self.channel is not None else None
         if ready is None:  # polled: verl's replay-buffer view of TQ (finished prompt groups)
-            buffer._sync_metadata_from_transfer_queue()
-            ready = len(buffer.finished_keys.get(self.partition_id, ()))
+            ready = compat.finished_groups(buffer, self.partition_id)
         return min(remaining, max(want, ready // self.unit * self.unit))
 
     def _wait_channel(self, buffer: Any, want: int) -> int | None:
@@ -114,9 +118,8 @@ class GroupWait:
                 return None
             if done - self.taken >= want:
                 return done - self.taken
-            buffer._sync_metadata_from_transfer_queue()
-            finished = len(buffer.finished_keys.get(self.partition_id, ()))
-            if finished >= want or buffer.failure_keys.get(self.partition_id):
+            finished = compat.finished_groups(buffer, self.partition_id)
+            if finished >= want or compat.any_failed_group(buffer, self.partition_id):
                 return finished
 
     def took(self, groups: int) -> None:
@@ -160,21 +163,20 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     max_response = int(conf.actor_rollout_ref.rollout.response_length)
     m: Metrics = trainer.conduit_metrics
     fifo: GroupFifo = trainer.conduit_fifo
-    version = int(trainer.global_steps)
-    buffer = trainer.replay_buffer
-    saved_poll, buffer.poll_interval = buffer.poll_interval, cfg.stream_poll_s
+    version = compat.global_step(trainer)
+    buffer = compat.replay_buffer(trainer)
     parts: list[tuple[int, dict[str, Any]]] = []
     t0, t0_wall = time.perf_counter(), time.time()
     taken = 0
     waiter: GroupWait = trainer.conduit_wait
     policy: PiecePolicy = trainer.conduit_policy
     g_ing = policy.begin_step(t0)
-    try:
-        trainer.on_sample_begin()
+    with compat.poll_interval(buffer, cfg.stream_poll_s):
+        compat.on_sample_begin(trainer)
         while taken < sample_batch_size:
             with m.span("wait_rollout"):
                 want = waiter.next_piece(buffer, g_ing, sample_batch_size - taken)
-                meta, off_policy = buffer.sample(global_steps=version, partition_id="train", batch_size=want)
+                meta, off_policy = compat.sample_groups(buffer, version, "train", want)
             waiter.took(want)
             taken += want
             last = taken >= sample_batch_size
@@ -187,11 +189,11 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
             piece.metrics.update(off_policy)
             t_piece = time.perf_counter()
             with m.span("ingest_tail" if last else "ingest", exposed=last):
-                trainer._conduit_piece = True
+                trainer.conduit_in_piece = True
                 try:
-                    piece.meta = trainer._balance_batch(piece.meta, metrics=piece.metrics)
+                    piece.meta = compat.balance_batch(trainer, piece.meta, piece.metrics)
                 finally:
-                    trainer._conduit_piece = False
+                    trainer.conduit_in_piece = False
                 rows = ColumnBatch({"row": torch.arange(len(piece.meta))})
                 with piece_writes(piece.meta) as writes:
                     run_chain(ingest_operators(trainer, piece, timing_raw), rows, m, "ingest")
@@ -201,9 +203,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
             policy.record_piece(want, time.perf_counter() - t_piece)
             parts.append((len(piece.meta), piece.metrics))
             m.set_gauge("ready_samples", len(fifo))
-    finally:
-        buffer.poll_interval = saved_poll
-    trainer.on_sample_end()
+    compat.on_sample_end(trainer)
     policy.record_step(waiter.step_finish_times(t0_wall))
     metrics.update(merge_metrics(parts))
     metrics["conduit/pieces"] = len(parts)
@@ -227,10 +227,10 @@ def deliver(
     """Critic update on the whole batch, then the actor's mini-batches from the FIFO, in order."""
     conf = trainer.config
     m: Metrics = trainer.conduit_metrics
-    if trainer.use_critic:
+    if compat.uses_critic(trainer):
         with marked_timer("update_critic", timing_raw):
-            trainer._update_critic(batch, metrics=metrics)
-    update = conf.trainer.critic_warmup <= trainer.global_steps
+            compat.update_critic(trainer, batch, metrics)
+    update = conf.trainer.critic_warmup <= compat.global_step(trainer)
     n = int(conf.actor_rollout_ref.rollout.n)
     mini = int(conf.actor_rollout_ref.actor.ppo_mini_batch_size) * n
     per_call = mini * trainer.conduit_config.g_del if trainer.conduit_config.g_del else len(fifo)
@@ -243,7 +243,7 @@ def deliver(
         if update:
             out: dict[str, Any] = {}
             with marked_timer("update_actor", timing_raw):
-                trainer._update_actor(mb, metrics=out)
+                compat.update_actor(trainer, mb, out)
             calls.append((len(mb), out))
     metrics.update(merge_metrics(calls))
     metrics["conduit/update_calls"] = len(calls)

@@ -4,6 +4,7 @@ A subclass of verl's sync trainer. With ``trainer.v1.conduit.overlap=async`` (th
 step streams: GRPO groups go through old-log-prob, ref, values and advantage as they finish
 generating (``streaming.py``), then the actor gets its mini-batches from Conduit's grouped FIFO
 buffer (``delivery.py``). With ``overlap=sync`` it is verl's sync step. Knobs: ``config.py``.
+The verl methods it overrides and calls are reached through ``compat.py``.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ import logging
 from typing import Any
 
 from omegaconf import DictConfig, open_dict
-from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.trainer_base import register_trainer
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from conduit import Metrics
+from conduit_verl import compat
 from conduit_verl.checks import check_model_tokenizer, piece_unit
+from conduit_verl.compat import KVBatchMeta, SyncTrainerBase, register_trainer
 from conduit_verl.config import MODE, ConduitTrainerConfig
-from conduit_verl.delivery import GroupFifo
-from conduit_verl.gae import check_streamable
 from conduit_verl.piece_policy import PiecePolicy
-from conduit_verl.streaming import GroupWait, stream_step
+
+# The streaming modules are imported where they are used: this module is imported by the plugin's
+# hook on verl's trainer package, which may fire while one of them is itself being imported (it
+# imports compat.py, which imports verl's trainer package); only compat, checks, config and
+# piece_policy may be imported at the top.
 
 __all__ = ["MODE", "ConduitTrainer", "ConduitTrainerConfig"]
 
@@ -74,13 +76,17 @@ def _completion_channel(config: DictConfig) -> Any:
 
 
 @register_trainer(MODE)
-class ConduitTrainer(PPOTrainerSync):
+class ConduitTrainer(SyncTrainerBase):
     """verl's sync trainer with Conduit's streaming ingestion and delivery."""
 
     def __init__(self, config: DictConfig) -> None:
+        from conduit_verl.delivery import GroupFifo
+        from conduit_verl.gae import check_streamable
+        from conduit_verl.streaming import GroupWait
+
         self.conduit_config = ConduitTrainerConfig.from_verl(config)
         self.conduit_metrics = Metrics(trace=False)
-        self._conduit_piece = False
+        self.conduit_in_piece = False
         super().__init__(config)
         n = int(config.actor_rollout_ref.rollout.n)
         capacity = 2 * int(config.data.train_batch_size) * n
@@ -97,28 +103,24 @@ class ConduitTrainer(PPOTrainerSync):
         self.conduit_wait = GroupWait(self.conduit_channel, unit)
         self.conduit_policy = PiecePolicy(self.conduit_config.g_ing, groups, unit)
 
-    def _init_tokenizer(self) -> None:
+    def conduit_tokenizer_ready(self, tokenizer: Any) -> None:
         # runs first in ``init()``: a model/tokenizer mismatch fails before any worker starts
-        super()._init_tokenizer()
-        check_model_tokenizer(str(self.config.actor_rollout_ref.model.path), self.tokenizer)
+        check_model_tokenizer(str(self.config.actor_rollout_ref.model.path), tokenizer)
 
-    def _build_replay_buffer(self) -> Any:
-        # verl branches on ``trainer_mode == "sync"`` (replay buffer, refill, checkpoints);
-        # this mode keeps sync semantics, so it reports itself as "sync" to those branches.
-        self.trainer_mode = "sync"
-        buffer = super()._build_replay_buffer()
-        if self.conduit_config.poll_interval_s is not None and hasattr(buffer, "poll_interval"):
-            buffer.poll_interval = self.conduit_config.poll_interval_s
-        return buffer
+    def conduit_replay_buffer_ready(self, buffer: Any) -> None:
+        if self.conduit_config.poll_interval_s is not None:
+            compat.set_poll_interval(buffer, self.conduit_config.poll_interval_s)
 
-    def _get_required_batch_multiple(self, dp_size: int) -> int:
+    def conduit_batch_multiple(self, dp_size: int) -> int:
         # a streamed piece only needs to split evenly over the actor's dp ranks; the stock
         # multiple (lcm with the PPO mini-batch) would pad small pieces with no-op rows
-        if self._conduit_piece:
+        if self.conduit_in_piece:
             return dp_size
-        return int(super()._get_required_batch_multiple(dp_size))
+        return super().conduit_batch_multiple(dp_size)
 
-    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+    def conduit_step(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
         if self.conduit_config.overlap == "sync":
-            return super()._step_once(metrics, timing_raw, sample_batch_size)
+            return super().conduit_step(metrics, timing_raw, sample_batch_size)
+        from conduit_verl.streaming import stream_step
+
         return stream_step(self, metrics, timing_raw, sample_batch_size)

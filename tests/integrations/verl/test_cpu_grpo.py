@@ -15,8 +15,9 @@ import pytest
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
+pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-deps -e tools/verl_cpu
 
-from conduit_verl.cpu.metrics import read_metrics  # noqa: E402
+from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 @pytest.mark.parametrize("mode", ["sync", pytest.param("conduit", marks=pytest.mark.slow)])
 def test_cpu_grpo_two_iterations(tmp_path: Path, mode: str) -> None:
     work = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conduit_verl.cpu.run", "--steps", "2", "--trainer-mode", mode]
+    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--steps", "2", "--trainer-mode", mode]
     cmd += ["--work-dir", str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     tail = (proc.stdout + proc.stderr)[-4000:]

@@ -17,14 +17,15 @@ import pytest
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
+pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-deps -e tools/verl_cpu
 
-from conduit_verl.cpu.metrics import read_metrics  # noqa: E402
+from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def _run(work: Path, mode: str, algo: str = "grpo", extra: tuple[str, ...] = ()) -> str:
-    cmd = [sys.executable, "-m", "conduit_verl.cpu.run", "--steps", "2", "--trainer-mode", mode]
+    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--steps", "2", "--trainer-mode", mode]
     cmd += ["--seed", "0", "--algo", algo, "--dump-samples", "--work-dir", str(work), *extra]
     if mode == "conduit" and not any("g_ing" in e for e in extra):
         cmd.append("+trainer.v1.conduit.g_ing=1")  # one group per piece: the most pieces

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from conduit_verl.cpu.tokenizer import build_tokenizer
+from conduit_verl_cpu.tokenizer import build_tokenizer
 
 
 def build_model_dir(out_dir: str | Path, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 from conduit_verl._post_import import when_imported
 
 ROLLOUT_NAME = "hf"
-_ROLLOUT_MODULE = "conduit_verl.cpu.rollout"
+_ROLLOUT_MODULE = "conduit_verl_cpu.rollout"
 
 
 def _load_replica() -> Any:

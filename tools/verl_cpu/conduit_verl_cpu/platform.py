@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-from conduit_verl.cpu.device import device_module
+from conduit_verl_cpu.device import device_module
 
 PLATFORM_NAME = "cpu"
 

@@ -31,7 +31,7 @@ class CPUDeviceModule(types.ModuleType):
     """Device module: ``torch.cpu`` plus the no-op / numeric calls verl makes on ``torch.cuda``."""
 
     def __init__(self) -> None:
-        super().__init__("conduit_verl.cpu.device_module")
+        super().__init__("conduit_verl_cpu.device_module")
         self.set_device = _noop
         self.synchronize = _noop
         self.empty_cache = _noop

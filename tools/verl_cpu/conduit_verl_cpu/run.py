@@ -1,4 +1,4 @@
-"""Launcher: ``python -m conduit_verl.cpu.run [--trainer-mode M] [--steps N] [--seed S] [overrides...]``.
+"""Launcher: ``python -m conduit_verl_cpu.run [--trainer-mode M] [--steps N] [--seed S] [overrides...]``.
 
 Builds the tiny model, tokenizer, data and reward into a work dir, puts this process (and so
 every Ray worker it starts) in CPU mode, and calls verl's own ``main_ppo`` entry point with
@@ -12,14 +12,18 @@ import os
 import sys
 import tempfile
 import time
+import warnings
+from importlib import metadata
 from pathlib import Path
 
-from conduit_verl.cpu.patches import CPU_ENV
+from conduit_verl_cpu.patches import CPU_ENV
+
+PLUGIN = "conduit_verl_cpu.plugin"
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     """Known flags, plus the remaining hydra overrides."""
-    p = argparse.ArgumentParser(prog="python -m conduit_verl.cpu.run", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m conduit_verl_cpu.run", description=__doc__)
     p.add_argument("--trainer-mode", default="sync", help="trainer.v1.trainer_mode (sync, conduit, ...)")
     p.add_argument("--steps", type=int, default=2, help="training iterations")
     p.add_argument("--seed", type=int, default=0)
@@ -39,9 +43,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
     """Build model/data in the work dir; return (hydra overrides, metrics path)."""
-    from conduit_verl.cpu.data import write_dataset
-    from conduit_verl.cpu.model import build_model_dir
-    from conduit_verl.cpu.overrides import CPURunSpec, cpu_overrides
+    from conduit_verl_cpu.data import write_dataset
+    from conduit_verl_cpu.model import build_model_dir
+    from conduit_verl_cpu.overrides import CPURunSpec, cpu_overrides
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="conduit_verl_cpu_")).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -65,15 +69,15 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
 
 def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int = 0) -> None:
     """Environment inherited by the Ray cluster this process starts (so by every verl worker)."""
-    from conduit_verl.cpu.hf_server import GEN_LOG_ENV
-    from conduit_verl.cpu.patches import CRITIC_SEED_ENV, POLL_ENV
+    from conduit_verl_cpu.hf_server import GEN_LOG_ENV
+    from conduit_verl_cpu.patches import CRITIC_SEED_ENV, POLL_ENV
 
     os.environ.update(CPU_ENV)
     os.environ[CRITIC_SEED_ENV] = str(seed)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     os.environ[GEN_LOG_ENV] = str(metrics_path.parent / "gen_events.jsonl")
     if poll_interval is not None:
-        from conduit_verl.cpu.patches import poll_schedule
+        from conduit_verl_cpu.patches import poll_schedule
 
         poll_schedule(poll_interval)  # ConfigError if malformed
         os.environ[POLL_ENV] = poll_interval
@@ -85,12 +89,27 @@ def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int 
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:verl.workers.engine")
 
 
+def reach_plugin() -> None:
+    """Make every verl process load the CPU plugin, also when this package is not installed (run
+    from a checkout with ``tools/verl_cpu`` on ``sys.path``): then Ray workers get the package on
+    ``PYTHONPATH`` and the plugin through ``VERL_USE_EXTERNAL_MODULES``."""
+    if any(ep.value == PLUGIN for ep in metadata.entry_points(group="verl.plugins")):
+        return
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+    if PLUGIN not in modules:
+        modules.append(PLUGIN)
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
     overrides, metrics_path = prepare(args)
     set_cpu_env(metrics_path, args.poll_interval, args.seed)
+    reach_plugin()
     if args.dump_samples:
-        from conduit_verl.cpu.dump import DUMP_ENV
+        from conduit_verl_cpu.dump import DUMP_ENV
 
         os.environ[DUMP_ENV] = str(metrics_path.parent / "samples.jsonl")
     from conduit_verl.checks import explain_unknown_trainer, require_plugin
@@ -98,12 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     require_plugin(args.trainer_mode)
     print(f"[conduit-cpu] work dir {metrics_path.parent}; metrics {metrics_path}", flush=True)
 
-    from conduit_verl.cpu.patches import apply
+    from conduit_verl_cpu.patches import apply
 
-    apply()  # this process imported conduit_verl before the env was set
+    apply()  # this process may have imported verl before the env was set
+    from conduit_verl_cpu.seams import check
+
+    warnings.filterwarnings("ignore", category=UserWarning, module="verl.workers.engine")
+    check()  # what the harness needs from verl (conduit_verl.compat checks the product's on import)
     from verl.trainer import main_ppo
 
-    from conduit_verl.cpu.metrics import ProgressPrinter
+    from conduit_verl_cpu.metrics import ProgressPrinter
 
     printer = ProgressPrinter(metrics_path)
     printer.start()

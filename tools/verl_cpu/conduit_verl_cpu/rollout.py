@@ -18,7 +18,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
-from conduit_verl.cpu.hf_server import HFGenerationServer
+from conduit_verl_cpu.hf_server import HFGenerationServer
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """Process-local fixes that let verl 0.9.1's V1 trainer run on a CPU-only machine.
 
-Each fix is a small, idempotent monkeypatch applied in every verl process (through the
-``verl.plugins`` entry point) when ``CONDUIT_VERL_CPU=1``. Nothing in verl's files changes.
-The numbers refer to the obstacles in ``notes/verl-0.9.1.md``.
+Each fix is a small, idempotent monkeypatch applied in every verl process (through this
+package's ``verl.plugins`` entry point, ``plugin.py``) when ``CONDUIT_VERL_CPU=1``. Nothing in
+verl's files changes. What they touch in verl is listed in ``seams.py``. The numbers refer to the
+obstacles in ``integrations/verl/NOTES.md``.
 """
 
 from __future__ import annotations
@@ -165,14 +166,15 @@ def apply() -> None:
     _applied = True
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
-    from conduit_verl.cpu import platform as _platform  # noqa: F401  (registers PlatformCPU)
-    from conduit_verl.cpu.registration import register_rollout
+    from conduit_verl_cpu import platform as _platform  # noqa: F401  (registers PlatformCPU)
+    from conduit_verl_cpu.registration import register_rollout
 
     _patch_init_process_group()
     _patch_pin_memory()
     register_rollout()
     from conduit_verl._post_import import when_imported
-    from conduit_verl.cpu.dump import DUMP_ENV, install
+
+    from conduit_verl_cpu.dump import DUMP_ENV, install
 
     when_imported("verl.utils.model", _patch_valuehead_model)
     if os.environ.get(POLL_ENV):

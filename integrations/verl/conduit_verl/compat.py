@@ -1,0 +1,512 @@
+"""Every place conduit_verl reaches into verl or TransferQueue, in one file.
+
+verl has public extension points (the ``verl.plugins`` entry point, ``register_trainer``, trainer
+modes, ``rollout.agent.agent_loop_manager_class``), but the streaming mode also needs verl's
+*private* trainer methods, a module global it swaps for one piece (``trainer_base.tq``), a function
+it swaps for one call (the GAE), the replay buffer's metadata view and the agent-loop worker's Ray
+actor class. Each of those is a :class:`Seam` in :data:`SEAMS`, and the rest of conduit_verl uses
+them only through the names defined below, so a verl release that renames or reshapes one of them
+breaks here, at import, with a message that names it:
+
+    verl 0.10.0: trainer method `_compute_old_log_prob` not found; conduit_verl supports verl 0.9.1
+
+(:class:`VerlCompatError`). Another verl or TransferQueue version that still has every seam only
+logs a warning. ``tests/integrations/verl/test_verl_compat.py`` checks each seam against the installed verl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from conduit_verl.errors import VerlCompatError
+
+logger = logging.getLogger(__name__)
+
+#: The releases conduit_verl was tested with.
+TESTED_VERL = ("0.9.1",)
+TESTED_TRANSFER_QUEUE = ("0.1.10", "0.1.11")
+
+_TRAINER = "verl.trainer.ppo.v1.trainer_base"
+_BUFFER = "verl.trainer.ppo.v1.replay_buffer"
+_AGENT_LOOP = "verl.trainer.ppo.v1.agent_loop_tq"
+
+
+@dataclass(frozen=True)
+class Seam:
+    """One thing conduit_verl needs from verl or TransferQueue, and how to check that it is there.
+
+    Args:
+        what: how an error names it ("trainer method `_compute_old_log_prob`").
+        module: the module it lives in.
+        path: dotted attribute path inside ``module`` ("" = the module itself).
+        params: parameter names it must take (``self`` excluded), in this order.
+        assigns: an instance attribute the module's code must assign (``self.<name> =``).
+        source: text the object's source must contain (a name verl looks up at call time).
+        actor: it is a Ray actor class (``@ray.remote``; the Python class is ``__ray_actor_class__``).
+    """
+
+    what: str
+    module: str
+    path: str = ""
+    params: tuple[str, ...] = ()
+    assigns: str | None = None
+    source: str | None = None
+    actor: bool = False
+
+
+def _method(
+    name: str, *params: str, cls: str = "PPOTrainer", module: str = _TRAINER, owner: str = "trainer"
+) -> Seam:
+    return Seam(f"{owner} method `{name}`", module, f"{cls}.{name}", params=params)
+
+
+def _attribute(name: str, owner: str = "trainer", module: str = _TRAINER) -> Seam:
+    return Seam(f"{owner} attribute `{name}`", module, assigns=name)
+
+
+_REPLAY = {"cls": "ReplayBuffer", "module": _BUFFER, "owner": "replay buffer"}
+
+SEAMS: tuple[Seam, ...] = (
+    # TransferQueue's client API (what the driver-side stages and the whitening read and write)
+    Seam(
+        "TransferQueue class `KVBatchMeta`",
+        "transfer_queue",
+        "KVBatchMeta",
+        params=("keys", "tags", "partition_id", "fields", "extra_info"),
+    ),
+    Seam(
+        "TransferQueue function `kv_batch_get`",
+        "transfer_queue",
+        "kv_batch_get",
+        params=("keys", "partition_id", "select_fields"),
+    ),
+    Seam(
+        "TransferQueue function `kv_batch_put`",
+        "transfer_queue",
+        "kv_batch_put",
+        params=("keys", "partition_id", "fields", "tags"),
+    ),
+    # trainer modes
+    Seam("function `register_trainer`", _TRAINER, "register_trainer", params=("name",)),
+    Seam("class `PPOTrainerSync`", "verl.trainer.ppo.v1.trainer_sync", "PPOTrainerSync"),
+    Seam(
+        "`Unknown trainer '...'` error of `get_trainer_cls`",
+        _TRAINER,
+        "get_trainer_cls",
+        source="Unknown trainer '",
+    ),
+    # trainer methods ConduitTrainer overrides
+    _method("_init_tokenizer"),
+    _method("_build_replay_buffer"),
+    _method("_get_required_batch_multiple", "dp_size"),
+    _method("_step_once", "metrics", "timing_raw", "sample_batch_size"),
+    # trainer methods the streaming step calls per piece / per batch
+    _method("_balance_batch", "batch", "metrics"),
+    _method("_compute_reward_colocate", "batch", "metrics"),
+    _method("_compute_old_log_prob", "batch", "metrics"),
+    _method("_compute_ref_log_prob", "batch", "metrics"),
+    _method("_compute_values", "batch", "metrics"),
+    _method("_compute_advantage", "batch", "metrics"),
+    _method("_update_critic", "batch", "metrics"),
+    _method("_update_actor", "batch", "metrics"),
+    _method("on_sample_begin"),
+    _method("on_sample_end"),
+    _method("get_reward_handles"),
+    # trainer state the streaming step reads (or sets: trainer_mode)
+    _attribute("trainer_mode"),
+    _attribute("replay_buffer"),
+    _attribute("use_critic"),
+    _attribute("use_reference_policy"),
+    _attribute("global_steps"),
+    _attribute("tokenizer"),
+    # the module global PieceWrites stands in for, and the stage methods write through it
+    Seam("trainer_base module global `tq`", _TRAINER, "tq"),
+    Seam(
+        "`tq.kv_batch_put` in trainer method `_compute_advantage`",
+        _TRAINER,
+        "PPOTrainer._compute_advantage",
+        source="tq.kv_batch_put(",
+    ),
+    # the replay buffer: sampling pieces, and its view of finished / failed prompt groups
+    _method("sample", "global_steps", "partition_id", "batch_size", **_REPLAY),
+    _method("_sync_metadata_from_transfer_queue", **_REPLAY),
+    _attribute("finished_keys", "replay buffer", _BUFFER),
+    _attribute("failure_keys", "replay buffer", _BUFFER),
+    _attribute("poll_interval", "replay buffer", _BUFFER),
+    # the agent loop: the worker actor class subclassed to report each finished group
+    Seam("agent-loop actor class `AgentLoopWorkerTQ`", _AGENT_LOOP, "AgentLoopWorkerTQ", actor=True),
+    Seam(
+        "agent-loop worker method `_run_prompt`",
+        _AGENT_LOOP,
+        "AgentLoopWorkerTQ.__ray_actor_class__._run_prompt",
+        params=("prompt", "sampling_params", "trajectory", "trace"),
+    ),
+    Seam("class `AgentLoopManagerTQ`", _AGENT_LOOP, "AgentLoopManagerTQ"),
+    _attribute("agent_loop_workers_class", "agent-loop manager", _AGENT_LOOP),
+    Seam(
+        "rollout config key `agent.agent_loop_manager_class`",
+        "verl.workers.config.rollout",
+        source="agent_loop_manager_class",
+    ),
+    # PPO's GAE, swapped for one call without its batch whitening
+    Seam(
+        "function `core_algos.compute_gae_advantage_return`",
+        "verl.trainer.ppo.core_algos",
+        "compute_gae_advantage_return",
+        params=("token_level_rewards", "values", "response_mask", "gamma", "lam"),
+    ),
+    Seam(
+        "call-time lookup of `core_algos.compute_gae_advantage_return` in `compute_advantage`",
+        "verl.trainer.ppo.ray_trainer",
+        "compute_advantage",
+        source="core_algos.compute_gae_advantage_return(",
+    ),
+    Seam(
+        "function `masked_whiten`", "verl.utils.torch_functional", "masked_whiten", params=("values", "mask")
+    ),
+    Seam(
+        "function `response_to_nested`",
+        "verl.workers.utils.padding",
+        "response_to_nested",
+        params=("tensor", "response_mask"),
+    ),
+    Seam("function `marked_timer`", "verl.utils.debug", "marked_timer", params=("name", "timing_raw")),
+)
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def seam_problem(seam: Seam) -> str | None:
+    """What is wrong with ``seam`` in the installed packages (None: it is there as expected)."""
+    try:
+        obj: Any = importlib.import_module(seam.module)
+    except ImportError as e:
+        return f"{seam.what}: module `{seam.module}` cannot be imported ({e})"
+    for part in seam.path.split(".") if seam.path else ():
+        if not hasattr(obj, part):
+            return f"{seam.what} not found (`{seam.module}.{seam.path}`)"
+        obj = getattr(obj, part)
+    if seam.actor and not hasattr(obj, "__ray_actor_class__"):
+        return f"{seam.what} is no longer a Ray actor class"
+    if seam.params:
+        if not callable(obj):
+            return f"{seam.what} is not callable"
+        try:
+            names = [p for p in inspect.signature(obj).parameters if p != "self"]
+        except (TypeError, ValueError):
+            names = None
+        if names is not None:
+            found = [n for n in names if n in seam.params]
+            if found != list(seam.params):
+                return (
+                    f"{seam.what} takes ({', '.join(names)}), conduit_verl calls it with "
+                    f"({', '.join(seam.params)})"
+                )
+    if seam.assigns is not None:
+        if not re.search(rf"self\.{re.escape(seam.assigns)}\s*(:[^=\n]*)?=(?!=)", _source(obj)):
+            return f"{seam.what} not found (nothing in `{seam.module}` sets `self.{seam.assigns}`)"
+    if seam.source is not None and seam.source not in _source(obj):
+        return f"{seam.what} not found (`{seam.module}.{seam.path or '*'}` no longer has `{seam.source}`)"
+    return None
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def supported() -> str:
+    return f"verl {', '.join(TESTED_VERL)} with TransferQueue {', '.join(TESTED_TRANSFER_QUEUE)}"
+
+
+def check_seams(
+    seams: Sequence[Seam] = SEAMS, verl_version: str | None = None, tq_version: str | None = None
+) -> None:
+    """Raise :class:`VerlCompatError` naming every missing seam and the installed versions; log a
+    warning (only) when every seam is there but the versions are not the tested ones."""
+    verl_version = verl_version or _version("verl")
+    tq_version = tq_version or _version("TransferQueue")
+    problems = [p for p in map(seam_problem, seams) if p is not None]
+    if problems:
+        raise VerlCompatError(
+            f"verl {verl_version}: {'; '.join(problems)}; conduit_verl supports {supported()} "
+            f"(installed: TransferQueue {tq_version})"
+        )
+    if verl_version not in TESTED_VERL or tq_version not in TESTED_TRANSFER_QUEUE:
+        logger.warning(
+            "conduit_verl was tested with %s; installed: verl %s, TransferQueue %s. Every seam it "
+            "needs is present, so it runs, but compare results with verl's sync trainer.",
+            supported(),
+            verl_version,
+            tq_version,
+        )
+
+
+#: Run once this module is imported. Importing it imports verl's V1 trainer package, whose import
+#: hook (``plugin.py``) registers the ``conduit`` trainer, which needs this module: when this module
+#: is what first imports verl's trainer, the plugin defers that registration to here.
+READY = False
+_when_ready: list[Callable[[], None]] = []
+
+
+def after_import(callback: Callable[[], None]) -> None:
+    """Call ``callback`` once this module has finished importing."""
+    if READY:
+        callback()
+    else:
+        _when_ready.append(callback)
+
+
+check_seams()
+
+# ---------------------------------------------------------------------------------------------
+# The names the rest of conduit_verl uses (the seams above, and verl's public API it calls).
+
+import transfer_queue as tq  # noqa: E402
+from transfer_queue import KVBatchMeta  # noqa: E402
+from verl.trainer.ppo.v1 import agent_loop_tq as _agent_loop_tq  # noqa: E402
+from verl.trainer.ppo.v1 import trainer_base as _trainer_base  # noqa: E402
+from verl.trainer.ppo.v1.trainer_base import register_trainer  # noqa: E402
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
+from verl.utils.debug import marked_timer  # noqa: E402
+from verl.utils.torch_functional import masked_whiten  # noqa: E402
+from verl.workers.utils.padding import response_to_nested  # noqa: E402
+
+__all__ = [
+    "SEAMS",
+    "AgentLoopManagerTQ",
+    "KVBatchMeta",
+    "NotifyingAgentLoopWorker",
+    "Seam",
+    "SyncTrainerBase",
+    "VerlCompatError",
+    "check_seams",
+    "marked_timer",
+    "masked_whiten",
+    "register_trainer",
+    "response_to_nested",
+    "tq",
+]
+
+AgentLoopManagerTQ = _agent_loop_tq.AgentLoopManagerTQ
+
+
+class SyncTrainerBase(PPOTrainerSync):
+    """verl's sync trainer, with the private hooks ConduitTrainer overrides under public names.
+
+    ``conduit_*`` methods default to verl's behaviour. The trainer reports itself as ``sync`` to
+    verl's branches on ``trainer_mode`` (replay buffer class, refill, checkpoints): it keeps the
+    sync trainer's semantics under another mode name.
+    """
+
+    def _init_tokenizer(self) -> None:
+        super()._init_tokenizer()
+        self.conduit_tokenizer_ready(self.tokenizer)
+
+    def conduit_tokenizer_ready(self, tokenizer: Any) -> None:
+        """Runs first in ``init()``, once the tokenizer is loaded (before any worker starts)."""
+
+    def _build_replay_buffer(self) -> Any:
+        self.trainer_mode = "sync"
+        buffer = super()._build_replay_buffer()
+        self.conduit_replay_buffer_ready(buffer)
+        return buffer
+
+    def conduit_replay_buffer_ready(self, buffer: Any) -> None:
+        """Runs inside verl's ``__init__`` once the replay buffer exists."""
+
+    def _get_required_batch_multiple(self, dp_size: int) -> int:
+        return self.conduit_batch_multiple(dp_size)
+
+    def conduit_batch_multiple(self, dp_size: int) -> int:
+        """What ``_balance_batch`` pads a batch to a multiple of (verl's: lcm with a mini-batch)."""
+        return int(super()._get_required_batch_multiple(dp_size))
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> Any:
+        return self.conduit_step(metrics, timing_raw, sample_batch_size)
+
+    def conduit_step(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> Any:
+        """One step: sample ``sample_batch_size`` groups, ingest, update (verl's sync step)."""
+        return super()._step_once(metrics, timing_raw, sample_batch_size)
+
+
+# -- trainer methods and state (``trainer`` is a SyncTrainerBase) ------------------------------
+
+
+def balance_batch(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    return trainer._balance_batch(batch, metrics=metrics)
+
+
+def compute_reward_colocate(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    return trainer._compute_reward_colocate(batch, metrics=metrics)
+
+
+def compute_old_log_prob(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    return trainer._compute_old_log_prob(batch, metrics=metrics)
+
+
+def compute_ref_log_prob(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    return trainer._compute_ref_log_prob(batch, metrics=metrics)
+
+
+def compute_values(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    return trainer._compute_values(batch, metrics=metrics)
+
+
+def compute_advantage(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    return trainer._compute_advantage(batch, metrics=metrics)
+
+
+def update_critic(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    return trainer._update_critic(batch, metrics=metrics)
+
+
+def update_actor(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    return trainer._update_actor(batch, metrics=metrics)
+
+
+def on_sample_begin(trainer: Any) -> None:
+    trainer.on_sample_begin()
+
+
+def on_sample_end(trainer: Any) -> None:
+    trainer.on_sample_end()
+
+
+def colocated_reward(trainer: Any) -> bool:
+    """The reward is computed by the trainer (no reward-loop workers): verl's optional stage."""
+    return trainer.get_reward_handles() is None
+
+
+def uses_reference_policy(trainer: Any) -> bool:
+    return bool(trainer.use_reference_policy)
+
+
+def uses_critic(trainer: Any) -> bool:
+    return bool(trainer.use_critic)
+
+
+def global_step(trainer: Any) -> int:
+    return int(trainer.global_steps)
+
+
+def replay_buffer(trainer: Any) -> Any:
+    return trainer.replay_buffer
+
+
+# -- the replay buffer --------------------------------------------------------------------------
+
+
+def sample_groups(buffer: Any, global_steps: int, partition_id: str, groups: int) -> tuple[KVBatchMeta, dict]:
+    """``groups`` finished prompt groups (waits for them) and the off-policy metrics."""
+    return buffer.sample(global_steps=global_steps, partition_id=partition_id, batch_size=groups)
+
+
+def finished_groups(buffer: Any, partition_id: str) -> int:
+    """Re-read TransferQueue's metadata; the number of finished prompt groups of the partition."""
+    buffer._sync_metadata_from_transfer_queue()
+    return len(buffer.finished_keys.get(partition_id, ()))
+
+
+def any_failed_group(buffer: Any, partition_id: str) -> bool:
+    """Whether the last re-read found a failed prompt group (verl's sampler refills those)."""
+    return bool(buffer.failure_keys.get(partition_id))
+
+
+def set_poll_interval(buffer: Any, seconds: float) -> float | None:
+    """Set how often the replay buffer re-reads TransferQueue; the previous period (None: it has none)."""
+    if not hasattr(buffer, "poll_interval"):
+        return None
+    old = buffer.poll_interval
+    buffer.poll_interval = seconds
+    return old
+
+
+@contextlib.contextmanager
+def poll_interval(buffer: Any, seconds: float) -> Iterator[None]:
+    """Within the block the replay buffer re-reads TransferQueue every ``seconds``."""
+    old = set_poll_interval(buffer, seconds)
+    try:
+        yield
+    finally:
+        if old is not None:
+            buffer.poll_interval = old
+
+
+# -- one TransferQueue put per piece: the ``tq`` module verl's stage methods write through ------
+
+
+@contextlib.contextmanager
+def trainer_tq(stand_in: Any) -> Iterator[None]:
+    """Within the block verl's trainer module calls ``stand_in`` where it calls ``transfer_queue``.
+    Driver process, one thread."""
+    real = _trainer_base.tq
+    _trainer_base.tq = stand_in
+    try:
+        yield
+    finally:
+        _trainer_base.tq = real
+
+
+# -- PPO's GAE ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def gae_function(fn: Callable[..., Any]) -> Iterator[None]:
+    """Within the block verl's ``compute_advantage`` runs ``fn`` as its GAE
+    (``core_algos.compute_gae_advantage_return``). Driver process, one thread."""
+    from verl.trainer.ppo import core_algos
+
+    original = core_algos.compute_gae_advantage_return
+    core_algos.compute_gae_advantage_return = fn
+    try:
+        yield
+    finally:
+        core_algos.compute_gae_advantage_return = original
+
+
+# -- the agent loop -----------------------------------------------------------------------------
+
+
+class NotifyingAgentLoopWorker(_agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[name-defined,misc]
+    """verl's TransferQueue agent-loop worker (the Python class, before ``ray.remote``) that calls
+    ``conduit_group_done(partition_id)`` once each prompt group's TQ tag (finished or failure) is
+    written."""
+
+    async def _run_prompt(
+        self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False
+    ) -> None:
+        partition_id = "train" if not trajectory["validate"] else "val"
+        try:
+            await super()._run_prompt(prompt, sampling_params, trajectory=trajectory, trace=trace)
+        finally:
+            await self.conduit_group_done(partition_id)
+
+    async def conduit_group_done(self, partition_id: str) -> None:
+        """One group of ``partition_id`` reached a terminal status."""
+
+
+def set_agent_loop_workers(manager: Any, worker_class: Any) -> None:
+    """Make an ``AgentLoopManagerTQ`` start ``worker_class`` (a Ray actor class) as its workers."""
+    manager.agent_loop_workers_class = worker_class
+
+
+READY = True
+for _callback in _when_ready:
+    _callback()
+_when_ready.clear()

@@ -1,0 +1,77 @@
+"""The ``verl.plugins`` entry points: conduit_verl registers the trainer mode and nothing else; the
+CPU harness (``tools/verl_cpu``) is its own plugin and changes nothing unless asked to."""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("verl")
+
+from conduit_verl import plugin  # noqa: E402
+from conduit_verl.errors import VerlCompatError  # noqa: E402
+
+
+def _modules_after(code: str, env: dict[str, str] | None = None) -> list[str]:
+    """``conduit*`` modules loaded in a fresh interpreter after running ``code``."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('conduit'))))"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CONDUIT_VERL", "VERL_"))}
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**environ, **(env or {})},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_import_verl_loads_no_cpu_harness_and_no_core() -> None:
+    loaded = _modules_after("import verl")
+    assert "conduit_verl.plugin" in loaded
+    assert not [m for m in loaded if m.startswith("conduit_verl_cpu.") and m not in _CPU_PLUGIN], loaded
+    assert "conduit" not in loaded and "conduit_verl.trainer" not in loaded  # nothing heavy up front
+
+
+_CPU_PLUGIN = ("conduit_verl_cpu.plugin", "conduit_verl_cpu.patches")
+
+
+def test_cpu_plugin_applies_only_when_asked() -> None:
+    pytest.importorskip("conduit_verl_cpu")
+    loaded = _modules_after("import verl", {"CONDUIT_VERL_CPU": "1"})
+    assert "conduit_verl_cpu.platform" in loaded and "conduit_verl_cpu.registration" in loaded
+
+
+def test_trainer_registers_whichever_module_imports_verl_first() -> None:
+    # compat.py imports verl's trainer package, whose import hook registers the trainer, which
+    # needs compat.py: the registration waits until compat.py is imported
+    for first in ("conduit_verl.piece_writes", "conduit_verl.streaming", "conduit_verl.trainer"):
+        loaded = _modules_after(
+            f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
+            "assert get_trainer_cls('conduit').__name__ == 'ConduitTrainer'"
+        )
+        assert "conduit_verl.trainer" in loaded, first
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):  # noqa: ANN001
+        if fullname == "conduit_verl.trainer":
+            raise VerlCompatError("verl 0.10.0: trainer method `_step_once` not found")
+        return None
+
+
+def test_incompatible_verl_leaves_verl_working(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delitem(sys.modules, "conduit_verl.trainer", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_Refuse(), *sys.meta_path])
+    with caplog.at_level(logging.WARNING, logger="conduit_verl.plugin"):
+        plugin._register_trainer()  # logs, does not raise: verl's own trainer modes keep working
+    assert "trainer mode 'conduit' is not available: verl 0.10.0: trainer method `_step_once`" in caplog.text

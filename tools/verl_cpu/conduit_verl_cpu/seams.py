@@ -1,0 +1,99 @@
+"""What the CPU harness needs from verl, checked with ``conduit_verl.compat``'s checker.
+
+The product's seams live in ``conduit_verl/compat.py``; these are the harness's own (a platform,
+a rollout, value-head loading, the replay buffer's poll, the per-step sample dump). The launcher
+checks them before it starts verl (:func:`check`), and ``tests/integrations/verl/test_verl_compat.py``
+checks each against the installed verl. Importing this module imports verl's trainer package: only
+the launcher and the tests do, never the plugin.
+"""
+
+from __future__ import annotations
+
+from conduit_verl.compat import Seam, check_seams
+
+_REPLICA = "verl.workers.rollout.replica"
+_BASE = "verl.workers.rollout.base"
+
+
+def _replica_attribute(name: str) -> Seam:
+    return Seam(f"rollout replica attribute `{name}`", _REPLICA, assigns=name)
+
+
+SEAMS: tuple[Seam, ...] = (
+    # the CPU platform (platform.py)
+    Seam("class `PlatformBase`", "verl.plugin.platform", "PlatformBase"),
+    Seam(
+        "`PlatformRegistry.register`",
+        "verl.plugin.platform",
+        "PlatformRegistry.register",
+        params=("platform",),
+    ),
+    # the "hf" rollout (registration.py, rollout.py, hf_server.py)
+    Seam(
+        "`RolloutReplicaRegistry.register`",
+        _REPLICA,
+        "RolloutReplicaRegistry.register",
+        params=("name", "loader"),
+    ),
+    Seam("rollout replica method `launch_servers`", _REPLICA, "RolloutReplica.launch_servers"),
+    Seam(
+        "rollout replica method `rollout_worker_use_gpu`", _REPLICA, "RolloutReplica.rollout_worker_use_gpu"
+    ),
+    Seam("rollout replica property `max_concurrency`", _REPLICA, "RolloutReplica.max_concurrency"),
+    *map(
+        _replica_attribute,
+        (
+            "replica_rank",
+            "is_reward_model",
+            "is_teacher_model",
+            "name_suffix",
+            "model_config",
+            "config",
+            "servers",
+            "_server_handle",
+            "_server_address",
+        ),
+    ),
+    Seam(
+        "class `TokenOutput`",
+        _REPLICA,
+        "TokenOutput",
+        params=("token_ids", "log_probs", "stop_reason", "extra_fields"),
+    ),
+    Seam("module global `rollout.base._ROLLOUT_REGISTRY`", _BASE, "_ROLLOUT_REGISTRY"),
+    Seam("class `BaseRollout`", _BASE, "BaseRollout", params=("config", "model_config", "device_mesh")),
+    Seam("rollout method `update_weights`", _BASE, "BaseRollout.update_weights"),
+    # PPO's critic on CPU (patches._patch_valuehead_model)
+    Seam(
+        "function `verl.utils.model.load_valuehead_model`",
+        "verl.utils.model",
+        "load_valuehead_model",
+        params=("local_path", "torch_dtype", "model_config", "trust_remote_code"),
+    ),
+    # the tuned baseline's poll period (patches._patch_poll_interval)
+    Seam(
+        "replay buffer method `sample`",
+        "verl.trainer.ppo.v1.replay_buffer",
+        "ReplayBuffer.sample",
+        params=("global_steps", "partition_id", "batch_size"),
+    ),
+    Seam(
+        "replay buffer attribute `poll_interval`",
+        "verl.trainer.ppo.v1.replay_buffer",
+        assigns="poll_interval",
+    ),
+    # the per-step sample dump (dump.py)
+    Seam(
+        "trainer method `_compute_metrics`",
+        "verl.trainer.ppo.v1.trainer_base",
+        "PPOTrainer._compute_metrics",
+        params=("batch", "metrics", "timing_raw", "global_steps", "epoch"),
+    ),
+    # the entry point the launcher calls (run.py)
+    Seam("function `verl.trainer.main_ppo.main`", "verl.trainer.main_ppo", "main"),
+)
+
+
+def check() -> None:
+    """Raise ``conduit_verl.errors.VerlCompatError`` naming whatever the installed verl lacks."""
+    check_seams(SEAMS)
