@@ -6,12 +6,13 @@ import threading
 from collections.abc import Sequence
 
 import torch
+from tensordict import TensorDictBase
 
 from conduit.batch import ColumnBatch, validate
 from conduit.buffer.buffer import check_size
 from conduit.buffer.tiers import check_tier_available
 from conduit.config import BufferConfig, SchedulerConfig
-from conduit.errors import CheckpointError, ClosedError, ConfigError, ShapeError, VersionError
+from conduit.errors import CheckpointError, ClosedError, ConfigError, SchemaError, ShapeError, VersionError
 from conduit.metrics import Metrics
 from conduit.ops.delivery import Delivery, DeliveryPlan, Part, Request
 from conduit.ops.operator import Operator
@@ -76,8 +77,11 @@ class Conduit:
     def timeout_s(self) -> float:
         return self.buffer_config.rate_limit.timeout_s
 
-    def put(self, batch: ColumnBatch, version: int = 0) -> None:
+    def put(self, batch: ColumnBatch | TensorDictBase, version: int = 0) -> None:
         """Hand over a rollout fragment written by policy ``version`` (validated before it is queued).
+
+        ``batch`` is a :class:`ColumnBatch` or a ``TensorDict`` with batch size ``[N]`` (verl's and
+        TorchRL's carrier; jagged nested tensors become ragged columns, without a copy).
 
         Raises a :class:`~conduit.errors.SchemaError` subclass on a schema mismatch,
         :class:`~conduit.errors.CapacityError` for a write larger than the buffer (or not whole groups:
@@ -86,6 +90,10 @@ class Conduit:
         """
         self._check_open()
         with self.metrics.span("put", exposed=True):
+            if isinstance(batch, TensorDictBase):
+                batch = ColumnBatch.from_tensordict(batch)
+            if not isinstance(batch, ColumnBatch):
+                raise SchemaError(f"put() takes a ColumnBatch or a TensorDict, got {type(batch).__name__}")
             validate(self.schema, batch)
             self.buffer.writer.check(batch.size)  # ingestion operators keep the item count
             with self._version_lock:

@@ -243,6 +243,8 @@ class ColumnBatch:
     @staticmethod
     def from_tensordict(td) -> ColumnBatch:  # noqa: ANN001
         """The inverse of :meth:`to_tensordict`, again without copies."""
+        if len(td.batch_size) != 1:
+            raise ShapeError(f"a TensorDict batch needs batch_size [N], got {list(td.batch_size)}")
         out: dict[str, ColumnData] = {}
         for k in td.keys():
             v = td.get(k)

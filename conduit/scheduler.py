@@ -117,8 +117,7 @@ class InlineScheduler(Scheduler):
             return fn(self.ready.first_slot())
 
     def close(self, drain: bool, timeout: float) -> None:
-        with self._lock:
-            self.buffer.close()
+        self.buffer.close()  # not under the lock: a get() blocked in the buffer must wake and raise
 
 
 class BackgroundScheduler(Scheduler):

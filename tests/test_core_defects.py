@@ -83,9 +83,10 @@ def _take_16(c: Conduit, out: list[int]) -> None:
         out += c.get(8).batch["id"].tolist()
 
 
-def test_two_threads_calling_sync_get_lose_nothing():
-    for _ in range(40):
-        c = fifo("sync", capacity=256, g_del=4)
+@pytest.mark.parametrize("overlap", MODES)
+def test_two_threads_calling_get_lose_nothing(overlap):
+    for _ in range(40 if overlap == "sync" else 5):
+        c = fifo(overlap, capacity=256, g_del=4)
         c.put(frag(0, 256))
         got: list[list[int]] = [[], []]
         threads = [threading.Thread(target=_take_16, args=(c, got[k])) for k in range(2)]
@@ -365,3 +366,50 @@ def test_presets_build_the_shapes_integrations_use():
     assert per.sampler.has_priorities and per.sampler.alpha == 0.5
     uni = BufferConfig.uniform_replay(64, min_size=10).build(IN)
     assert not uni.sampler.consumes and uni.limiter.config.min_size == 10
+
+
+@pytest.mark.parametrize("overlap", MODES)
+def test_close_wakes_a_get_waiting_for_a_producer_that_never_comes(overlap):
+    c = fifo(overlap, timeout_s=60)
+    c.put(frag(0, 2))
+    errors: list[BaseException] = []
+
+    def wait_for_more() -> None:
+        try:
+            c.get(8)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=wait_for_more)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    c.close(drain=False)
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - t0 < 3
+    assert len(errors) == 1 and isinstance(errors[0], ClosedError)
+
+
+@pytest.mark.parametrize("overlap", MODES)
+def test_a_producer_that_never_finishes_gives_a_timeout_that_names_why(overlap):
+    c = fifo(overlap, timeout_s=0.5)
+    c.put(frag(0, 3))
+    with pytest.raises(ConduitError, match="requested 4 items but only 3 unconsumed"):
+        c.get(4)
+    assert c.get(3).batch["id"].tolist() == [0, 1, 2]  # nothing was consumed by the failed get
+    c.close()
+
+
+@pytest.mark.parametrize("overlap", MODES)
+def test_tensordict_in_and_out_at_the_boundary(overlap):
+    buf = BufferConfig(capacity=8, sampler="fifo", rate_limit=RateLimit(min_size=0))
+    c = Conduit(TOK, buf, SchedulerConfig(overlap=overlap))
+    b = ColumnBatch(
+        {"id": torch.arange(2), "tokens": Ragged.from_list([torch.tensor([1, 2]), torch.tensor([3])])}
+    )
+    c.put(b.to_tensordict())
+    td = c.get(2).to_tensordict()
+    assert td["id"].tolist() == [0, 1] and td["tokens"].values().tolist() == [1, 2, 3]
+    with pytest.raises(ConduitError, match="ColumnBatch or a TensorDict"):
+        c.put({"id": torch.arange(2)})
+    c.close()

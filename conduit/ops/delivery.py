@@ -134,6 +134,10 @@ class Delivery:
     def num_minibatches(self) -> int | None:
         return None if self.layout is None else self.layout[2]
 
+    def to_tensordict(self):  # noqa: ANN201  (tensordict is typed loosely)
+        """The delivered batch as a ``TensorDict`` (shared memory; ragged columns as jagged tensors)."""
+        return self.items.batch.to_tensordict()
+
     def wait(self) -> None:
         """Make the current CUDA stream wait for the copy that produced this delivery."""
         if self.ready is not None:
