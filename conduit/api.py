@@ -175,8 +175,9 @@ class Conduit:
             raise ShapeError(f"priorities must be a tensor, got {type(priorities).__name__}")
         priorities = priorities.detach().flatten().to("cpu")
         with self.metrics.span("update_priorities", exposed=True):
-            self.buffer.check_priorities(slots.to("cpu"), generations.to("cpu"), priorities)
-            self._scheduler.update_priorities(slots, generations, priorities)
+            self._scheduler.update_priorities(
+                slots, generations, priorities
+            )  # checked before anything changes
 
     def end_iteration(self) -> dict[str, float]:
         """This iteration's metrics (exposed_s, per-operator seconds, bytes, queues), then reset."""

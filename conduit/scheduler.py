@@ -223,6 +223,7 @@ class BackgroundScheduler(Scheduler):
     def update_priorities(
         self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
     ) -> None:
+        self.buffer.check_priorities(slots, generations, priorities)  # on the caller's thread, as sync does
         with self.cond:
             self._raise_pending()
             self.priorities.append((slots, generations, priorities))

@@ -195,8 +195,10 @@ class ExperienceBuffer:
             )
         if slots.dtype != torch.int64 or generations.dtype != torch.int64:
             raise ShapeError(f"update_priorities: slots and generations must be int64, got {slots.dtype}")
-        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.capacity):
-            raise PriorityError(f"update_priorities: slots must lie in [0, {self.capacity})")
+        if slots.numel():
+            lo, hi = torch.aminmax(slots)
+            if int(lo) < 0 or int(hi) >= self.capacity:
+                raise PriorityError(f"update_priorities: slots must lie in [0, {self.capacity})")
         if not bool(torch.isfinite(priorities).all()):
             raise PriorityError("update_priorities: priorities must be finite (got NaN or inf)")
 

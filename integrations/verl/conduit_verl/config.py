@@ -67,4 +67,12 @@ class ConduitTrainerConfig:
                 raise ConfigError(
                     f"Unknown key trainer.v1.{MODE}.{key}; allowed keys: {', '.join(sorted(allowed))}"
                 )
-        return cls(**knobs)
+        out = cls(**knobs)
+        if out.overlap == "sync":
+            unused = sorted(k for k in ("g_ing", "g_del") if k in knobs)
+            if unused:
+                raise ConfigError(
+                    f"trainer.v1.{MODE}.{unused[0]} does not apply with overlap=sync (verl's whole-batch "
+                    "stages run); remove it or use overlap=async"
+                )
+        return out

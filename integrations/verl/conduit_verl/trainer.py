@@ -88,18 +88,16 @@ class ConduitTrainer(SyncTrainerBase):
         self.conduit_metrics = Metrics(trace=False)
         self.conduit_in_piece = False
         super().__init__(config)
+        if self.conduit_config.overlap == "sync":
+            return  # verl's own step: nothing of the streaming path is built
+        check_streamable(config)
         n = int(config.actor_rollout_ref.rollout.n)
-        capacity = 2 * int(config.data.train_batch_size) * n
-        self.conduit_fifo = GroupFifo(n, capacity, self.conduit_metrics)
-        self.conduit_channel: Any = None
         groups = int(config.data.train_batch_size)
-        unit = 1
-        if self.conduit_config.overlap == "async":
-            check_streamable(config)
-            unit = piece_unit(
-                groups, n, _infer_micro_batches(config), self.conduit_config.g_ing, _dp_size(config)
-            )
-            self.conduit_channel = _completion_channel(config)
+        unit = piece_unit(
+            groups, n, _infer_micro_batches(config), self.conduit_config.g_ing, _dp_size(config)
+        )
+        self.conduit_fifo = GroupFifo(n, 2 * groups * n, self.conduit_metrics)
+        self.conduit_channel: Any = _completion_channel(config)
         self.conduit_wait = GroupWait(self.conduit_channel, unit)
         self.conduit_policy = PiecePolicy(self.conduit_config.g_ing, groups, unit)
 

@@ -50,3 +50,15 @@ def test_bad_values(knobs: dict) -> None:
 
     with pytest.raises(ValueError):
         ConduitTrainerConfig.from_verl(_cfg(knobs))  # ConfigError is a ValueError
+
+
+@pytest.mark.parametrize("key", ["g_ing", "g_del"])
+def test_a_knob_that_does_not_apply_with_overlap_sync_raises(key: str) -> None:
+    from conduit_verl.trainer import ConduitTrainerConfig
+
+    with pytest.raises(ConfigError, match=f"{key} does not apply with overlap=sync"):
+        ConduitTrainerConfig.from_verl(_cfg({"overlap": "sync", key: 2}))
+    assert (
+        ConduitTrainerConfig.from_verl(_cfg({"overlap": "sync", "poll_interval_s": 0.5})).poll_interval_s
+        == 0.5
+    )
