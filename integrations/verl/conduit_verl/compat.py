@@ -37,6 +37,7 @@ TESTED_TRANSFER_QUEUE = ("0.1.10", "0.1.11")
 _TRAINER = "verl.trainer.ppo.v1.trainer_base"
 _BUFFER = "verl.trainer.ppo.v1.replay_buffer"
 _AGENT_LOOP = "verl.trainer.ppo.v1.agent_loop_tq"
+_TQ_MANAGERS = "transfer_queue.storage.managers.base"
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,49 @@ SEAMS: tuple[Seam, ...] = (
         "transfer_queue",
         "kv_batch_put",
         params=("keys", "partition_id", "fields", "tags"),
+    ),
+    # TransferQueue's storage plug point (the Conduit backend, ``tq_store/``, subclasses and registers)
+    Seam(
+        "TransferQueue class `StorageManager`",
+        _TQ_MANAGERS,
+        "StorageManager.__init__",
+        params=("controller_info", "config", "zmq_context"),
+    ),
+    *(
+        Seam(
+            f"TransferQueue method `StorageManager.{name}`",
+            _TQ_MANAGERS,
+            f"StorageManager.{name}",
+            params=params,
+        )
+        for name, params in (
+            ("put_data", ("data", "metadata", "data_parser")),
+            ("get_data", ("metadata",)),
+            ("clear_data", ("metadata",)),
+            ("notify_data_update", ("partition_id", "global_indexes", "field_schema", "custom_backend_meta")),
+        )
+    ),
+    Seam(
+        "TransferQueue `StorageManagerFactory.register`",
+        _TQ_MANAGERS,
+        "StorageManagerFactory.register",
+        params=("manager_type",),
+    ),
+    Seam(
+        "TransferQueue `StorageBootstrapProvider.register_provider`",
+        "transfer_queue.storage.bootstrap",
+        "StorageBootstrapProvider.register_provider",
+        params=("name",),
+    ),
+    Seam(
+        "TransferQueue function `extract_field_schema`",
+        "transfer_queue.metadata",
+        "extract_field_schema",
+        params=("data",),
+    ),
+    *(
+        Seam(f"TransferQueue `BatchMeta.{name}`", "transfer_queue.metadata", f"BatchMeta.{name}")
+        for name in ("global_indexes", "partition_ids", "field_names", "size")
     ),
     # trainer modes
     Seam("function `register_trainer`", _TRAINER, "register_trainer", params=("name",)),

@@ -13,6 +13,8 @@ __all__ = [
     "GroupSizeError",
     "PluginNotInstalledError",
     "ResponseTooLongError",
+    "StorageActorError",
+    "StorageBackendError",
     "VerlCompatError",
     "VerlIntegrationError",
     "VocabMismatchError",
@@ -41,3 +43,11 @@ class VocabMismatchError(VerlIntegrationError):
 
 class VerlCompatError(VerlIntegrationError):
     """The installed verl (or TransferQueue) lacks something conduit_verl uses (``compat.py``)."""
+
+
+class StorageBackendError(VerlIntegrationError):
+    """The Conduit TransferQueue backend cannot store or return a field (shape, dtype, budget, key)."""
+
+
+class StorageActorError(StorageBackendError):
+    """A Conduit storage actor died or did not answer in time."""

@@ -39,3 +39,17 @@ def _register_trainer() -> None:
 
 
 when_imported(TRAINER_PACKAGE, _register_trainer)
+
+
+def _register_tq_store() -> None:
+    try:
+        from conduit_verl.tq_store import register
+
+        register()  # storage_backend=Conduit, in every process that uses TransferQueue
+    except Exception:
+        logger.warning(
+            "conduit_verl: could not register TransferQueue storage backend 'Conduit'", exc_info=True
+        )
+
+
+when_imported("transfer_queue", _register_tq_store)

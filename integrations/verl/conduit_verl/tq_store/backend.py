@@ -1,0 +1,253 @@
+"""TransferQueue storage backend ``Conduit``: verl's token-level experience in Conduit's storage.
+
+Select it with ``transfer_queue.backend.storage_backend=Conduit`` (knobs under
+``+transfer_queue.backend.Conduit.*``: ``placement.<field>=<tier>``, ``budgets.<tier>=<bytes>``,
+``default_tier``, ``timeout_s``). verl's workers, TQ's clients and TQ's controller are unchanged; the
+controller stays metadata-only.
+
+- ``tq.init`` (verl's task runner) starts one storage actor per alive Ray node (:func:`bootstrap`,
+  ``num_cpus=0``, pinned to its node) and writes their names into the config every process reads.
+- Every process that uses TQ builds a :class:`ConduitStorageManager`. A put sends each field whole —
+  one column per field, not one object per sample — to the actor owning the samples (global index mod
+  number of nodes), through Ray's shared-memory object store, then tells the controller.
+- A get from the actor's node maps the field's shared-memory file and gathers the requested tokens
+  straight into its own tensor: one copy, no serialisation. From another node the actor gathers the
+  field and Ray moves it whole (per field, never per sample).
+- Clear forgets every field of the samples (TQ reuses global indexes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from tensordict import TensorDict
+from transfer_queue.metadata import BatchMeta, extract_field_schema
+from transfer_queue.storage.bootstrap import StorageBootstrapProvider
+from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
+
+from conduit_verl.errors import StorageActorError, StorageBackendError
+from conduit_verl.tq_store.columns import Column, column_of, field_of, from_wire, to_wire
+from conduit_verl.tq_store.fields import Layout, StaleLayoutError, read_mapped
+from conduit_verl.tq_store.store import NodeStore, check_placement
+
+logger = logging.getLogger(__name__)
+
+NAME = "Conduit"
+NAMESPACE = "transfer_queue"
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@ray.remote(num_cpus=0)
+class StorageActor:
+    """A :class:`NodeStore` on one node."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.store = NodeStore(**kwargs)
+        self.node = ray.get_runtime_context().get_node_id()
+
+    def node_id(self) -> str:
+        return self.node
+
+    def put(self, gis: np.ndarray, wires: dict[str, tuple]) -> None:
+        self.store.put(gis, wires)
+
+    def get(self, gis: np.ndarray, names: list[str]) -> dict[str, tuple]:
+        return self.store.get(gis, names)
+
+    def read_plan(self, gis: np.ndarray, names: list[str], node: str) -> dict[str, tuple]:
+        return self.store.read_plan(gis, names, same_node=node == self.node)
+
+    def clear(self, gis: np.ndarray) -> None:
+        self.store.clear(gis)
+
+    def stats(self) -> dict[str, Any]:
+        return self.store.stats()
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _section(conf: Any) -> dict[str, Any]:
+    if conf is None:
+        return {}
+    raw = OmegaConf.to_container(conf, resolve=True) if isinstance(conf, DictConfig) else dict(conf)
+    return dict(raw or {})
+
+
+def bootstrap(conf: DictConfig) -> list[Any]:
+    """TQ's storage bootstrap for ``Conduit``: one storage actor per alive node (run by ``tq.init``)."""
+    section = _section(conf.backend.get(NAME))
+    placement = dict(section.get("placement") or {})
+    check_placement(placement)
+    kwargs = {
+        "placement": placement,
+        "budgets": dict(section.get("budgets") or {}),
+        "default_tier": section.get("default_tier", "shm"),
+        "directory": section.get("directory"),
+    }
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    tag = uuid.uuid4().hex[:8]
+    names, actors = [], []
+    for i, node in enumerate(nodes):
+        name = f"ConduitTQStorage-{tag}-{i}"
+        strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        actors.append(
+            StorageActor.options(name=name, namespace=NAMESPACE, scheduling_strategy=strategy).remote(
+                **kwargs
+            )
+        )
+        names.append(name)
+    ray.get([a.node_id.remote() for a in actors])  # started (a bad placement fails here, by name)
+    with open_dict(conf):
+        if conf.backend.get(NAME) is None:
+            conf.backend[NAME] = {}
+        conf.backend[NAME]["actors"] = names
+    logger.info("conduit tq store: %d storage actor(s), one per node: %s", len(names), names)
+    return actors
+
+
+class ConduitStorageManager(StorageManager):
+    """TransferQueue's storage manager for the ``Conduit`` backend (one per process)."""
+
+    def __init__(self, controller_info: Any, config: Any, zmq_context: Any = None) -> None:
+        section = _section(config)
+        names = section.get("actors")
+        if not names:
+            raise StorageBackendError(
+                "transfer_queue.backend.Conduit.actors is empty: the Conduit backend's bootstrap did not run. "
+                "Install conduit-rl[verl] (it registers the backend through verl's plugin entry point) in "
+                "every process, and let tq.init start the storage"
+            )
+        super().__init__(controller_info, config, zmq_context)
+        self.names: list[str] = list(names)
+        self.timeout_s = float(section.get("timeout_s", DEFAULT_TIMEOUT_S))
+        self._actors: list[Any] | None = None
+        self._nodes: list[str] = []
+        self.node = ray.get_runtime_context().get_node_id()
+
+    # -- routing and calls --------------------------------------------------------------------------
+
+    def _handles(self) -> list[Any]:
+        if self._actors is None:
+            try:
+                actors = [ray.get_actor(n, namespace=NAMESPACE) for n in self.names]
+                nodes = ray.get([a.node_id.remote() for a in actors], timeout=self.timeout_s)
+            except Exception as e:  # noqa: BLE001
+                raise StorageActorError(f"Conduit storage actors {self.names} are not reachable: {e}") from e
+            self._actors, self._nodes = actors, nodes
+        return self._actors
+
+    def _routes(self, gis: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
+        n = len(self._handles())
+        if n == 1:
+            return [(0, None)]
+        owner = gis % n
+        return [(i, pos) for i in range(n) if (pos := torch.nonzero(owner == i).flatten()).numel()]
+
+    async def _call(self, i: int, method: str, *args: Any) -> Any:
+        actor = self._handles()[i]
+        try:
+            return await asyncio.wait_for(getattr(actor, method).remote(*args), self.timeout_s)
+        except (StorageBackendError, TimeoutError) as e:
+            if isinstance(e, TimeoutError):
+                raise StorageActorError(
+                    f"Conduit storage actor {self.names[i]} (node {self._nodes[i][:12]}) did not answer "
+                    f"{method} within {self.timeout_s:g}s"
+                ) from e
+            raise
+        except ray.exceptions.RayActorError as e:
+            raise StorageActorError(
+                f"Conduit storage actor {self.names[i]} (node {self._nodes[i][:12]}) died; the samples it "
+                f"held are lost: {e}"
+            ) from e
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            raise (cause if isinstance(cause, StorageBackendError) else StorageBackendError(str(e))) from e
+
+    # -- TransferQueue's interface --------------------------------------------------------------------
+
+    async def put_data(self, data: TensorDict, metadata: BatchMeta, data_parser: Any = None) -> None:
+        if data_parser is not None:
+            raise NotImplementedError("data_parser is only supported by TransferQueue's SimpleStorage")
+        if metadata.size == 0:
+            return
+        gis = torch.as_tensor(metadata.global_indexes, dtype=torch.int64)
+        columns = {f: column_of(f, data.get(f)) for f in data.keys()}
+        calls = []
+        for i, pos in self._routes(gis):
+            part = columns if pos is None else {f: c.select(pos) for f, c in columns.items()}
+            keys = gis if pos is None else gis[pos]
+            calls.append(self._call(i, "put", keys.numpy(), {f: to_wire(c) for f, c in part.items()}))
+        await asyncio.gather(*calls)
+        await self.notify_data_update(
+            metadata.partition_ids[0], metadata.global_indexes, extract_field_schema(data)
+        )
+
+    async def get_data(self, metadata: BatchMeta) -> TensorDict:
+        if metadata.size == 0:
+            return TensorDict({}, batch_size=0)
+        gis = torch.as_tensor(metadata.global_indexes, dtype=torch.int64)
+        names = list(metadata.field_names)
+        routes = self._routes(gis)
+        parts = await asyncio.gather(
+            *(self._read(i, gis if pos is None else gis[pos], names) for i, pos in routes)
+        )
+        if len(parts) == 1:
+            columns = parts[0]
+        else:
+            order = torch.cat([pos for _, pos in routes if pos is not None])
+            back = torch.argsort(order)
+            columns = {f: Column.cat([p[f] for p in parts]).select(back) for f in names}
+        return TensorDict({f: field_of(columns[f]) for f in names}, batch_size=len(gis))
+
+    async def _read(self, i: int, gis: torch.Tensor, names: list[str]) -> dict[str, Column]:
+        plan = await self._call(i, "read_plan", gis.numpy(), names, self.node)
+        out: dict[str, Column] = {}
+        retry: list[str] = []
+        for name, entry in plan.items():
+            if entry[0] != "mapped":
+                out[name] = from_wire(entry, writable=True)
+                continue
+            _, kind, layout, lengths = entry
+            lens = None if lengths is None else torch.from_numpy(np.array(lengths, copy=True))
+            try:
+                out[name] = read_mapped(_layout(layout), gis, lens, kind)
+            except StaleLayoutError:  # the field grew into a new file since the plan
+                retry.append(name)
+        if retry:
+            wires = await self._call(i, "get", gis.numpy(), retry)
+            out.update({n: from_wire(w, writable=True) for n, w in wires.items()})
+        return out
+
+    async def clear_data(self, metadata: BatchMeta) -> None:
+        if metadata.size == 0:
+            return
+        gis = torch.as_tensor(metadata.global_indexes, dtype=torch.int64)
+        await asyncio.gather(
+            *(
+                self._call(i, "clear", (gis if pos is None else gis[pos]).numpy())
+                for i, pos in self._routes(gis)
+            )
+        )
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Each node's counters and field tiers."""
+        return ray.get([a.stats.remote() for a in self._handles()], timeout=self.timeout_s)
+
+
+def _layout(layout: Any) -> Layout:
+    return layout if isinstance(layout, Layout) else Layout(*layout)
+
+
+def register() -> None:
+    """Register the backend with TransferQueue (idempotent; the verl plugin calls it in every process)."""
+    StorageBootstrapProvider.register_provider(NAME)(bootstrap)
+    StorageManagerFactory.register(NAME)(ConduitStorageManager)

@@ -1,0 +1,160 @@
+"""A TensorDict field as one batch-level column, and its form on the wire (numpy, for Ray's object store).
+
+verl's TransferQueue fields come in three shapes; each becomes one column, never a list of per-sample
+tensors (except opaque Python objects, which have no other form):
+
+- ``scalar``: one number per sample (``[B]``), e.g. a reward or a length;
+- ``jagged``: a leading variable-length axis per sample (token-level: ``[B, L]`` dense or a jagged
+  nested tensor ``[B, j, *rest]``), kept as :class:`conduit.Ragged` (flat values + offsets);
+- ``object``: anything else (``NonTensorStack`` strings and dicts, strided nested tensors).
+
+On the way back a field is rebuilt as TransferQueue's own storage returns it: scalars dense, every
+other tensor field as a jagged nested tensor, objects as a ``NonTensorStack``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorStack
+
+from conduit import Ragged
+from conduit_verl.errors import StorageBackendError
+
+SCALAR, JAGGED, OBJECT = "scalar", "jagged", "object"
+
+#: dtypes numpy cannot hold travel as a same-width integer view
+_VIEWS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One field of a batch: ``data`` is a tensor ``[B]`` (scalar), a :class:`Ragged` (jagged) or a list."""
+
+    kind: str
+    data: Any
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        if self.kind == SCALAR:
+            return self.data.dtype
+        return self.data.values.dtype if self.kind == JAGGED else None
+
+    @property
+    def rest(self) -> tuple[int, ...]:
+        """Per-token shape of a jagged column."""
+        return tuple(self.data.values.shape[1:]) if self.kind == JAGGED else ()
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.kind == OBJECT else int(self.data.nbytes)
+
+    def select(self, positions: torch.Tensor) -> Column:
+        """The samples at ``positions`` (one vectorised gather)."""
+        if self.kind == SCALAR:
+            return Column(SCALAR, self.data.index_select(0, positions))
+        if self.kind == JAGGED:
+            return Column(JAGGED, self.data.index(positions))
+        return Column(OBJECT, [self.data[i] for i in positions.tolist()])
+
+    @staticmethod
+    def cat(parts: Sequence[Column]) -> Column:
+        if len(parts) == 1:
+            return parts[0]
+        kind = parts[0].kind
+        if kind == SCALAR:
+            return Column(SCALAR, torch.cat([p.data for p in parts]))
+        if kind == JAGGED:
+            return Column(JAGGED, Ragged.cat([p.data for p in parts]))
+        return Column(OBJECT, [x for p in parts for x in p.data])
+
+
+def column_of(name: str, value: Any) -> Column:
+    """The column of TensorDict field ``name`` (no copy for dense and jagged tensors)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            if value.layout == torch.jagged and getattr(value, "_ragged_idx", 1) == 1:
+                return Column(JAGGED, Ragged(value.values(), value.offsets().to(torch.int64)))
+            return Column(OBJECT, list(value.unbind()))
+        if value.dim() == 1:
+            return Column(SCALAR, value)
+        if value.dim() == 0:
+            raise StorageBackendError(f"field {name!r}: a 0-d tensor has no batch dimension")
+        b, length = value.shape[0], value.shape[1]
+        offsets = torch.arange(b + 1, dtype=torch.int64) * length
+        return Column(JAGGED, Ragged(value.reshape(b * length, *value.shape[2:]), offsets))
+    if isinstance(value, NonTensorStack):
+        return Column(OBJECT, value.tolist())
+    if isinstance(value, list | tuple):
+        return Column(OBJECT, list(value))
+    raise StorageBackendError(f"field {name!r}: cannot store a {type(value).__name__}")
+
+
+def field_of(column: Column) -> Any:
+    """The TensorDict value TransferQueue's own storage would return for ``column``."""
+    if column.kind == SCALAR:
+        return column.data
+    if column.kind == JAGGED:
+        r: Ragged = column.data
+        # the min/max length travel with the nested tensor (as TQ's own `as_nested_tensor` gives them):
+        # without them `to_padded_tensor` pads every row to the total number of tokens
+        lengths = r.lengths
+        bounds = {"min_seqlen": int(lengths.min()), "max_seqlen": int(lengths.max())} if len(lengths) else {}
+        return torch.nested.nested_tensor_from_jagged(r.values, r.offsets, **bounds)
+    items = column.data
+    if items and all(isinstance(x, torch.Tensor) for x in items):
+        try:
+            return torch.nested.as_nested_tensor(items, layout=torch.strided)
+        except (RuntimeError, TypeError):
+            pass
+    return NonTensorStack(*items)
+
+
+# -- the wire: numpy arrays travel through Ray's shared-memory object store without pickling -------
+
+
+def _to_numpy(t: torch.Tensor) -> tuple[str, np.ndarray]:
+    t = t.detach().to("cpu").contiguous()
+    view = _VIEWS.get(t.dtype)
+    return str(t.dtype), (t.view(view) if view is not None else t).numpy()
+
+
+def _from_numpy(dtype: str, a: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.asarray(a))
+    want = getattr(torch, dtype.removeprefix("torch."))
+    return t.view(want) if want in _VIEWS else t
+
+
+def to_wire(column: Column) -> tuple:
+    if column.kind == SCALAR:
+        return (SCALAR, *_to_numpy(column.data))
+    if column.kind == JAGGED:
+        dtype, values = _to_numpy(column.data.values)
+        return (JAGGED, dtype, values, column.data.offsets.numpy())
+    return (OBJECT, column.data)
+
+
+def from_wire(wire: tuple, writable: bool = False) -> Column:
+    """The column of a wire tuple. Arrays from Ray's object store are read-only: ``writable`` copies."""
+
+    def tensor(dtype: str, a: np.ndarray) -> torch.Tensor:
+        if writable or not a.flags.writeable:
+            a = np.array(a, copy=True)
+        return _from_numpy(dtype, a)
+
+    kind = wire[0]
+    if kind == SCALAR:
+        return Column(SCALAR, tensor(wire[1], wire[2]))
+    if kind == JAGGED:
+        return Column(
+            JAGGED, Ragged(tensor(wire[1], wire[2]), torch.from_numpy(np.array(wire[3], copy=True)))
+        )
+    return Column(OBJECT, list(wire[1]))

@@ -1,0 +1,139 @@
+"""The Conduit TransferQueue backend's store, without Ray: columns, slots, growth, tiers, budgets, errors."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transfer_queue")
+
+from conduit_verl.errors import StorageBackendError  # noqa: E402
+from conduit_verl.tq_store.columns import JAGGED, OBJECT, SCALAR, column_of, field_of, from_wire, to_wire  # noqa: E402
+from conduit_verl.tq_store.fields import StaleLayoutError, read_mapped  # noqa: E402
+from conduit_verl.tq_store.store import NodeStore  # noqa: E402
+from tensordict import NonTensorStack, TensorDict  # noqa: E402
+
+
+def jagged(lengths: list[int], dtype=torch.int64, start: int = 0) -> torch.Tensor:
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    values = torch.arange(start, start + int(offsets[-1])).to(dtype)
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def wires(td: TensorDict) -> dict:
+    return {k: to_wire(column_of(k, td.get(k))) for k in td.keys()}
+
+
+def rows(nt: torch.Tensor) -> list[list]:
+    return [x.tolist() for x in nt.unbind()]
+
+
+def test_columns_keep_shapes_and_round_trip_the_wire():
+    td = TensorDict(
+        {
+            "responses": jagged([2, 0, 3]),
+            "input_ids": torch.arange(12).view(3, 4),
+            "rm_scores": torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16),
+            "uid": NonTensorStack("a", "b", "c"),
+        },
+        batch_size=[3],
+    )
+    cols = {k: column_of(k, td.get(k)) for k in td.keys()}
+    assert (cols["responses"].kind, cols["input_ids"].kind, cols["rm_scores"].kind, cols["uid"].kind) == (
+        JAGGED,
+        JAGGED,
+        SCALAR,
+        OBJECT,
+    )
+    back = {k: from_wire(to_wire(c)) for k, c in cols.items()}
+    assert rows(field_of(back["responses"])) == [[0, 1], [], [2, 3, 4]]
+    assert (
+        rows(field_of(back["input_ids"])) == td["input_ids"].tolist()
+    )  # dense rows come back jagged, as TQ does
+    assert field_of(back["rm_scores"]).dtype == torch.bfloat16
+    assert field_of(back["uid"]).tolist() == ["a", "b", "c"]
+    with pytest.raises(StorageBackendError, match="0-d tensor"):
+        column_of("x", torch.tensor(1.0))
+
+
+def test_put_get_overwrite_and_clear_by_global_index():
+    s = NodeStore()
+    s.put(
+        np.array([5, 1, 9]),
+        wires(TensorDict({"r": jagged([2, 1, 3]), "v": torch.tensor([0.5, 1.5, 2.5])}, [3])),
+    )
+    got = s.get(np.array([9, 5]), ["r", "v"])
+    assert rows(field_of(from_wire(got["r"]))) == [[3, 4, 5], [0, 1]]
+    assert from_wire(got["v"]).data.tolist() == [2.5, 0.5]
+    s.put(np.array([1]), wires(TensorDict({"r": jagged([4], start=100)}, [1])))  # an upsert of one field
+    assert rows(field_of(from_wire(s.get(np.array([1]), ["r"])["r"]))) == [[100, 101, 102, 103]]
+    s.clear(np.array([1, 9]))
+    with pytest.raises(StorageBackendError, match=r"field 'r' is not stored for global indexes \[1\]"):
+        s.get(np.array([5, 1]), ["r"])
+    with pytest.raises(StorageBackendError, match="field 'nope'"):
+        s.get(np.array([5]), ["nope"])
+    s.close()
+
+
+def test_growth_keeps_contents_and_a_stale_layout_is_detected():
+    s = NodeStore()
+    s.put(np.array([0, 1]), wires(TensorDict({"r": jagged([2, 3])}, [2])))
+    plan = s.read_plan(np.array([1]), ["r"], same_node=True)["r"]
+    assert plan[0] == "mapped"
+    _, kind, layout, lengths = plan
+    got = read_mapped(layout, torch.tensor([1]), torch.as_tensor(lengths), kind)
+    assert got.data.values.tolist() == [2, 3, 4]
+    s.put(
+        np.array([500]), wires(TensorDict({"r": jagged([200], start=7)}, [1]))
+    )  # grows capacity and max_len
+    assert rows(field_of(from_wire(s.get(np.array([1, 500]), ["r"])["r"]))) == [
+        [2, 3, 4],
+        list(range(7, 207)),
+    ]
+    stale = type(layout)(layout.path, layout.inode + 1, layout.dtype, layout.shape)
+    with pytest.raises(StaleLayoutError):
+        read_mapped(stale, torch.tensor([1]), torch.as_tensor(lengths), kind)
+    s.close()
+
+
+def test_shared_memory_leaves_no_file_behind():
+    before = set(os.listdir("/dev/shm"))
+    s = NodeStore()
+    s.put(np.array([0]), wires(TensorDict({"r": jagged([3])}, [1])))
+    assert set(os.listdir("/dev/shm")) == before  # unlinked at once; readers open the store's descriptor
+    s.close()
+
+
+def test_placement_budgets_spill_and_errors(tmp_path):
+    with pytest.raises(StorageBackendError, match="unknown field 'old_logprobs'"):
+        NodeStore(placement={"old_logprobs": "host"})
+    with pytest.raises(StorageBackendError, match="unknown tier"):
+        NodeStore(placement={"old_log_probs": "ssd"})
+    with pytest.raises(StorageBackendError, match="unknown tier"):
+        NodeStore(budgets={"gpu": 10})
+    s = NodeStore(placement={"old_log_probs": "host"}, budgets={"shm": 1024}, directory=str(tmp_path))
+    s.put(
+        np.array([0]),
+        wires(TensorDict({"responses": jagged([4]), "old_log_probs": jagged([4], torch.float32)}, [1])),
+    )
+    fields = s.stats()["fields"]
+    assert fields["old_log_probs"]["tier"] == "host"
+    assert fields["responses"]["tier"] == "host" and fields["responses"]["spilled"]  # shm budget too small
+    s.close()
+    tight = NodeStore(default_tier="disk", budgets={"disk": 10}, directory=str(tmp_path))
+    with pytest.raises(StorageBackendError, match=r"field 'responses' needs \d+ bytes"):
+        tight.put(np.array([0]), wires(TensorDict({"responses": jagged([4])}, [1])))
+
+
+def test_a_put_of_another_dtype_is_refused_whole():
+    s = NodeStore()
+    s.put(np.array([0]), wires(TensorDict({"a": jagged([2]), "b": jagged([2])}, [1])))
+    bad = TensorDict({"a": jagged([2]), "b": jagged([2], torch.float32)}, [1])
+    with pytest.raises(StorageBackendError, match="field 'b' holds jagged torch.int64"):
+        s.put(np.array([1]), wires(bad))
+    with pytest.raises(StorageBackendError, match="field 'a' is not stored"):  # nothing of the bad put landed
+        s.get(np.array([1]), ["a"])

@@ -1,0 +1,111 @@
+"""The Conduit TransferQueue backend through TQ's own client API, on Ray (one node, then three)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("transfer_queue")
+
+import conduit_verl.tq_store as tq_store  # noqa: E402
+import ray  # noqa: E402
+import transfer_queue as tq  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+def conduit_conf(**section) -> OmegaConf:
+    return OmegaConf.create(
+        {"controller": {"polling_mode": True}, "backend": {"storage_backend": "Conduit", "Conduit": section}}
+    )
+
+
+def jagged(lengths: list[int], start: int = 0, dtype=torch.int64) -> torch.Tensor:
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    return torch.nested.nested_tensor_from_jagged(
+        torch.arange(start, start + int(offsets[-1])).to(dtype), offsets
+    )
+
+
+def rows(nt: torch.Tensor) -> list[list]:
+    return [x.tolist() for x in nt.unbind()]
+
+
+def storage_actors() -> list:
+    controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    names = ray.get(controller.get_config.remote()).backend.Conduit.actors
+    return [ray.get_actor(n, namespace="transfer_queue") for n in names]
+
+
+@pytest.fixture(scope="module")
+def one_node():
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="conduit_tq_test")
+    tq_store.register()
+    tq.init(conduit_conf(timeout_s=5))
+    yield
+    tq.close()
+    ray.shutdown()
+
+
+def test_put_get_upsert_and_clear(one_node):
+    tq.kv_batch_put(
+        keys=["a", "b", "c"],
+        partition_id="train",
+        fields=TensorDict({"responses": jagged([2, 1, 3]), "rm_scores": torch.tensor([1.0, 2.0, 3.0])}, [3]),
+    )
+    lp = jagged([2, 1, 3], dtype=torch.float32)
+    tq.kv_batch_put(keys=["a", "b", "c"], partition_id="train", fields=TensorDict({"old_log_probs": lp}, [3]))
+    out = tq.kv_batch_get(keys=["c", "a"], partition_id="train")
+    assert rows(out["responses"]) == [[3, 4, 5], [0, 1]]
+    assert out["rm_scores"].tolist() == [3.0, 1.0]
+    assert rows(out["old_log_probs"]) == [[3.0, 4.0, 5.0], [0.0, 1.0]]
+    stats = ray.get(storage_actors()[0].stats.remote())
+    assert stats["bytes_get_mapped"] > 0  # the same-node reader read the store's memory in place
+    tq.kv_clear(keys=["a", "b", "c"], partition_id="train")
+    assert tq.kv_list(partition_id="train") == {"train": {}}
+
+
+def test_partitions_do_not_leak_and_a_cleared_index_is_reused_cleanly(one_node):
+    tq.kv_batch_put(keys=["k"], partition_id="train", fields=TensorDict({"responses": jagged([3])}, [1]))
+    tq.kv_batch_put(
+        keys=["k"], partition_id="val", fields=TensorDict({"responses": jagged([2], start=50)}, [1])
+    )
+    assert rows(tq.kv_batch_get(keys=["k"], partition_id="train")["responses"]) == [[0, 1, 2]]
+    assert rows(tq.kv_batch_get(keys=["k"], partition_id="val")["responses"]) == [[50, 51]]
+    tq.kv_clear(keys=["k"], partition_id="train")
+    tq.kv_batch_put(
+        keys=["k2"], partition_id="train", fields=TensorDict({"rm_scores": torch.tensor([7.0])}, [1])
+    )
+    out = tq.kv_batch_get(keys=["k2"], partition_id="train")
+    assert list(out.keys()) == ["rm_scores"] and out["rm_scores"].tolist() == [
+        7.0
+    ]  # no field of the old sample
+    assert rows(tq.kv_batch_get(keys=["k"], partition_id="val")["responses"]) == [[50, 51]]
+    tq.kv_clear(keys=["k2"], partition_id="train")
+    tq.kv_clear(keys=["k"], partition_id="val")
+
+
+def test_many_small_puts_read_back_as_one_batch(one_node):
+    keys = [f"t{i}" for i in range(16)]
+    for i, key in enumerate(keys):  # verl's agent loop puts each trajectory on its own (batch 1)
+        tq.kv_batch_put(
+            keys=[key], partition_id="train", fields=TensorDict({"responses": torch.full((1, i + 1), i)}, [1])
+        )
+    out = tq.kv_batch_get(keys=keys, partition_id="train")
+    assert rows(out["responses"]) == [[i] * (i + 1) for i in range(16)]
+    tq.kv_clear(keys=keys, partition_id="train")
+
+
+def test_a_dead_storage_actor_gives_a_clear_error_not_a_hang(one_node):
+    tq.kv_batch_put(keys=["x"], partition_id="train", fields=TensorDict({"responses": jagged([2])}, [1]))
+    for actor in storage_actors():
+        ray.kill(actor, no_restart=True)
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="Conduit storage actor .* (died|not reachable|did not answer)"):
+        tq.kv_batch_get(keys=["x"], partition_id="train")
+    assert time.monotonic() - t0 < 30
