@@ -50,10 +50,18 @@ def _infer_micro_batches(config: DictConfig) -> dict[str, int | None]:
 
 
 def _dp_size(config: DictConfig) -> int:
-    """Data-parallel ranks a piece is split over: the actor's world over its sequence-parallel size."""
+    """Data-parallel ranks a piece is split over: the actor's world over the ranks that share samples
+    (FSDP: Ulysses sequence parallel; Megatron: tensor x pipeline x context parallel)."""
     world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
-    sp = int(config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    return max(1, world // sp)
+    actor = config.actor_rollout_ref.actor
+    if actor.get("strategy") == "megatron":
+        mg = actor.megatron
+        peers = 1
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            peers *= int(mg.get(key, 1) or 1)
+    else:
+        peers = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    return max(1, world // peers)
 
 
 def _completion_channel(config: DictConfig) -> Any:
