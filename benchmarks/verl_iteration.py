@@ -1,12 +1,18 @@
 """verl 0.9.1 on CPU: one iteration of GRPO/PPO, verl's trainers vs Conduit's ``conduit`` mode.
 
-    python benchmarks/verl_iteration.py [--quick] [--algo grpo|ppo] [--out FILE]
+    python benchmarks/verl_iteration.py [--quick] [--algo grpo|ppo] [--systems a,b,...] [--out FILE]
 
 Systems, same seed and data, run one after another in this invocation (each start costs ~75 s
 of Ray/verl start-up, so iterations cannot alternate between systems): ``verl_sync`` (as shipped,
 2 s replay-buffer poll), ``verl_sync_tuned`` (the poll period a sweep found best; the sweep is one
 run with a per-step period schedule and is recorded), ``verl_colocate_async``, ``conduit``. The first
 iteration of each run is warm-up. Exposed time: see ``verl_analysis.py``.
+
+TransferQueue's storage backend is a second dimension. A system runs on its mode's default: verl's
+SimpleStorage for verl's modes, Conduit's backend for ``conduit``; the suffix ``+tq_conduit`` or
+``+tq_simple`` picks the other one (``verl_sync_tuned+tq_conduit``: verl's tuned sync trainer with
+its experience in Conduit's storage; ``conduit+tq_simple``: Conduit's mode on verl's storage). Every
+row records the backend the run reported (``tq_backend``, from its ``summary.json``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,31 @@ from verl_plots import reward_curve, stage_bars  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SWEEP = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005)
+#: the harness's ``--tq-backend`` choices -> TransferQueue's backend names
+TQ_BACKENDS = {"conduit": "Conduit", "simple": "SimpleStorage"}
+TQ_SUFFIX = "+tq_"
+DEFAULT_SYSTEMS = (
+    "verl_sync,verl_sync_tuned,verl_sync_tuned+tq_conduit,verl_colocate_async,"
+    "conduit,conduit+tq_simple,conduit_stream"
+)
+
+
+def split_system(system: str) -> tuple[str, str]:
+    """``"verl_sync_tuned+tq_conduit"`` -> ``("verl_sync_tuned", "conduit")``; without a suffix the
+    mode's default backend (``conduit`` for Conduit's mode, ``simple`` for verl's)."""
+    base, _, backend = system.partition(TQ_SUFFIX)
+    if backend and backend not in TQ_BACKENDS:
+        raise SystemExit(
+            f"system {system!r}: unknown backend suffix; use {TQ_SUFFIX}conduit or {TQ_SUFFIX}simple"
+        )
+    return base, backend or ("conduit" if base.startswith("conduit") else "simple")
+
+
+def backend_ran(work: Path, backend: str) -> str:
+    """The TransferQueue backend the run reported (``summary.json``; older runs: the one asked for)."""
+    path = work / "summary.json"
+    ran = json.loads(path.read_text()).get("tq_backend_ran") if path.exists() else None
+    return ran or TQ_BACKENDS[backend]
 
 
 def run(work: Path, mode: str, steps: int, args: argparse.Namespace, extra: list[str]) -> tuple[int, str]:
@@ -88,9 +119,25 @@ def reward_runs(root: Path, args: argparse.Namespace, png: Path, errors: dict[st
 
 def conduit_knobs(args: argparse.Namespace, system: str) -> list[str]:
     """The conduit mode's knobs for this benchmark (none for verl's own modes)."""
-    if system == "conduit_stream":  # always stream, in pieces of a fixed size
+    base, _ = split_system(system)
+    if base == "conduit_stream":  # always stream, in pieces of a fixed size
         return [f"+trainer.v1.conduit.g_ing={args.stream_g_ing}"]
-    return [f"+trainer.v1.conduit.g_ing={args.g_ing}"] if system == "conduit" else []
+    return [f"+trainer.v1.conduit.g_ing={args.g_ing}"] if base == "conduit" else []
+
+
+def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
+    """Per system: its backend, measured iterations, median wall and exposed time."""
+    lines = [f"{'system':<28} {'tq_backend':<14} {'n':>3} {'wall_s':>8} {'exposed_s':>9}"]
+    for system in systems:
+        mine = [r for r in rows if r["system"] == system]
+        if not mine:
+            lines.append(f"{system:<28} {'-':<14} {0:>3} {'failed':>8}")
+            continue
+        wall = statistics.median(r["wall_s"] for r in mine)
+        exposed = statistics.median(r["exposed_s"] for r in mine)
+        backend = ",".join(sorted({r["tq_backend"] for r in mine}))
+        lines.append(f"{system:<28} {backend:<14} {len(mine):>3} {wall:>8.3f} {exposed:>9.3f}")
+    return "\n".join(lines)
 
 
 def machine() -> dict[str, Any]:
@@ -126,7 +173,9 @@ def main() -> int:
     p.add_argument("--stream-g-ing", type=int, default=2, help="conduit_stream: fixed groups per piece")
     p.add_argument("--rounds", type=int, default=None, help="rounds of all systems (default 2, quick 1)")
     p.add_argument(
-        "--systems", default="verl_sync,verl_sync_tuned,verl_colocate_async,conduit,conduit_stream"
+        "--systems",
+        default=DEFAULT_SYSTEMS,
+        help=f"comma list; a suffix {TQ_SUFFIX}conduit / {TQ_SUFFIX}simple sets the TransferQueue backend",
     )
     p.add_argument("--poll", type=float, default=None, help="skip the sweep; tuned poll period (s)")
     p.add_argument("--timeout", type=int, default=900)
@@ -144,9 +193,11 @@ def main() -> int:
 
     root = Path(args.work or tempfile.mkdtemp(prefix="verl_bench_"))
     systems = args.systems.split(",")
+    for system in systems:
+        split_system(system)  # a bad suffix fails before any run
     result: dict[str, Any] = {"rows": [], "machine": machine(), "errors": {}}
     poll = args.poll
-    if "verl_sync_tuned" in systems and poll is None:
+    if any(split_system(s)[0] == "verl_sync_tuned" for s in systems) and poll is None:
         poll, result["sweep"] = sweep(root, args, 1 if args.quick else 2)
     modes = {
         "verl_sync": ("sync", []),
@@ -157,15 +208,17 @@ def main() -> int:
     }
     for k in range(rounds):  # rounds interleave the systems against drift in the machine's load
         for system in systems:
-            mode, extra = modes[system]
+            plain, backend = split_system(system)
+            mode, extra = modes[plain]
             work = root / f"{system}_r{k}"
-            rc, tail = run(work, mode, steps + 1, args, extra + conduit_knobs(args, system))
+            extra = [*extra, "--tq-backend", backend, *conduit_knobs(args, system)]
+            rc, tail = run(work, mode, steps + 1, args, extra)
             if rc or not (work / "metrics.jsonl").exists():
                 result["errors"][f"{system}_r{k}"] = tail
                 continue
-            result["rows"] += rows_for_run(
-                work, args.algo, system, 1, {"round": k, "poll_s": poll if "tuned" in system else None}
-            )
+            info = {"round": k, "poll_s": poll if "tuned" in plain else None}
+            info["tq_backend"] = backend_ran(work, backend)
+            result["rows"] += rows_for_run(work, args.algo, system, 1, info)
     base = [s for s in systems if not s.startswith("conduit")]
     # g_ing=auto measures 3 iterations with and 3 without streaming after the warm-up one
     result["ratios"] = ratios(result["rows"], base, steady_from=8 if steps + 1 > 8 else 0)
@@ -173,6 +226,9 @@ def main() -> int:
         "order": f"{rounds} round(s); in each, the systems run one after another (each start ~35-75 s), "
         "same seed/data; iteration 1 of each run is warm-up and dropped",
         "conduit_stream": f"conduit with g_ing={args.stream_g_ing} fixed (always streams)",
+        "tq_backend": "TransferQueue storage per system: verl's modes on SimpleStorage, conduit on "
+        f"Conduit's backend, unless the system name ends in {TQ_SUFFIX}simple / {TQ_SUFFIX}conduit; "
+        "each row's tq_backend is what the run reported",
         "conduit_steady": "conduit (g_ing=auto) iterations 8 and later, after its measurement phase",
         "exposed": (sys.modules["verl_analysis"].__doc__ or "").strip(),
         "steps_per_system_per_round": steps,
@@ -189,6 +245,7 @@ def main() -> int:
             root, args, out.with_name(f"{name}_reward.png"), result["errors"]
         )
     out.write_text(json.dumps(result, indent=1))
+    print(table(result["rows"], systems))
     print(json.dumps(result["ratios"], indent=1))
     print(f"[bench] wrote {out}")
     return 0

@@ -3,9 +3,21 @@
 #   bash recipes/verl_grpo.sh MODEL_PATH TRAIN_PARQUET VAL_PARQUET [extra hydra overrides...]
 # Needs: pip install -e ".[verl]" (registers the verl.plugins entry point) and vLLM.
 # MODE=sync gives verl's own trainer for comparison; BATCH, MINI, LOGGER, G_ING (groups per ingestion piece, default auto) override the defaults.
+# TQ_BACKEND: TransferQueue's storage (where verl keeps the experience): Conduit (default: Conduit's
+#   backend) or SimpleStorage (verl's own; e.g. with MODE=sync for verl as shipped). Conduit only:
+#   TQ_PLACEMENT="old_log_probs=pinned,ref_log_prob=host" puts fields on tiers (shm default, host, disk,
+#   pinned, cuda); TQ_BUDGETS="shm=8000000000,pinned=2000000000" caps a tier's bytes (a field that
+#   does not fit spills to the next tier).
 set -euo pipefail
 MODEL=${1:?model path}; TRAIN=${2:?train parquet}; VAL=${3:?val parquet}; shift 3
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
+: "${TQ_BACKEND:=Conduit}" "${TQ_PLACEMENT:=}" "${TQ_BUDGETS:=}"
+if [[ "$TQ_BACKEND" != Conduit && -n "$TQ_PLACEMENT$TQ_BUDGETS" ]]; then
+  echo "TQ_PLACEMENT / TQ_BUDGETS need TQ_BACKEND=Conduit" >&2; exit 2
+fi
+TQ=(transfer_queue.backend.storage_backend="$TQ_BACKEND")
+for kv in ${TQ_PLACEMENT//,/ }; do TQ+=("+transfer_queue.backend.Conduit.placement.$kv"); done
+for kv in ${TQ_BUDGETS//,/ }; do TQ+=("+transfer_queue.backend.Conduit.budgets.$kv"); done
 python -m verl.trainer.main_ppo \
   algorithm.adv_estimator=grpo \
   data.train_files="['$TRAIN']" data.val_files="['$VAL']" \
@@ -22,6 +34,7 @@ python -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
   trainer.v1.trainer_mode=${MODE:-conduit} \
+  "${TQ[@]}" \
   +trainer.v1.conduit.g_ing=${G_ING:-auto} \
   trainer.n_gpus_per_node="$NGPU" trainer.nnodes=1 \
   trainer.logger="[${LOGGER:-console}]" trainer.total_epochs=1 \

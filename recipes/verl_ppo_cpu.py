@@ -1,6 +1,7 @@
 """PPO (GAE with a critic) with verl 0.9.1's real V1 trainer on a CPU-only machine, in one command.
 
     python recipes/verl_ppo_cpu.py --steps 20 [--trainer-mode sync|conduit] [--seed 0] [hydra overrides]
+        [--tq-backend conduit|simple] [--tq-placement values=host,...]
 
 Like ``verl_grpo_cpu.py`` plus a critic (the same tiny Qwen2 with a value head, FSDP2 on gloo):
 ``algorithm.adv_estimator=gae``; in ``conduit`` mode the critic's values and GAE run per streamed

@@ -6,6 +6,7 @@ mode case is marked slow.
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -42,3 +43,6 @@ def test_cpu_grpo_two_iterations(tmp_path: Path, mode: str) -> None:
     # the rollout received the actor's weights after every step (plus once at start)
     out = proc.stdout + proc.stderr
     assert "hf server: weights v3 loaded" in out, tail
+    # TransferQueue storage: verl's own in verl's modes, Conduit's in the conduit mode
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["tq_backend_ran"] == {"sync": "SimpleStorage", "conduit": "Conduit"}[mode], summary

@@ -1,9 +1,14 @@
 """``conduit`` (streaming) and ``sync`` give the same samples, advantages and losses (same seed).
 
-Two real 2-iteration runs of verl 0.9.1 in CPU mode per algorithm (~70-100 s each on an idle 2-core
-machine): GRPO, and PPO (GAE with a critic: also the same values, returns and critic losses).
-Generation is sampled but seeded per request (``hf_server.request_seed``: rollout seed, weight
-version, prompt, k-th request of that prompt), so both runs see the same responses.
+Real 2-iteration runs of verl 0.9.1 in CPU mode (~70-100 s each on an idle 2-core machine): GRPO,
+and PPO (GAE with a critic: also the same values, returns and critic losses). Generation is sampled
+but seeded per request (``hf_server.request_seed``: rollout seed, weight version, prompt, k-th
+request of that prompt), so all runs see the same responses.
+
+TransferQueue's storage backend is a second dimension: verl's ``sync`` always runs on verl's own
+SimpleStorage (the reference); the ``conduit`` mode runs on Conduit's backend (``tq_conduit``, its
+default) and on SimpleStorage (``tq_simple``). The backend only stores data, so both must match the
+reference. The reference run is made once per algorithm and shared by both backends' cases.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,16 +29,45 @@ from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
 
+#: ``--tq-backend`` -> the TransferQueue storage backend the run's summary must report
+BACKENDS = {"conduit": "Conduit", "simple": "SimpleStorage"}
+#: the conduit mode's storage backend, as a test-id-friendly parameter
+ON_BACKEND = pytest.mark.parametrize("backend", ["conduit", "simple"], ids=["tq_conduit", "tq_simple"])
 
-def _run(work: Path, mode: str, algo: str = "grpo", extra: tuple[str, ...] = ()) -> str:
+SyncRuns = Callable[[str, tuple[str, ...]], Path]
+
+
+def _run(work: Path, mode: str, algo: str = "grpo", extra: tuple[str, ...] = (), backend: str = "") -> str:
+    """One run; ``backend`` "": the harness's default (Conduit's in conduit mode, SimpleStorage otherwise)."""
     cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--steps", "2", "--trainer-mode", mode]
     cmd += ["--seed", "0", "--algo", algo, "--dump-samples", "--work-dir", str(work), *extra]
+    cmd += ["--tq-backend", backend] if backend else []
     if mode == "conduit" and not any("g_ing" in e for e in extra):
         cmd.append("+trainer.v1.conduit.g_ing=1")  # one group per piece: the most pieces
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
+    want = BACKENDS[backend or ("conduit" if mode == "conduit" else "simple")]
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["tq_backend_ran"] == want, summary  # the backend that verl's TransferQueue used
+    if want == "Conduit":
+        assert summary["tq_store"]["bytes_put"] > 0, summary
     return tail
+
+
+@pytest.fixture(scope="module")
+def sync_runs(tmp_path_factory: pytest.TempPathFactory) -> SyncRuns:
+    """verl's sync trainer on SimpleStorage: made once per (algo, extra overrides), then shared."""
+    done: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+    def get(algo: str, extra: tuple[str, ...]) -> Path:
+        if (algo, extra) not in done:
+            work = tmp_path_factory.mktemp(f"sync_{algo}")
+            _run(work, "sync", algo, extra, backend="simple")
+            done[algo, extra] = work
+        return done[algo, extra]
+
+    return get
 
 
 def _dump(work: Path) -> list[dict]:
@@ -44,16 +79,19 @@ def _dump(work: Path) -> list[dict]:
     return steps
 
 
-def _run_both(tmp_path: Path, algo: str, extra: tuple[str, ...] = ()) -> list[tuple[dict, dict, dict, dict]]:
-    """Run sync and conduit with the same seed; per step: (sync dump, conduit dump, sync metrics, conduit metrics).
+def _run_both(
+    sync_runs: SyncRuns, tmp_path: Path, algo: str, extra: tuple[str, ...] = (), backend: str = "conduit"
+) -> list[tuple[dict, dict, dict, dict]]:
+    """sync (SimpleStorage) and conduit (on ``backend``), same seed; per step: (sync dump, conduit
+    dump, sync metrics, conduit metrics).
 
     Also checks what both algorithms share: the same steps, the same prompts and responses, and that
     the conduit run streamed in pieces.
     """
-    _run(tmp_path / "sync", "sync", algo, extra)
-    _run(tmp_path / "conduit", "conduit", algo, extra)
-    sync, cond = _dump(tmp_path / "sync"), _dump(tmp_path / "conduit")
-    rows_s = read_metrics(tmp_path / "sync" / "metrics.jsonl")
+    sync_work = sync_runs(algo, extra)
+    _run(tmp_path / "conduit", "conduit", algo, extra, backend)
+    sync, cond = _dump(sync_work), _dump(tmp_path / "conduit")
+    rows_s = read_metrics(sync_work / "metrics.jsonl")
     rows_c = read_metrics(tmp_path / "conduit" / "metrics.jsonl")
     assert [d["step"] for d in sync] == [d["step"] for d in cond] == [1, 2]
     steps = list(zip(sync, cond, rows_s, rows_c, strict=True))
@@ -65,8 +103,9 @@ def _run_both(tmp_path: Path, algo: str, extra: tuple[str, ...] = ()) -> list[tu
     return steps
 
 
-def test_conduit_matches_sync(tmp_path: Path) -> None:
-    for a, b, rs, rc in _run_both(tmp_path, "grpo"):
+@ON_BACKEND
+def test_conduit_matches_sync(sync_runs: SyncRuns, tmp_path: Path, backend: str) -> None:
+    for a, b, rs, rc in _run_both(sync_runs, tmp_path, "grpo", backend=backend):
         for x, y in zip(a["samples"], b["samples"], strict=True):
             assert x["adv"] == pytest.approx(y["adv"], abs=1e-5)
             assert x["old_log_prob"] == pytest.approx(y["old_log_prob"], abs=1e-4)
@@ -76,9 +115,10 @@ def test_conduit_matches_sync(tmp_path: Path) -> None:
         assert rc["critic/advantages/mean"] == pytest.approx(rs["critic/advantages/mean"], abs=1e-5)
 
 
-def test_conduit_matches_sync_ppo(tmp_path: Path) -> None:
+@ON_BACKEND
+def test_conduit_matches_sync_ppo(sync_runs: SyncRuns, tmp_path: Path, backend: str) -> None:
     """PPO: values and the GAE recursion per piece, whitening over the whole batch = verl's GAE."""
-    for a, b, rs, rc in _run_both(tmp_path, "ppo"):
+    for a, b, rs, rc in _run_both(sync_runs, tmp_path, "ppo", backend=backend):
         for x, y in zip(a["samples"], b["samples"], strict=True):
             assert x["values"] == pytest.approx(y["values"], abs=1e-5)
             assert x["returns"] == pytest.approx(y["returns"], abs=1e-5)
@@ -98,8 +138,9 @@ def test_conduit_matches_sync_ppo(tmp_path: Path) -> None:
             assert rc[key] == pytest.approx(rs[key], abs=1e-5), key
 
 
-def test_conduit_matches_sync_two_ranks(tmp_path: Path) -> None:
-    """Two data-parallel actor ranks (FSDP2 on gloo): pieces split evenly over the ranks."""
+def test_conduit_matches_sync_two_ranks(sync_runs: SyncRuns, tmp_path: Path) -> None:
+    """Two data-parallel actor ranks (FSDP2 on gloo): pieces split evenly over the ranks (conduit
+    mode on Conduit's backend, its default)."""
     two_ranks = (
         "trainer.n_gpus_per_node=2",
         "ray_kwargs.ray_init.num_gpus=2",
@@ -109,6 +150,6 @@ def test_conduit_matches_sync_two_ranks(tmp_path: Path) -> None:
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
         "+trainer.v1.conduit.g_ing=auto",  # pieces of 2 groups: 8 samples, 4 per rank
     )
-    for _, _, rs, rc in _run_both(tmp_path, "grpo", two_ranks):
+    for _, _, rs, rc in _run_both(sync_runs, tmp_path, "grpo", two_ranks):
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
             assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key

@@ -9,6 +9,9 @@ from conduit_verl_cpu import reward
 
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
+#: ``--tq-backend`` choice -> TransferQueue's ``transfer_queue.backend.storage_backend``
+TQ_BACKENDS = {"conduit": "Conduit", "simple": "SimpleStorage"}
+
 
 @dataclass(frozen=True)
 class CPURunSpec:
@@ -27,6 +30,8 @@ class CPURunSpec:
     max_prompt_length: int = 32
     max_response_length: int = 16
     algo: str = "grpo"  # "grpo" (group advantage, no critic) or "ppo" (GAE with a critic)
+    tq_backend: str = "simple"  # a TQ_BACKENDS key: TransferQueue's storage backend
+    tq_placement: tuple[tuple[str, str], ...] = ()  # Conduit backend: (field, tier) pairs
 
 
 def critic_overrides(spec: CPURunSpec) -> list[str]:
@@ -46,6 +51,23 @@ def critic_overrides(spec: CPURunSpec) -> list[str]:
         f"critic.forward_micro_batch_size_per_gpu={spec.n}",
         f"critic.data_loader_seed={spec.seed}",
         f"+critic.fsdp.mixed_precision={FP32}",  # the critic engine config is `critic.fsdp`
+    ]
+
+
+def tq_overrides(spec: CPURunSpec) -> list[str]:
+    """TransferQueue's storage: verl's SimpleStorage (2 units), or Conduit's backend with placements."""
+    if spec.tq_backend == "simple":
+        if spec.tq_placement:
+            raise ValueError("a TransferQueue placement needs the Conduit backend (--tq-backend conduit)")
+        return ["transfer_queue.backend.SimpleStorage.num_data_storage_units=2"]
+    if spec.tq_backend != "conduit":
+        raise ValueError(
+            f"unknown TransferQueue backend {spec.tq_backend!r}; one of {', '.join(TQ_BACKENDS)}"
+        )
+    section = "+transfer_queue.backend.Conduit.placement"
+    return [
+        "transfer_queue.backend.storage_backend=Conduit",
+        *(f"{section}.{field}={tier}" for field, tier in spec.tq_placement),
     ]
 
 
@@ -102,7 +124,10 @@ def cpu_overrides(spec: CPURunSpec) -> list[str]:
         "+ray_kwargs.ray_init.num_gpus=1",
         "+ray_kwargs.ray_init.include_dashboard=False",
         "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
+        # always a new cluster of its own: with no address, ray.init joins a local cluster that is
+        # already running (another job's), and then refuses num_cpus/num_gpus
+        "+ray_kwargs.ray_init.address=local",
+        *tq_overrides(spec),
         # the loop
         f"trainer.v1.trainer_mode={spec.trainer_mode}",
         "trainer.v1.sampler.max_off_policy_threshold=null",

@@ -174,6 +174,7 @@ def apply() -> None:
     register_rollout()
     from conduit_verl._post_import import when_imported
 
+    from conduit_verl_cpu import tq_stats
     from conduit_verl_cpu.dump import DUMP_ENV, install
 
     when_imported("verl.utils.model", _patch_valuehead_model)
@@ -181,4 +182,6 @@ def apply() -> None:
         when_imported("verl.trainer.ppo.v1.replay_buffer", _patch_poll_interval)
     if os.environ.get(DUMP_ENV):
         when_imported("verl.trainer.ppo.v1.trainer_base", install)
+    if os.environ.get(tq_stats.STATS_ENV):
+        when_imported("transfer_queue.interface", tq_stats.install)
     logger.debug("conduit_verl CPU mode applied in pid %s", os.getpid())

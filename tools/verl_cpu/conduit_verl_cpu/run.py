@@ -2,12 +2,15 @@
 
 Builds the tiny model, tokenizer, data and reward into a work dir, puts this process (and so
 every Ray worker it starts) in CPU mode, and calls verl's own ``main_ppo`` entry point with
-hydra overrides. Per-iteration metrics land in ``<work-dir>/metrics.jsonl`` (verl's file logger).
+hydra overrides. Per-iteration metrics land in ``<work-dir>/metrics.jsonl`` (verl's file logger);
+``<work-dir>/summary.json`` says which TransferQueue storage backend ran (``--tq-backend``: Conduit's
+by default in the ``conduit`` mode, verl's SimpleStorage otherwise) and, for Conduit, its counters.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -16,6 +19,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+from conduit_verl_cpu.overrides import TQ_BACKENDS
 from conduit_verl_cpu.patches import CPU_ENV
 
 PLUGIN = "conduit_verl_cpu.plugin"
@@ -36,9 +40,50 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         default=None,
         help="verl replay-buffer poll period in s (default 2); a comma list = one per step (a sweep)",
     )
+    p.add_argument(
+        "--tq-backend",
+        choices=tuple(TQ_BACKENDS),
+        default=None,
+        help="TransferQueue storage: conduit (Conduit's backend) or simple (verl's SimpleStorage); "
+        "default conduit in the conduit trainer mode, simple in verl's own modes",
+    )
+    p.add_argument(
+        "--tq-placement",
+        default="",
+        help="Conduit backend: field=tier,... (tiers shm, host, disk; pinned, cuda on GPUs)",
+    )
     p.add_argument("--dump-samples", action="store_true", help="write <work-dir>/samples.jsonl per step")
     p.add_argument("--work-dir", default=None, help="default: a new temp dir")
-    return p.parse_known_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if args.tq_backend is None:
+        args.tq_backend = "conduit" if args.trainer_mode == "conduit" else "simple"
+    try:
+        args.tq_placement = parse_placement(args.tq_placement)
+    except ValueError as e:  # a malformed pair, an unknown field or tier
+        p.error(str(e))
+    if args.tq_placement and args.tq_backend != "conduit":
+        p.error("--tq-placement needs --tq-backend conduit")
+    return args, extra
+
+
+def parse_placement(raw: str) -> tuple[tuple[str, str], ...]:
+    """``"old_log_probs=host,values=disk"`` -> ``(("old_log_probs", "host"), ("values", "disk"))``
+    (fields and tiers checked by the backend's own rules: ``StorageBackendError`` names a bad one)."""
+    pairs = []
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        field, sep, tier = item.partition("=")
+        if not sep or not field.strip() or not tier.strip():
+            raise ValueError(f"--tq-placement wants field=tier, got {item!r}")
+        pairs.append((field.strip(), tier.strip()))
+    if pairs:
+        from conduit_verl.errors import StorageBackendError
+        from conduit_verl.tq_store.store import check_placement
+
+        try:
+            check_placement(dict(pairs))
+        except StorageBackendError as e:
+            raise ValueError(f"--tq-placement: {e}") from e
+    return tuple(pairs)
 
 
 def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
@@ -63,6 +108,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
         n=args.n,
         lr=args.lr,
         algo=args.algo,
+        tq_backend=args.tq_backend,
+        tq_placement=args.tq_placement,
     )
     return cpu_overrides(spec), work / "metrics.jsonl"
 
@@ -71,8 +118,12 @@ def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int 
     """Environment inherited by the Ray cluster this process starts (so by every verl worker)."""
     from conduit_verl_cpu.hf_server import GEN_LOG_ENV
     from conduit_verl_cpu.patches import CRITIC_SEED_ENV, POLL_ENV
+    from conduit_verl_cpu.tq_stats import STATS_ENV
 
     os.environ.update(CPU_ENV)
+    stats = metrics_path.parent / "tq_stats.json"
+    stats.unlink(missing_ok=True)  # a reused work dir: never report an earlier run's backend
+    os.environ[STATS_ENV] = str(stats)
     os.environ[CRITIC_SEED_ENV] = str(seed)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     os.environ[GEN_LOG_ENV] = str(metrics_path.parent / "gen_events.jsonl")
@@ -140,8 +191,47 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.argv = saved_argv
         printer.stop()
-    print(f"[conduit-cpu] done in {time.monotonic() - t0:.1f}s; metrics {metrics_path}", flush=True)
+    wall = time.monotonic() - t0
+    summary = write_summary(args, metrics_path, wall)
+    print(f"[conduit-cpu] {backend_line(summary)}", flush=True)
+    print(f"[conduit-cpu] done in {wall:.1f}s; metrics {metrics_path}", flush=True)
     return 0
+
+
+def write_summary(args: argparse.Namespace, metrics_path: Path, wall_s: float) -> dict:
+    """``<work-dir>/summary.json``: the run's settings, which TransferQueue backend ran, its counters."""
+    from conduit_verl_cpu import tq_stats
+    from conduit_verl_cpu.metrics import read_metrics
+
+    work = metrics_path.parent
+    stats = tq_stats.read(work / "tq_stats.json") or {}
+    summary = {
+        "trainer_mode": args.trainer_mode,
+        "algo": args.algo,
+        "seed": args.seed,
+        "steps": args.steps,
+        "iterations": len(read_metrics(metrics_path)),
+        "wall_s": round(wall_s, 2),
+        "tq_backend": TQ_BACKENDS[args.tq_backend],  # what was asked for
+        "tq_placement": dict(args.tq_placement),
+        "tq_backend_ran": stats.get("backend"),  # what verl's TransferQueue storage was (None: unknown)
+        "tq_store": tq_stats.totals(stats),  # Conduit: bytes_put, bytes_get_mapped, bytes_get_copied, puts
+        "tq_store_nodes": stats.get("nodes"),
+    }
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def backend_line(summary: dict) -> str:
+    ran = summary["tq_backend_ran"] or f"unknown (asked for {summary['tq_backend']})"
+    line = f"TransferQueue storage backend {ran}"
+    if totals := summary["tq_store"]:
+        mb = {k: totals.get(k, 0) / 1e6 for k in ("bytes_put", "bytes_get_mapped", "bytes_get_copied")}
+        line += (
+            f": {mb['bytes_put']:.2f} MB put, {mb['bytes_get_mapped']:.2f} MB read in place, "
+            f"{mb['bytes_get_copied']:.2f} MB copied out ({len(summary['tq_store_nodes'])} storage actor(s))"
+        )
+    return line
 
 
 if __name__ == "__main__":

@@ -89,6 +89,13 @@ SEAMS: tuple[Seam, ...] = (
         "PPOTrainer._compute_metrics",
         params=("batch", "metrics", "timing_raw", "global_steps", "epoch"),
     ),
+    # which storage backend ran, and the Conduit backend's counters (tq_stats.py)
+    Seam(
+        "TransferQueue function `close` (reads `_TQ_STORAGE`)",
+        "transfer_queue.interface",
+        "close",
+        source="_TQ_STORAGE",
+    ),
     # the entry point the launcher calls (run.py)
     Seam("function `verl.trainer.main_ppo.main`", "verl.trainer.main_ppo", "main"),
 )
