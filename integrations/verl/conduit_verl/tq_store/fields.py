@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -252,17 +253,46 @@ def read_mapped(layout: Layout, slots: torch.Tensor, lengths: torch.Tensor | Non
     return Column(JAGGED, gather_padded(array, slots, lengths))
 
 
+_LOCAL = threading.local()
+
+
+def _scratch(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """This thread's reusable buffer, grown to hold ``shape`` (the managers run on several threads)."""
+    pool: dict[torch.dtype, torch.Tensor] = _LOCAL.__dict__.setdefault("pool", {})
+    numel = _numel(shape)
+    buf = pool.get(dtype)
+    if buf is None or buf.numel() < numel:
+        buf = pool[dtype] = torch.empty(max(numel, 1), dtype=dtype)
+    return buf[:numel].view(shape)
+
+
+_SAME_WIDTH_FLOAT = {torch.int64: torch.float64, torch.int32: torch.float32, torch.int16: torch.float16}
+
+
 def gather_padded(array: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> Ragged:
-    """The first ``lengths[i]`` steps of rows ``slots[i]`` of ``[capacity, max_len, *rest]``, flat:
-    one gather of exactly the tokens asked for (no padded intermediate)."""
-    max_len = array.shape[1]
-    flat = array.reshape(array.shape[0] * max_len, *array.shape[2:])
+    """The first ``lengths[i]`` steps of rows ``slots[i]`` of ``[capacity, max_len, *rest]``, flat.
+
+    One row gather, then one concatenation of the valid prefix of every row (both copies run in
+    torch's C++ loops; no Python per sample). Integer rows are gathered through a same-width float
+    view: torch's integer ``index_select`` takes a per-element path about 10x slower than the row
+    copy it uses for floats (measured on this machine: 1.1 vs 10 GB/s for int64 rows of 16k tokens).
+    """
+    fast = _SAME_WIDTH_FLOAT.get(array.dtype)
+    source = array.view(fast) if fast is not None else array
+    if source.device.type == "cpu":  # gather into reused scratch memory: no page faults per call
+        shape = (slots.numel(), *source.shape[1:])
+        rows = torch.index_select(source, 0, slots, out=_scratch(source.dtype, shape))
+    else:
+        rows = source.index_select(0, slots.to(array.device)).to("cpu")
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=offsets[1:])
-    total = int(offsets[-1])
-    starts = torch.repeat_interleave(slots * max_len - offsets[:-1], lengths, output_size=total)
-    index = starts + torch.arange(total)
-    return Ragged(flat.index_select(0, index.to(flat.device)).to("cpu"), offsets)
+    max_len, rest = array.shape[1], array.shape[2:]
+    if lengths.numel() == 0:
+        values = rows.reshape(0, *rest)
+    else:
+        sizes = torch.stack([lengths, max_len - lengths], 1).reshape(-1).tolist()
+        values = torch.cat(rows.reshape(-1, *rest).split(sizes)[::2])
+    return Ragged(values.view(array.dtype) if fast is not None else values, offsets)
 
 
 def _grow(t: torch.Tensor, n: int) -> torch.Tensor:
