@@ -137,3 +137,35 @@ def test_a_put_of_another_dtype_is_refused_whole():
         s.put(np.array([1]), wires(bad))
     with pytest.raises(StorageBackendError, match="field 'a' is not stored"):  # nothing of the bad put landed
         s.get(np.array([1]), ["a"])
+
+
+def test_a_jagged_view_with_holes_is_stored_as_its_lengths_say():
+    holes = torch.nested.narrow(
+        torch.arange(12).view(3, 4),
+        1,
+        torch.zeros(3, dtype=torch.int64),
+        torch.tensor([1, 3, 2]),
+        layout=torch.jagged,
+    )
+    s = NodeStore()
+    s.put(np.array([0, 1, 2]), wires(TensorDict({"responses": holes}, [3])))
+    assert rows(field_of(from_wire(s.get(np.array([0, 1, 2]), ["responses"])["responses"]))) == [
+        [0],
+        [4, 5, 6],
+        [8, 9],
+    ]
+    s.close()
+
+
+def test_growing_one_dimension_leaves_the_other_alone():
+    s = NodeStore()
+    s.put(np.array([0]), wires(TensorDict({"r": jagged([4])}, [1])))
+    f = s.fields["r"]
+    cap = f.capacity
+    s.put(np.array([1]), wires(TensorDict({"r": jagged([1000])}, [1])))  # longer: max_len grows only
+    assert f.capacity == cap and f.max_len >= 1000
+    length = f.max_len
+    s.put(np.array([5000]), wires(TensorDict({"r": jagged([2])}, [1])))  # a far slot: capacity grows only
+    assert f.capacity > 5000 and f.max_len == length
+    assert rows(field_of(from_wire(s.get(np.array([0, 1, 5000]), ["r"])["r"])))[0] == [0, 1, 2, 3]
+    s.close()

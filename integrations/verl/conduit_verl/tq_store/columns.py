@@ -14,6 +14,7 @@ other tensor field as a jagged nested tensor, objects as a ``NonTensorStack``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,8 @@ def column_of(name: str, value: Any) -> Column:
     """The column of TensorDict field ``name`` (no copy for dense and jagged tensors)."""
     if isinstance(value, torch.Tensor):
         if value.is_nested:
+            if value.layout == torch.jagged and getattr(value, "_lengths", None) is not None:
+                value = value.contiguous()  # a jagged view with holes (explicit lengths): compact it
             if value.layout == torch.jagged and getattr(value, "_ragged_idx", 1) == 1:
                 return Column(JAGGED, Ragged(value.values(), value.offsets().to(torch.int64)))
             return Column(OBJECT, list(value.unbind()))
@@ -143,12 +146,15 @@ def to_wire(column: Column) -> tuple:
 
 
 def from_wire(wire: tuple, writable: bool = False) -> Column:
-    """The column of a wire tuple. Arrays from Ray's object store are read-only: ``writable`` copies."""
+    """The column of a wire tuple. Arrays from Ray's object store are read-only: ``writable`` copies
+    them; without it the column is a read-only view (the store only copies out of it)."""
 
     def tensor(dtype: str, a: np.ndarray) -> torch.Tensor:
-        if writable or not a.flags.writeable:
+        if writable and not a.flags.writeable:
             a = np.array(a, copy=True)
-        return _from_numpy(dtype, a)
+        with warnings.catch_warnings():  # a read-only view is fine for a reader that only copies out
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return _from_numpy(dtype, a)
 
     kind = wire[0]
     if kind == SCALAR:

@@ -48,6 +48,7 @@ class Layout:
     inode: int
     dtype: str
     shape: tuple[int, ...]  # the whole array: [capacity] or [capacity, max_len, *rest]
+    field: str = ""
 
 
 class Budgets:
@@ -108,8 +109,14 @@ class FieldArray:
     def _ensure(self, capacity: int, max_len: int) -> None:
         if capacity <= self.capacity and max_len <= self.max_len:
             return
-        capacity = max(capacity, 2 * self.capacity, 64)
-        max_len = max(max_len, self.max_len + self.max_len // 2) if self.kind == JAGGED else 0
+        # grow only the dimension that is short, geometrically (amortised one copy per element)
+        capacity = self.capacity if capacity <= self.capacity else max(capacity, 2 * self.capacity, 64)
+        if self.kind != JAGGED:
+            max_len = 0
+        elif max_len > self.max_len:
+            max_len = max(max_len, self.max_len + self.max_len // 2)
+        else:
+            max_len = self.max_len
         old_cap = self.capacity
         self.lengths = _grow(self.lengths, capacity)
         self.present = _grow(self.present, capacity)
@@ -175,9 +182,12 @@ class FieldArray:
             self.data.index_copy_(0, slots.to(self.data.device), column.data.to(self.data.device))
         else:
             assert self.data is not None
-            padded, _ = column.data.to_padded(max_len=self.max_len)
-            self.data.index_copy_(0, slots.to(self.data.device), padded.to(self.data.device))
-            self.lengths.index_copy_(0, slots, column.data.lengths)
+            ragged: Ragged = column.data
+            padded = _pad_to_longest(ragged, longest)  # the batch's longest, not the field's
+            fast = _SAME_WIDTH_FLOAT.get(self.dtype)  # type: ignore[arg-type]
+            target = (self.data.view(fast) if fast is not None else self.data)[:, :longest]
+            target.index_copy_(0, slots.to(self.data.device), padded.to(self.data.device))
+            self.lengths.index_copy_(0, slots, ragged.lengths)
         self.present[slots] = True
 
     def missing(self, slots: torch.Tensor) -> list[int]:
@@ -197,7 +207,7 @@ class FieldArray:
     def layout(self) -> Layout | None:
         if self.path is None or self.data is None:
             return None
-        return Layout(self.path, self.inode, str(self.dtype), tuple(self.data.shape))
+        return Layout(self.path, self.inode, str(self.dtype), tuple(self.data.shape), self.name)
 
     def clear(self, slots: torch.Tensor) -> None:
         slots = slots[slots < self.capacity]
@@ -216,15 +226,17 @@ class StaleLayoutError(Exception):
     """The mapped file is gone or another file now has its descriptor: ask the store again."""
 
 
-_MAPPED: dict[tuple[str, int], torch.Tensor] = {}  # (path, inode) -> the mapped array, per reader process
-_MAPPED_MAX = 64
+# per reader process: (store process, field) -> (inode, mapped array); a field that grew into a new
+# file replaces its entry, so the old file's pages are freed once the store drops it too
+_MAPPED: dict[tuple[str, str], tuple[int, torch.Tensor]] = {}
+_MAPPED_MAX = 256
 
 
 def _map(layout: Layout) -> torch.Tensor:
-    key = (layout.path, layout.inode)
-    array = _MAPPED.get(key)
-    if array is not None:
-        return array
+    key = (layout.path.rsplit("/fd/", 1)[0], layout.field)
+    hit = _MAPPED.get(key)
+    if hit is not None and hit[0] == layout.inode and tuple(hit[1].shape) == layout.shape:
+        return hit[1]
     try:
         fd = os.open(layout.path, os.O_RDONLY)
     except OSError as e:
@@ -238,9 +250,9 @@ def _map(layout: Layout) -> torch.Tensor:
     finally:
         os.close(fd)  # the mapping stays valid
     array = flat[:numel].view(layout.shape)
-    if len(_MAPPED) >= _MAPPED_MAX:
+    if key not in _MAPPED and len(_MAPPED) >= _MAPPED_MAX:
         _MAPPED.pop(next(iter(_MAPPED)))
-    _MAPPED[key] = array
+    _MAPPED[key] = (layout.inode, array)
     return array
 
 
@@ -267,6 +279,17 @@ def _scratch(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 _SAME_WIDTH_FLOAT = {torch.int64: torch.float64, torch.int32: torch.float32, torch.int16: torch.float16}
+
+
+def _pad_to_longest(ragged: Ragged, longest: int) -> torch.Tensor:
+    """``[B, longest, *rest]`` right-padded with zeros (torch's jagged-to-padded kernel, through a
+    same-width float view for integers)."""
+    fast = _SAME_WIDTH_FLOAT.get(ragged.values.dtype)
+    values = ragged.values.view(fast) if fast is not None else ragged.values
+    if len(ragged) == 0 or longest == 0:
+        return values.new_zeros((len(ragged), longest, *values.shape[1:]))
+    nt = torch.nested.nested_tensor_from_jagged(values, ragged.offsets, max_seqlen=longest)
+    return torch.nested.to_padded_tensor(nt, 0.0)
 
 
 def gather_padded(array: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> Ragged:

@@ -63,7 +63,7 @@ class NodeStore:
 
     def put(self, gis: np.ndarray, wires: dict[str, tuple]) -> None:
         """Store (or overwrite) ``wires`` fields for global indexes ``gis``."""
-        slots = torch.as_tensor(np.asarray(gis), dtype=torch.int64)
+        slots = _slots(gis)
         columns = {name: from_wire(w) for name, w in wires.items()}
         for name, col in columns.items():  # check every field before writing any
             if col.size != slots.numel():
@@ -90,7 +90,7 @@ class NodeStore:
 
     def get(self, gis: np.ndarray, names: list[str]) -> dict[str, tuple]:
         """The fields, gathered (one copy each), in wire form."""
-        slots = torch.as_tensor(np.asarray(gis), dtype=torch.int64)
+        slots = _slots(gis)
         out = {}
         for name in names:
             col = self._field(name, slots).get(slots)
@@ -100,7 +100,7 @@ class NodeStore:
 
     def read_plan(self, gis: np.ndarray, names: list[str], same_node: bool) -> dict[str, tuple]:
         """Per field: where a same-node reader maps it (``("mapped", kind, layout, lengths)``), or the data."""
-        slots = torch.as_tensor(np.asarray(gis), dtype=torch.int64)
+        slots = _slots(gis)
         out: dict[str, tuple] = {}
         for name in names:
             field = self._field(name, slots)
@@ -117,7 +117,7 @@ class NodeStore:
 
     def clear(self, gis: np.ndarray) -> None:
         """Forget every field of ``gis`` (indexes are reused by TransferQueue after a clear)."""
-        slots = torch.as_tensor(np.asarray(gis), dtype=torch.int64)
+        slots = _slots(gis)
         for field in self.fields.values():
             field.clear(slots)
 
@@ -135,6 +135,10 @@ class NodeStore:
         for field in self.fields.values():
             field.close()
         self.fields.clear()
+
+
+def _slots(gis: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(gis, dtype=np.int64, copy=True))
 
 
 def _mapped_bytes(field: FieldArray, lengths: torch.Tensor | None, n: int) -> int:
