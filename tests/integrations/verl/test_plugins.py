@@ -75,3 +75,13 @@ def test_incompatible_verl_leaves_verl_working(
     with caplog.at_level(logging.WARNING, logger="conduit_verl.plugin"):
         plugin._register_trainer()  # logs, does not raise: verl's own trainer modes keep working
     assert "trainer mode 'conduit' is not available: verl 0.10.0: trainer method `_step_once`" in caplog.text
+
+
+def test_import_transfer_queue_registers_the_backend_without_loading_it() -> None:
+    loaded = _modules_after(
+        "import verl, transfer_queue\n"
+        "from transfer_queue.storage.managers.base import StorageManagerFactory\n"
+        "assert 'Conduit' in StorageManagerFactory._registry"
+    )
+    assert "conduit_verl.tq_store.registration" in loaded
+    assert "conduit_verl.tq_store.backend" not in loaded and "conduit" not in loaded

@@ -30,8 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tensordict import TensorDict
 from transfer_queue.metadata import BatchMeta, extract_field_schema
-from transfer_queue.storage.bootstrap import StorageBootstrapProvider
-from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
+from transfer_queue.storage.managers.base import StorageManager
 
 from conduit_verl.errors import StorageActorError, StorageBackendError
 from conduit_verl.tq_store.columns import Column, column_of, field_of, from_wire, to_wire
@@ -245,9 +244,3 @@ class ConduitStorageManager(StorageManager):
 
 def _layout(layout: Any) -> Layout:
     return layout if isinstance(layout, Layout) else Layout(*layout)
-
-
-def register() -> None:
-    """Register the backend with TransferQueue (idempotent; the verl plugin calls it in every process)."""
-    StorageBootstrapProvider.register_provider(NAME)(bootstrap)
-    StorageManagerFactory.register(NAME)(ConduitStorageManager)
