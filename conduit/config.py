@@ -196,7 +196,13 @@ class BufferConfig(_FromDict):
 
     @classmethod
     def prioritized_replay(
-        cls, capacity: int, alpha: float = 0.6, beta: float = 0.4, min_size: int = 1, **kw: Any
+        cls,
+        capacity: int,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        min_size: int = 1,
+        timeout_s: float = 60.0,
+        **kw: Any,
     ) -> BufferConfig:
         """Off-policy proportional prioritized replay (DQN): ring writer, oldest items overwritten."""
         return cls(
@@ -204,14 +210,21 @@ class BufferConfig(_FromDict):
             sampler="prioritized",
             alpha=alpha,
             beta=beta,
-            rate_limit=RateLimit(min_size=min_size),
+            rate_limit=RateLimit(min_size=min_size, timeout_s=timeout_s),
             **kw,
         )
 
     @classmethod
-    def uniform_replay(cls, capacity: int, min_size: int = 1, **kw: Any) -> BufferConfig:
+    def uniform_replay(
+        cls, capacity: int, min_size: int = 1, timeout_s: float = 60.0, **kw: Any
+    ) -> BufferConfig:
         """Off-policy uniform replay: ring writer, uniform sampling with replacement."""
-        return cls(capacity=capacity, sampler="uniform", rate_limit=RateLimit(min_size=min_size), **kw)
+        return cls(
+            capacity=capacity,
+            sampler="uniform",
+            rate_limit=RateLimit(min_size=min_size, timeout_s=timeout_s),
+            **kw,
+        )
 
     @classmethod
     def on_policy(
@@ -220,19 +233,21 @@ class BufferConfig(_FromDict):
         group_size: int = 1,
         max_staleness: int | None = None,
         timeout_s: float = 60.0,
+        mode: str = "block",
         **kw: Any,
     ) -> BufferConfig:
         """On-policy, consume-once: every item delivered exactly once, in order, never overwritten.
 
         ``group_size > 1`` commits whole groups (GRPO's n responses per prompt) atomically;
-        ``max_staleness`` evicts items older than the consumer's version allows.
+        ``max_staleness`` evicts items older than the consumer's version allows (``mode="error"``:
+        refuses them, and a read of more than is there, at once).
         """
         return cls(
             capacity=capacity,
             sampler="fifo",
             writer="grouped" if group_size > 1 else "ring",
             group_size=group_size,
-            rate_limit=RateLimit(min_size=0, max_staleness=max_staleness, timeout_s=timeout_s),
+            rate_limit=RateLimit(min_size=0, max_staleness=max_staleness, timeout_s=timeout_s, mode=mode),
             **kw,
         )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conduit import BufferConfig, RateLimit
+from conduit import BufferConfig
 from conduit_rllib.common import ConduitAlgorithmMixin
 from conduit_rllib.compat import (
     ALL_MODULES,
@@ -37,14 +37,15 @@ def buffer_config(config: DQNConfig) -> BufferConfig:
     """RLlib's ``replay_buffer_config`` as a Conduit ``BufferConfig`` (validated by ``check_dqn_config``)."""
     rb = config.replay_buffer_config
     kind = rb["type"] if isinstance(rb["type"], str) else rb["type"].__name__
-    prioritized = "Prioritized" in kind
-    return BufferConfig(
-        capacity=int(rb.get("capacity", 50_000)),
-        sampler="prioritized" if prioritized else "uniform",
+    capacity = int(rb.get("capacity", 50_000))
+    if "Prioritized" not in kind:
+        return BufferConfig.uniform_replay(capacity, timeout_s=600.0)
+    return BufferConfig.prioritized_replay(
+        capacity,
         alpha=float(rb.get("alpha", 0.6)),
         beta=float(rb.get("beta", 0.4)),
         priority_eps=float(rb.get("epsilon", 1e-6)),
-        rate_limit=RateLimit(min_size=1, timeout_s=600.0),
+        timeout_s=600.0,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from conduit import BufferConfig, Column, ColumnBatch, Metrics, RateLimit, Schema
+from conduit import BufferConfig, Column, ColumnBatch, Metrics, Schema
 from conduit_verl.compat import KVBatchMeta
 
 REF_SCHEMA = Schema([Column("piece", torch.int64), Column("row", torch.int64)])
@@ -20,13 +20,7 @@ class GroupFifo:
     """Whole groups in, mini-batches of sample references out, in ingestion order."""
 
     def __init__(self, group_size: int, capacity: int, metrics: Metrics) -> None:
-        config = BufferConfig(
-            capacity=max(capacity, group_size),
-            writer="grouped",
-            group_size=group_size,
-            sampler="fifo",
-            rate_limit=RateLimit(min_size=0, max_staleness=0, mode="error"),
-        )
+        config = BufferConfig.on_policy(max(capacity, group_size), group_size, max_staleness=0, mode="error")
         self.buffer = config.build(REF_SCHEMA, metrics)
         self.pieces: list[KVBatchMeta] = []
 
