@@ -116,6 +116,7 @@ class Conduit:
     def get_epochs(
         self,
         size: int,
+        *,
         num_epochs: int,
         minibatch_size: int | None = None,
         num_minibatches: int | None = None,

@@ -284,7 +284,9 @@ class BufferConfig(_FromDict):
             if self.writer == "grouped"
             else RingWriter(self.capacity, device)
         )
-        return ExperienceBuffer(storage, sampler, writer, RateLimiter(self.rate_limit), metrics)
+        return ExperienceBuffer(
+            storage, sampler, writer=writer, limiter=RateLimiter(self.rate_limit), metrics=metrics
+        )
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class ExperienceBuffer:
         self,
         storage: Storage,
         sampler: Sampler,
+        *,
         writer: Writer | None = None,
         limiter: RateLimiter | None = None,
         metrics: Metrics | None = None,

@@ -112,7 +112,9 @@ class ConduitOnPolicy:
             per_rank: list[dict[str, Any]] = [{} for _ in range(ranks)]
             steps = 0
             for mid, n in sorted(self.pending.items()):
-                d = self.conduits[mid].get_epochs(n, num_epochs, mb, k, version=self.version)
+                d = self.conduits[mid].get_epochs(
+                    n, num_epochs=num_epochs, minibatch_size=mb, num_minibatches=k, version=self.version
+                )
                 for r, part in enumerate(d.parts):
                     per_rank[r][mid] = to_sample_batch(part.batch)
                 steps += n
