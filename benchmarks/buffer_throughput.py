@@ -11,7 +11,6 @@ machine facts, and a PNG of the same stem. See ``peers/`` for what each system's
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
@@ -20,12 +19,14 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "peers"))
-sys.path.insert(1, str(HERE.parent))
+sys.path.insert(1, str(HERE))
+sys.path.insert(2, str(HERE.parent))
 
+import provenance  # noqa: E402
 from analysis import compute_overhead, compute_ratios, evaluate_targets  # noqa: E402
 from conduit_peer import ConduitSystem  # noqa: E402
 from harness import ALPHA, BETA, System, Timing, capacity_for, make_grid, progress_line  # noqa: E402
-from machine import load_average, machine_info  # noqa: E402
+from machine import machine_info  # noqa: E402
 from memcpy_peer import GatherSystem, MemcpySystem  # noqa: E402
 from orchestrate import run_interleaved  # noqa: E402
 from report import format_table, format_targets, plot  # noqa: E402
@@ -132,19 +133,22 @@ def build_report(
     timing: Timing,
     run: dict[str, Any],
     machine: dict[str, Any],
+    prov: provenance.Start,
 ) -> dict[str, Any]:
-    """The result document written to JSON."""
+    """The result document written to JSON (``prov``: from ``provenance.start()`` when the run began)."""
     import torch
 
     overhead = compute_overhead(run["rows"], run["gather_rows"])
-    machine = dict(machine, load_average_at_end=load_average())
+    facts = provenance.finish(prov)
+    created = facts.pop("created_utc")
+    machine = {**facts, **machine}
     machine["torchrl_env"] = run["torchrl_info"] or {"status": run["errors"].get("torchrl", "not run")}
     cores = machine.get("cores") or 0
     warnings = [
         f"load average {when} {load[0]} exceeded {cores} cores: other processes shared the CPU; rates are noisy"
         for when, load in (
-            ("at start", machine["load_average_at_start"]),
-            ("at end", machine["load_average_at_end"]),
+            ("at start", machine["load_average_start"]),
+            ("at end", machine["load_average_end"]),
         )
         if load and cores and load[0] > cores
     ]
@@ -152,7 +156,7 @@ def build_report(
         "benchmark": "buffer_throughput",
         "warnings": warnings,
         "mode": "quick" if args.quick else "full",
-        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "created_utc": created,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "config": {
             **grid,
@@ -189,6 +193,7 @@ def build_report(
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, write JSON + PNG, print the table; exit 1 if any system failed."""
     args = parse_args(argv)
+    prov = provenance.start()
     import torch
 
     if args.threads:
@@ -200,10 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     print(
         f"buffer_throughput ({'quick' if args.quick else 'full'}): {machine['cpu_model']}, {machine['cores']} cores, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {machine['load_average_at_start']}",
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {prov.load_average_start}",
         flush=True,
     )
-    load = machine["load_average_at_start"]
+    load = prov.load_average_start
     if load and machine["cores"] and load[0] > machine["cores"]:
         print(
             f"WARNING: load average {load[0]} exceeds {machine['cores']} cores; timings will be noisy",
@@ -211,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     t0 = time.perf_counter()
     run = run_all(args, grid, timing)
-    doc = build_report(args, grid, timing, run, machine)
+    doc = build_report(args, grid, timing, run, machine, prov)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -19,11 +19,15 @@ import argparse
 import json
 import multiprocessing as mp
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 
 DIM, FRAG, CAP, BATCH, NSTEP = 64, 1000, 100_000, 256, 3
 KERNEL = 0.99 ** torch.arange(NSTEP, dtype=torch.float32)
@@ -147,6 +151,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/overlap_executors.json"))
     a = p.parse_args()
+    prov = provenance.start()
     torch.set_num_threads(1)
     setups = {"alone": run_alone, "thread": run_thread, "process": run_process}
     rows = []
@@ -172,7 +177,7 @@ def main() -> None:
             f"{name:8s} {s['step_s'] * 1e3:14.3f} ms   {s.get('slowdown_vs_alone', 1.0):7.2f}x  {s['fragments_per_s']:10.1f}"
         )
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"cores": mp.cpu_count(), "torch": torch.__version__}
+    machine = {"cores": mp.cpu_count(), "torch": torch.__version__, **provenance.finish(prov)}
     a.out.write_text(json.dumps({"machine": machine, "rows": rows, "summary": summary}, indent=2))
     import matplotlib
 

@@ -16,10 +16,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -80,6 +85,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="1 seed, 2,000 env steps, small batches")
     p.add_argument("--out", default="benchmarks/results/rllib_convergence.json")
     a = p.parse_args()
+    prov = provenance.start()
     if a.quick:
         a.seeds = 1
         a.max_env_steps = min(a.max_env_steps, 2_000)
@@ -118,7 +124,14 @@ def main() -> None:
         "max_seconds_per_run": a.max_seconds_per_run,
         "quick": a.quick,
     }
-    out.write_text(json.dumps({**settings, "runs": runs, "summary": summary}, indent=1))
+    machine = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        **provenance.finish(prov),
+    }
+    out.write_text(json.dumps({**settings, "machine": machine, "runs": runs, "summary": summary}, indent=1))
     import matplotlib
 
     matplotlib.use("Agg")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 from rllib_native_timing import PathTimer, install, timed_train  # noqa: E402
 
 
@@ -97,6 +98,7 @@ def run(
     max_iters: int | None = None,
 ) -> dict[str, Any]:
     """Alternate native / Conduit iterations until ``seconds`` have passed; write JSON and PNG to ``out``."""
+    prov = provenance.start()
     import conduit_rllib
     import ray
     import torch
@@ -161,7 +163,7 @@ def run(
             "overlap": overlap,
             "seed": seed,
         },
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), **provenance.finish(prov)},
         "rows": rows,
         "summary": summary,
     }

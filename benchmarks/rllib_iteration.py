@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 from rllib_native_timing import PathTimer, install, timed_train  # noqa: E402
 
 MA_ENV = "MultiAgentCartPole"
@@ -175,6 +176,7 @@ def main() -> None:
     p.add_argument("--overlap", choices=["sync", "async"], default="async")
     p.add_argument("--out", default="benchmarks/results/rllib_iteration.json")
     a = p.parse_args()
+    prov = provenance.start()
 
     torch.set_num_threads(1)
     import ray
@@ -199,9 +201,9 @@ def main() -> None:
         "platform": platform.platform(),
         "torch": torch.__version__,
         "ray": ray.__version__,
-        "load_avg": os.getloadavg(),
         "overlap": a.overlap,
         "quick": a.quick,
+        **provenance.finish(prov),
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,6 @@ Writes a JSON (rows, ratios, targets, machine facts) and a PNG of the same stem.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import json
 import os
@@ -62,6 +61,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import provenance  # noqa: E402
+
 DEFAULT_OUT = HERE / "results" / "tq_backends.json"
 
 SYSTEMS = ("SimpleStorage", "RayStore", "Conduit")
@@ -899,20 +901,12 @@ def machine_facts() -> dict[str, Any]:
 
     import torch
 
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
     def version(dist: str) -> str | None:
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
             return None
 
-    status = git("status", "--porcelain")
     digest = hashlib.sha256()
     store = REPO / "integrations" / "verl" / "conduit_verl" / "tq_store"
     for f in sorted(store.glob("*.py")):
@@ -926,8 +920,6 @@ def machine_facts() -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
         "tq_store_sha256": digest.hexdigest()[:16],
         "cpu_count": os.cpu_count(),
         "cpu_model": model,
@@ -967,9 +959,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    prov = provenance.start()
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    load_start = prov.load_average_start
     mode = "quick" if args.quick else "full"
     systems = [s for s in args.systems.split(",") if s]
     bad = set(systems) - set(SYSTEMS)
@@ -997,14 +990,13 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_phase(nodes, cells, phase_systems, rounds, logdir, skipped, errors, t_start, args.threads)
     wall = time.perf_counter() - t_start
     ratios, targets = compute_ratios(rows), evaluate_targets(rows)
-    facts = machine_facts()
-    facts.update(
-        {"load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()]}
-    )
+    facts = provenance.finish(prov)  # git_commit, git_dirty, load_average_start/_end, created_utc
+    created = facts.pop("created_utc")
+    facts.update(machine_facts())
     result = {
         "benchmark": "tq_backends",
         "mode": mode,
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "created": created,
         "wall_seconds": round(wall, 1),
         "machine": facts,
         "setup": {

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 from verl_analysis import ratios, rows_for_run  # noqa: E402
 from verl_plots import reward_curve, stage_bars  # noqa: E402
 
@@ -144,7 +145,7 @@ def machine() -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
-    info.update(cpus=os.cpu_count(), torch=torch.__version__, loadavg_start=os.getloadavg())
+    info.update(cpus=os.cpu_count(), torch=torch.__version__)
     try:
         import verl
 
@@ -184,6 +185,7 @@ def main() -> int:
         "--reuse", action="store_true", help="with --work: re-analyse runs already there instead of rerunning"
     )
     args = p.parse_args()
+    prov = provenance.start()
     steps = args.steps or (4 if args.quick else 14)
     rounds = args.rounds or (1 if args.quick else 2)
     name = f"verl_iteration{'_quick' if args.quick else ''}_{args.algo}"
@@ -235,7 +237,6 @@ def main() -> int:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine_load": "2 shared cores; other jobs may run concurrently (noisy)",
     }
-    result["machine"]["loadavg_end"] = os.getloadavg()
     if result["rows"]:
         stage_bars(
             result["rows"], out.with_suffix(".png"), f"verl 0.9.1 CPU {args.algo}: stages per iteration"
@@ -244,6 +245,7 @@ def main() -> int:
         result["reward_curve"] = reward_runs(
             root, args, out.with_name(f"{name}_reward.png"), result["errors"]
         )
+    result["machine"].update(provenance.finish(prov))  # after the reward runs: the run's real end
     out.write_text(json.dumps(result, indent=1))
     print(table(result["rows"], systems))
     print(json.dumps(result["ratios"], indent=1))

@@ -21,6 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import provenance  # noqa: E402
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, SchedulerConfig, Schema  # noqa: E402
 
@@ -75,6 +78,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--iters", type=int, default=50)
     a = p.parse_args()
+    prov = provenance.start()
     if not torch.cuda.is_available():
         print("core_gpu: no CUDA device on this machine; nothing to run", file=sys.stderr)
         sys.exit(2)
@@ -86,7 +90,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     a.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, **provenance.finish(prov)}
     (a.out / "core_gpu.json").write_text(json.dumps({"machine": meta, "rows": rows}, indent=2))
     print(f"wrote {a.out / 'core_gpu.json'}")
 

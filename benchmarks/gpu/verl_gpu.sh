@@ -28,6 +28,9 @@ if ((${#missing[@]})); then
   timeout 300 $PY - "$OUT" <<'PY'
 import json, sys, time, torch
 sys.path.insert(0, "tools/verl_cpu")  # the CPU harness's tiny model (needs only transformers)
+sys.path.insert(0, "benchmarks")
+import provenance
+prov = provenance.start()
 from conduit_verl_cpu.model import build_model_dir
 from transformers import AutoModelForCausalLM
 import tempfile
@@ -43,6 +46,7 @@ for _ in range(20):
     m(input_ids=x, labels=x).loss.backward()
 if dev == "cuda": torch.cuda.synchronize()
 res = {"device": dev, "fwd_bwd_ms": (time.perf_counter() - t0) / 20 * 1e3, "verl": "not installed"}
+res["machine"] = provenance.finish(prov)
 print("[verl_gpu]", res)
 json.dump(res, open(f"{sys.argv[1]}/verl_gpu_sanity.json", "w"), indent=1)
 PY

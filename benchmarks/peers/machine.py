@@ -1,13 +1,15 @@
-"""Facts about the machine and the software a run used."""
+"""Facts about the machine and the software a run used (the run's git commit, dirty flag and load
+averages come from ``benchmarks/provenance.py``, which needs ``benchmarks/`` on ``sys.path``)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import platform
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from provenance import git
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -22,14 +24,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def load_average() -> list[float] | None:
-    """The 1/5/15-minute load averages, or None where the OS has none."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def mem_total_gib() -> float | None:
@@ -51,13 +45,6 @@ def conduit_source() -> dict[str, Any]:
         digest.update(f.relative_to(REPO).as_posix().encode())
         digest.update(f.read_bytes())
 
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
     status = git("status", "--porcelain", "--", "conduit")
     return {
         "git_head": git("rev-parse", "HEAD"),
@@ -67,7 +54,7 @@ def conduit_source() -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model, core count, memory, load, and the main env's package versions."""
+    """CPU model, core count, memory, and the main env's package versions."""
     import torch
 
     info: dict[str, Any] = {
@@ -75,7 +62,6 @@ def machine_info() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "mem_total_gib": mem_total_gib(),
         "python": platform.python_version(),
-        "load_average_at_start": load_average(),
         "main_env": {"torch": torch.__version__, "num_threads": torch.get_num_threads()},
         "conduit_source": conduit_source(),
     }

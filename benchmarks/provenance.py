@@ -1,0 +1,75 @@
+"""Provenance of a benchmark run: which commit, whether the tree was dirty, and the machine's load.
+
+Every benchmark that writes a results JSON records, in its ``machine`` section::
+
+    tok = provenance.start()              # first thing the run does
+    ...                                   # the run
+    machine.update(provenance.finish(tok))  # last thing before writing the JSON
+
+``finish`` gives ``git_commit`` (``git rev-parse HEAD``; ``"unknown"`` outside a git checkout),
+``git_dirty`` (``git status --porcelain`` non-empty, untracked files included; ``None`` where git
+cannot tell), ``load_average_start`` / ``load_average_end`` (1/5/15-minute load averages, ``None``
+where the OS has none) and ``created_utc`` (when ``finish`` ran). The git facts are read in
+``start``: they describe the code the run imported, even if the tree changes while it runs.
+
+Import it from a script in ``benchmarks/`` (its folder is ``sys.path[0]`` when run as a script)
+or put this folder on ``sys.path`` first. Standard library only (the GPU scripts need it too).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git(*args: str) -> str | None:
+    """``git -C REPO *args``'s stripped stdout, or None (no git, not a checkout, error, timeout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load averages, rounded to 0.01, or None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Start:
+    """What ``start`` captured; pass it to ``finish``."""
+
+    git_commit: str
+    git_dirty: bool | None
+    load_average_start: list[float] | None
+
+
+def start() -> Start:
+    """Capture the commit, the dirty flag and the load average at the start of a run."""
+    status = git("status", "--porcelain")
+    return Start(
+        git_commit=git("rev-parse", "HEAD") or "unknown",
+        git_dirty=None if status is None else bool(status),
+        load_average_start=load_average(),
+    )
+
+
+def finish(token: Start) -> dict[str, Any]:
+    """The provenance record of a run begun with ``token = start()``; call it when the run ends."""
+    return {
+        "git_commit": token.git_commit,
+        "git_dirty": token.git_dirty,
+        "load_average_start": token.load_average_start,
+        "load_average_end": load_average(),
+        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
