@@ -197,7 +197,10 @@ class ConduitStorageManager(StorageManager):
         names = list(metadata.field_names)
         routes = self._routes(gis)
         parts = await asyncio.gather(
-            *(self._read(i, gis if pos is None else gis[pos], names) for i, pos in routes)
+            *(
+                self._read(i, gis if pos is None else gis[pos], names, own=len(routes) == 1)
+                for i, pos in routes
+            )
         )
         if len(parts) == 1:
             columns = parts[0]
@@ -207,13 +210,15 @@ class ConduitStorageManager(StorageManager):
             columns = {f: Column.cat([p[f] for p in parts]).select(back) for f in names}
         return TensorDict({f: field_of(columns[f]) for f in names}, batch_size=len(gis))
 
-    async def _read(self, i: int, gis: torch.Tensor, names: list[str]) -> dict[str, Column]:
+    async def _read(self, i: int, gis: torch.Tensor, names: list[str], own: bool) -> dict[str, Column]:
+        """One store's part of a get. ``own``: the columns are returned as they are, so arrays from Ray's
+        (read-only) object store are copied; parts that are merged afterwards are read in place."""
         plan = await self._call(i, "read_plan", gis.numpy(), names, self.node)
         out: dict[str, Column] = {}
         retry: list[str] = []
         for name, entry in plan.items():
             if entry[0] != "mapped":
-                out[name] = from_wire(entry, writable=True)
+                out[name] = from_wire(entry, writable=own)
                 continue
             _, kind, layout, lengths = entry
             lens = None if lengths is None else torch.from_numpy(np.array(lengths, copy=True))
@@ -223,7 +228,7 @@ class ConduitStorageManager(StorageManager):
                 retry.append(name)
         if retry:
             wires = await self._call(i, "get", gis.numpy(), retry)
-            out.update({n: from_wire(w, writable=True) for n, w in wires.items()})
+            out.update({n: from_wire(w, writable=own) for n, w in wires.items()})
         return out
 
     async def clear_data(self, metadata: BatchMeta) -> None:
