@@ -126,9 +126,19 @@ def conduit_knobs(args: argparse.Namespace, system: str) -> list[str]:
     return [f"+trainer.v1.conduit.g_ing={args.g_ing}"] if base == "conduit" else []
 
 
+def tq_seconds_per_iteration(work: Path) -> dict[str, float]:
+    """Mean seconds per iteration inside TQ storage put/get calls, summed over every process of the run
+    (the harness times each storage manager's ``put_data`` / ``get_data``; ``summary.json``)."""
+    path = work / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    calls, n = summary.get("tq_calls") or {}, max(1, int(summary.get("iterations") or 1))
+    return {f"tq_{op}_s_per_iter": round(calls.get(f"tq_{op}_s", 0.0) / n, 4) for op in ("put", "get")}
+
+
 def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
     """Per system: its backend, measured iterations, median wall and exposed time."""
-    lines = [f"{'system':<28} {'tq_backend':<14} {'n':>3} {'wall_s':>8} {'exposed_s':>9}"]
+    head = f"{'system':<28} {'tq_backend':<14} {'n':>3} {'wall_s':>8} {'exposed_s':>9} {'tq_put_s':>9} {'tq_get_s':>9}"
+    lines = [head]
     for system in systems:
         mine = [r for r in rows if r["system"] == system]
         if not mine:
@@ -137,7 +147,13 @@ def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
         wall = statistics.median(r["wall_s"] for r in mine)
         exposed = statistics.median(r["exposed_s"] for r in mine)
         backend = ",".join(sorted({r["tq_backend"] for r in mine}))
-        lines.append(f"{system:<28} {backend:<14} {len(mine):>3} {wall:>8.3f} {exposed:>9.3f}")
+        tq = [
+            statistics.median(r.get(f"tq_{op}_s_per_iter", float("nan")) for r in mine)
+            for op in ("put", "get")
+        ]
+        lines.append(
+            f"{system:<28} {backend:<14} {len(mine):>3} {wall:>8.3f} {exposed:>9.3f} {tq[0]:>9.3f} {tq[1]:>9.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -220,6 +236,7 @@ def main() -> int:
                 continue
             info = {"round": k, "poll_s": poll if "tuned" in plain else None}
             info["tq_backend"] = backend_ran(work, backend)
+            info.update(tq_seconds_per_iteration(work))
             result["rows"] += rows_for_run(work, args.algo, system, 1, info)
     base = [s for s in systems if not s.startswith("conduit")]
     # g_ing=auto measures 3 iterations with and 3 without streaming after the warm-up one

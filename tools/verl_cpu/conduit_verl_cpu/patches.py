@@ -184,4 +184,5 @@ def apply() -> None:
         when_imported("verl.trainer.ppo.v1.trainer_base", install)
     if os.environ.get(tq_stats.STATS_ENV):
         when_imported("transfer_queue.interface", tq_stats.install)
+        when_imported("transfer_queue.storage.managers.base", tq_stats.install_timing)
     logger.debug("conduit_verl CPU mode applied in pid %s", os.getpid())

@@ -217,6 +217,9 @@ def write_summary(args: argparse.Namespace, metrics_path: Path, wall_s: float) -
         "tq_backend_ran": stats.get("backend"),  # what verl's TransferQueue storage was (None: unknown)
         "tq_store": tq_stats.totals(stats),  # Conduit: bytes_put, bytes_get_mapped, bytes_get_copied, puts
         "tq_store_nodes": stats.get("nodes"),
+        "tq_calls": tq_stats.call_totals(
+            work
+        ),  # seconds and calls in TQ storage put/get/clear, all processes
     }
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -230,6 +233,12 @@ def backend_line(summary: dict) -> str:
         line += (
             f": {mb['bytes_put']:.2f} MB put, {mb['bytes_get_mapped']:.2f} MB read in place, "
             f"{mb['bytes_get_copied']:.2f} MB copied out ({len(summary['tq_store_nodes'])} storage actor(s))"
+        )
+    calls, n = summary.get("tq_calls") or {}, max(1, summary["iterations"])
+    if calls:
+        line += "; per iteration in TQ storage calls (all processes): " + ", ".join(
+            f"{op} {calls.get(f'tq_{op}_s', 0.0) / n:.3f}s ({calls.get(f'tq_{op}_calls', 0) / n:.0f} calls)"
+            for op in ("put", "get", "clear")
         )
     return line
 

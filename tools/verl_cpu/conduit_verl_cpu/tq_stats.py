@@ -5,6 +5,10 @@ the process that started the storage (verl's task runner, whose ``tq.init`` boot
 ``tq.close`` once training ends), it first writes ``{"backend": <storage_backend>, "nodes": [...]}``:
 for the ``Conduit`` backend, every storage actor's ``stats()`` (bytes put, bytes read mapped or copied,
 each field's tier); for other backends ``nodes`` is ``null``. Other processes write nothing.
+
+With the same variable, every process times its storage manager's ``put_data`` / ``get_data`` /
+``clear_data`` (any backend: the factory's product is wrapped) and appends one JSON line per call to
+``<dir of that file>/tq_calls/<pid>.jsonl``; :func:`call_totals` sums them (seconds and calls per op).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import functools
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +82,51 @@ def install() -> None:
     close._conduit_patched = True  # type: ignore[attr-defined]
     interface.close = close
     transfer_queue.close = close  # verl calls `tq.close()` on the package
+
+
+def install_timing() -> None:
+    """Time every storage-manager call of this process (no-op without the env var)."""
+    path = os.environ.get(STATS_ENV)
+    if not path:
+        return
+    from transfer_queue.storage.managers.base import StorageManagerFactory
+
+    original = StorageManagerFactory.create.__func__  # type: ignore[attr-defined]
+    if getattr(original, "_conduit_timed", False):
+        return
+    out = Path(path).parent / "tq_calls"
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"{os.getpid()}.jsonl"
+
+    def timed(op: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                with log.open("a") as f:
+                    f.write(json.dumps({"op": op, "s": time.perf_counter() - t0, "t": time.time()}) + "\n")
+
+        return call
+
+    @functools.wraps(original)
+    def create(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        manager = original(cls, *args, **kwargs)
+        for op in ("put_data", "get_data", "clear_data"):
+            setattr(manager, op, timed(op.removesuffix("_data"), getattr(manager, op)))
+        return manager
+
+    create._conduit_timed = True  # type: ignore[attr-defined]
+    StorageManagerFactory.create = classmethod(create)  # type: ignore[method-assign, assignment]
+
+
+def call_totals(work: str | Path) -> dict[str, float]:
+    """Seconds and calls per storage op over every process of a run (``tq_put_s``, ``tq_put_calls``, ...)."""
+    out: dict[str, float] = {}
+    for log in sorted((Path(work) / "tq_calls").glob("*.jsonl")):
+        for line in log.read_text().splitlines():
+            rec = json.loads(line)
+            out[f"tq_{rec['op']}_s"] = out.get(f"tq_{rec['op']}_s", 0.0) + rec["s"]
+            out[f"tq_{rec['op']}_calls"] = out.get(f"tq_{rec['op']}_calls", 0) + 1
+    return out
