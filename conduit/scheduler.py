@@ -239,7 +239,7 @@ class BackgroundScheduler(Scheduler):
                 self._raise_pending()
                 if not ok:
                     raise InsufficientDataError(f"the delivery worker did not pause within {timeout:g}s")
-                self._apply_priorities()
+                self._apply_priorities(self._take_priorities())
                 return fn(self.ready.first_slot())
             finally:
                 self.paused -= 1
@@ -337,9 +337,14 @@ class BackgroundScheduler(Scheduler):
             return max(1, min(g_del, free // req.size))
         return min(g_del, free // req.size)
 
-    def _apply_priorities(self) -> None:
-        while self.priorities:
-            slots, generations, priorities = self.priorities.popleft()
+    def _take_priorities(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The queued priority updates, in order (call with ``cond`` held)."""
+        pending = list(self.priorities)
+        self.priorities.clear()
+        return pending
+
+    def _apply_priorities(self, pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        for slots, generations, priorities in pending:
             with self.metrics.span("deliver/update_priorities"):
                 self.buffer.update_priorities(slots, generations, priorities)
 
@@ -352,14 +357,11 @@ class BackgroundScheduler(Scheduler):
                 if self.closed:
                     return
                 request, room, have = self.request, self._room(), self.ready.items
-                pending = list(self.priorities)
-                self.priorities.clear()
+                pending = self._take_priorities()
                 self.inflight = True
             out: list[Delivery] = []
             try:
-                for slots, generations, priorities in pending:
-                    with self.metrics.span("deliver/update_priorities"):
-                        self.buffer.update_priorities(slots, generations, priorities)
+                self._apply_priorities(pending)
                 if room and request is not None:
                     out = self._prepare(request, room, have)
             finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import uuid
@@ -46,10 +47,7 @@ def allocate(
     except OSError as e:
         raise ConfigError(f"tier {tier!r}: cannot create storage under disk_path={disk_dir!r}: {e}") from e
     except (RuntimeError, MemoryError) as e:  # the allocator's out-of-memory
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         raise CapacityError(
             f"tier {tier!r} cannot allocate {nbytes / 2**30:.2f} GiB for a {tuple(shape)} {dtype} column; "
             f"lower capacity or max_len ({e})"
@@ -66,9 +64,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, tier: str, disk_dir: s
     if tier == "disk":
         directory = disk_dir or tempfile.gettempdir()
         os.makedirs(directory, exist_ok=True)
-        numel = 1
-        for s in shape:
-            numel *= s
+        numel = math.prod(shape)
         path = os.path.join(directory, f"conduit-{uuid.uuid4().hex}.bin")
         flat = torch.from_file(path, shared=True, size=max(numel, 1), dtype=dtype)
         os.unlink(path)  # the mapping stays valid; the file disappears with the last reference

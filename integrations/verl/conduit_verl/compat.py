@@ -392,36 +392,27 @@ class SyncTrainerBase(PPOTrainerSync):
 # -- trainer methods and state (``trainer`` is a SyncTrainerBase) ------------------------------
 
 
-def balance_batch(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-    return trainer._balance_batch(batch, metrics=metrics)
+Stage = Callable[[Any, KVBatchMeta, dict], KVBatchMeta]
 
 
-def compute_reward_colocate(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-    return trainer._compute_reward_colocate(batch, metrics=metrics)
+def _trainer_stage(method: str) -> Stage:
+    """``stage(trainer, batch, metrics)`` calling verl's private trainer ``method`` (a seam in SEAMS)."""
+
+    def stage(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        return getattr(trainer, method)(batch, metrics=metrics)  # type: ignore[no-any-return]
+
+    stage.__name__ = method.lstrip("_")
+    return stage
 
 
-def compute_old_log_prob(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-    return trainer._compute_old_log_prob(batch, metrics=metrics)
-
-
-def compute_ref_log_prob(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-    return trainer._compute_ref_log_prob(batch, metrics=metrics)
-
-
-def compute_values(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-    return trainer._compute_values(batch, metrics=metrics)
-
-
-def compute_advantage(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-    return trainer._compute_advantage(batch, metrics=metrics)
-
-
-def update_critic(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-    return trainer._update_critic(batch, metrics=metrics)
-
-
-def update_actor(trainer: Any, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-    return trainer._update_actor(batch, metrics=metrics)
+balance_batch = _trainer_stage("_balance_batch")
+compute_reward_colocate = _trainer_stage("_compute_reward_colocate")
+compute_old_log_prob = _trainer_stage("_compute_old_log_prob")
+compute_ref_log_prob = _trainer_stage("_compute_ref_log_prob")
+compute_values = _trainer_stage("_compute_values")
+compute_advantage = _trainer_stage("_compute_advantage")
+update_critic = _trainer_stage("_update_critic")
+update_actor = _trainer_stage("_update_actor")
 
 
 def on_sample_begin(trainer: Any) -> None:

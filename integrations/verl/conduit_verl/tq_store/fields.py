@@ -15,6 +15,7 @@ if none has, :class:`StorageBackendError` names the field, the bytes it needs an
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import uuid
@@ -126,7 +127,7 @@ class FieldArray:
             return
         assert self.dtype is not None
         shape = (capacity,) if self.kind == SCALAR else (capacity, max_len, *self.rest)
-        nbytes = _numel(shape) * torch.empty((), dtype=self.dtype).element_size()
+        nbytes = math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
         if self.data is not None:
             self.budgets.give(self.tier, self.nbytes)
         tier = self.budgets.take(self.name, self.wanted_tier, nbytes)
@@ -150,11 +151,11 @@ class FieldArray:
         directory = "/dev/shm" if tier == "shm" else self.directory
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"conduit-tq-{self.name}-{uuid.uuid4().hex[:12]}")
-        numel = max(_numel(shape), 1)
+        numel = max(math.prod(shape), 1)
         flat = torch.from_file(path, shared=True, size=numel, dtype=self.dtype)
         fd = os.open(path, os.O_RDWR)
         os.unlink(path)
-        return flat[: _numel(shape)].view(shape), f"/proc/{os.getpid()}/fd/{fd}", fd, os.fstat(fd).st_ino
+        return flat[: math.prod(shape)].view(shape), f"/proc/{os.getpid()}/fd/{fd}", fd, os.fstat(fd).st_ino
 
     def _release(self) -> None:
         if self.path is not None:  # readers that mapped it keep their mapping; later ones get the new layout
@@ -245,7 +246,7 @@ def _map(layout: Layout) -> torch.Tensor:
         if os.fstat(fd).st_ino != layout.inode:
             raise StaleLayoutError(f"{layout.path} is another file now")
         dtype = getattr(torch, layout.dtype.removeprefix("torch."))
-        numel = _numel(layout.shape)
+        numel = math.prod(layout.shape)
         flat = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=max(numel, 1), dtype=dtype)
     finally:
         os.close(fd)  # the mapping stays valid
@@ -271,7 +272,7 @@ _LOCAL = threading.local()
 def _scratch(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """This thread's reusable buffer, grown to hold ``shape`` (the managers run on several threads)."""
     pool: dict[torch.dtype, torch.Tensor] = _LOCAL.__dict__.setdefault("pool", {})
-    numel = _numel(shape)
+    numel = math.prod(shape)
     buf = pool.get(dtype)
     if buf is None or buf.numel() < numel:
         buf = pool[dtype] = torch.empty(max(numel, 1), dtype=dtype)
@@ -322,10 +323,3 @@ def _grow(t: torch.Tensor, n: int) -> torch.Tensor:
     out = torch.zeros(n, dtype=t.dtype)
     out[: t.numel()] = t
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

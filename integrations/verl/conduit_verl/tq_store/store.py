@@ -6,6 +6,7 @@ a Ray actor. Every call is batch-level: one gather / scatter per field per call.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from typing import Any
 
@@ -145,9 +146,7 @@ def _mapped_bytes(field: FieldArray, lengths: torch.Tensor | None, n: int) -> in
     if field.kind == OBJECT or field.dtype is None:
         return 0
     size = torch.empty((), dtype=field.dtype).element_size()
-    per = 1
-    for s in field.rest:
-        per *= s
+    per = math.prod(field.rest)
     tokens = n if field.kind == SCALAR or lengths is None else int(lengths.sum())
     return tokens * per * size
 
