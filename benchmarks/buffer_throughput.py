@@ -1,11 +1,13 @@
 """Replay-buffer insert and sample throughput: Conduit vs TorchRL vs RLlib vs a plain memcpy.
 
-    python benchmarks/buffer_throughput.py [--quick] [--out FILE]
+    python benchmarks/buffer_throughput.py [--quick] [--load] [--out FILE]
 
 Every system runs the same cells — (op, sampler, batch, dim) with the same prefilled (full) buffer
 capacity — in one run. TorchRL runs in its own venv (``benchmarks/envs/setup_torchrl.sh``) through a
 subprocess; RLlib and Conduit run in this process. Writes a JSON of flat rows plus ratios, targets and
 machine facts, and a PNG of the same stem. See ``peers/`` for what each system's call does.
+With ``--load``, every timing round also runs with (cores - 1) busy processes on the other cores;
+those rows carry ``load: true``, and ``load_ratios`` (+ ``<stem>_load.png``) gives loaded ÷ idle.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ sys.path.insert(1, str(HERE))
 sys.path.insert(2, str(HERE.parent))
 
 import provenance  # noqa: E402
-from analysis import compute_overhead, compute_ratios, evaluate_targets  # noqa: E402
+from analysis import compute_load_ratios, compute_overhead, compute_ratios, evaluate_targets  # noqa: E402
 from conduit_peer import ConduitSystem  # noqa: E402
 from harness import ALPHA, BETA, System, Timing, capacity_for, make_grid, progress_line  # noqa: E402
+from load import CpuLoad, reference_slowdown  # noqa: E402
 from machine import machine_info  # noqa: E402
 from memcpy_peer import GatherSystem, MemcpySystem  # noqa: E402
 from orchestrate import run_interleaved  # noqa: E402
-from report import format_table, format_targets, plot  # noqa: E402
+from report import format_load_table, format_table, format_targets, plot, plot_load  # noqa: E402
 from torchrl_driver import DEFAULT_PYTHON, RemoteTorchRL, ensure_env  # noqa: E402
 
 OPS = ("sample", "insert")
@@ -41,16 +44,21 @@ FULL = {
     "rllib_batches": [32, 256],
     "rllib_dims": [4, 64],
 }
-QUICK = {"batches": [32, 256], "dims": [4, 16384], "rllib_batches": [32, 256], "rllib_dims": [4]}
+QUICK = {"batches": [32, 256], "dims": [4, 64, 1024, 16384], "rllib_batches": [32, 256], "rllib_dims": [4]}
 FULL_TIMING = Timing(min_time=0.2, rounds=8, warmup=3)
-QUICK_TIMING = Timing(min_time=0.03, rounds=3, warmup=2)
+QUICK_TIMING = Timing(min_time=0.1, rounds=5, warmup=2)
 DEFAULT_OUT = HERE / "results" / "buffer_throughput.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer cells and reps (whole run < 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="fewer cells and reps (whole run ~2 minutes)")
+    ap.add_argument(
+        "--load",
+        action="store_true",
+        help="also time every round with (cores - 1) busy processes on the other cores",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma list of systems to run")
     ap.add_argument(
@@ -103,12 +111,17 @@ def run_all(args: argparse.Namespace, grid: dict[str, list[int]], timing: Timing
     systems = make_systems(args, grid, errors)
     cells = make_grid(grid["batches"], grid["dims"], OPS, SAMPLERS)
     torchrl_info: dict[str, Any] = {}
+    load = CpuLoad() if args.load else None
+    load_reference: dict[str, Any] | None = None
     try:
         for s in systems:
             if isinstance(s, RemoteTorchRL):
                 torchrl_info = s.info()
-        all_rows = run_interleaved(systems, cells, timing, _on_row, errors)
+        all_rows = run_interleaved(systems, cells, timing, _on_row, errors, load)
+        load_reference = reference_slowdown(load) if load is not None else None
     finally:
+        if load is not None:
+            load.close()
         for s in systems:
             if isinstance(s, RemoteTorchRL):
                 s.shutdown()
@@ -124,6 +137,8 @@ def run_all(args: argparse.Namespace, grid: dict[str, list[int]], timing: Timing
         "errors": errors,
         "torchrl_info": torchrl_info,
         "systems": status,
+        "load_processes": load.processes if load is not None else 0,
+        "load_reference": load_reference,
     }
 
 
@@ -165,6 +180,7 @@ def build_report(
             "alpha": ALPHA,
             "beta": BETA,
             "torch_threads": args.threads or torch.get_num_threads(),
+            "load_processes": run["load_processes"],
         },
         "definitions": {
             "insert": "append `batch` transitions to a full buffer (ring overwrite / eviction)",
@@ -178,7 +194,11 @@ def build_report(
             "gather_reference": "bare torch.index_select of `batch` random rows into a preallocated output",
             "interleaving": "per cell, all systems warm up, then timing rounds go round-robin over the systems",
             "timing": "each cell: warmup calls, then timing.rounds rounds of >= min_time/rounds s each; us_per_call and the "
-            "rates come from the best round (other load only adds time), us_per_call_median from the median round",
+            "rates come from the best round (other load only adds time), us_per_call_median from the median round; "
+            "the speed-up targets and conduit_over_peer_median use the median round",
+            "load": "rows with load=true ran with (cores - 1) pure-Python busy processes on the other cores (--load), "
+            "interleaved round by round with the idle (load=false) rounds; load_ratios = loaded / idle median us per call; "
+            "load_reference = the same ratio for a single-threaded pure-Python loop (the floor: CPU sharing, not waiting)",
         },
         "machine": machine,
         "systems": run["systems"],
@@ -186,6 +206,8 @@ def build_report(
         "gather_reference": run["gather_rows"],
         "overhead": overhead,
         "ratios": compute_ratios(run["rows"]),
+        "load_ratios": compute_load_ratios(run["rows"]),
+        "load_reference": run["load_reference"],
         "targets": evaluate_targets(run["rows"], overhead, run["errors"]),
     }
 
@@ -227,6 +249,18 @@ def main(argv: list[str] | None = None) -> int:
         f"Replay buffer throughput ({doc['mode']}, {machine['cpu_model']}, {machine['cores']} cores)",
     )
     print("\n" + format_table(doc["rows"]))
+    if doc["load_ratios"]:
+        print("\n" + format_load_table(doc["load_ratios"]))
+        ref = doc["load_reference"]
+        print(
+            f"reference (single-threaded pure-Python loop): {ref['idle_us']:.0f} us idle, {ref['loaded_us']:.0f} us "
+            f"loaded = {ref['loaded_over_idle']:.2f}x (the floor on this machine)"
+        )
+        load_png = args.out.with_name(args.out.stem + "_load.png")
+        plot_load(
+            doc["load_ratios"], str(load_png), f"Loaded / idle ({doc['mode']}, {machine['cores']} cores)"
+        )
+        print(f"wrote {load_png}")
     print("\nPer-call overhead (conduit sample at batch 256):")
     for c in doc["overhead"]["per_cell"]:
         icpt = "-" if c["intercept_us"] is None else f"{c['intercept_us']:.1f}"

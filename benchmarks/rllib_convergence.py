@@ -1,14 +1,25 @@
-"""Convergence, native RLlib vs Conduit: DQN and PPO on CartPole-v1, several seeds, one plot.
+"""Learning is preserved: DQN (or PPO) on CartPole-v1, native RLlib vs Conduit async and sync, several seeds.
 
-    python benchmarks/rllib_convergence.py [--algo dqn|ppo|both] [--seeds 3] [--max-env-steps 200000]
-        [--target 450] [--max-seconds-per-run S] [--quick] [--out FILE]
+    python benchmarks/rllib_convergence.py [--algo dqn|ppo] [--seeds 3] [--target 100]
+        [--max-env-steps 15000] [--max-seconds-per-run 600] [--quick] [--out FILE]
 
-Reports, per algorithm and system, the env steps each seed needed to reach a mean episode return of
-``--target`` (``null`` if it never did) and writes every learning curve to JSON and one PNG. Native
-and Conduit runs alternate seed by seed. Each run stops at the target, at ``--max-env-steps`` or after
-``--max-seconds-per-run``, so the whole run is bounded by
-``algos x seeds x 2 x max-seconds-per-run``. ``--quick``: one seed, a few thousand env steps, small
-batches (a smoke run that checks the pipeline, not convergence).
+Conduit's async DQN path changes *when* data and priorities become visible to the learner (env steps
+staged 32 at a time before one put, priority updates sent every 32 updates, deliveries prepared up to
+16 ahead). This benchmark shows whether that changes learning: per seed it trains native RLlib, Conduit
+async and Conduit sync (PPO: native and Conduit) with the same seed, one after the other, and records
+the env steps each needed to reach a mean episode return of ``--target`` (``null`` if it did not within
+``--max-env-steps``). Every run is stopped by the target, the env-step budget, or — as a safety net,
+flagged ``stopped_by: "time"`` in the JSON — ``--max-seconds-per-run``.
+
+Per run the JSON carries the learning curve (env steps, mean return), wall time and exposed
+experience-path time side by side (per iteration and in total, measured as in ``rllib_iteration.py``),
+and the work done (env steps sampled, gradient updates, module steps trained). One PNG plots the curves.
+
+Defaults (DQN with the recipe's settings, 3 seeds, target 100, 15,000 env steps — RLlib's epsilon decays
+over the first 10,000) take at most about 35 minutes on 2 cores (a run that never reaches the target:
+native about 5 minutes, each Conduit run about 3); seeds that reach the target stop earlier.
+``--quick``: one seed, 2,000 env steps, small batches — a smoke run of a few minutes that checks the
+pipeline, not learning.
 """
 
 from __future__ import annotations
@@ -22,102 +33,190 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from rllib_native_timing import WORK_KEYS, PathTimer, WorkCounter, install, timed_train  # noqa: E402
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+SYSTEMS = {"dqn": ("native", "conduit-async", "conduit-sync"), "ppo": ("native", "conduit-sync")}
+COLORS = {"native": "tab:blue", "conduit-async": "tab:orange", "conduit-sync": "tab:green"}
 
 
-def _recipe(name: str):  # noqa: ANN202
+def _recipe(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, RECIPES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
 
 
-def curve(
-    algo: str, conduit: bool, seed: int, max_steps: int, target: float, max_seconds: float, quick: bool
-) -> dict:
+def _build(algo: str, system: str, seed: int, quick: bool) -> Any:
     mod = _recipe(f"rllib_{algo}")
-    small = {}
-    if quick:
-        small = (
-            {"steps_per_iter": 250, "learning_starts": 250}
-            if algo == "dqn"
-            else {"train_batch_size": 500, "minibatch_size": 100, "num_epochs": 4}
-        )
-    args = mod.Args(conduit=conduit, seed=seed, iters=10**6, **small)
-    built = mod.build(args)
-    points, reached = [], None
+    kw: dict[str, Any] = {"conduit": system != "native", "seed": seed, "iters": 10**6}
+    if algo == "dqn":
+        kw.update(steps_per_iter=500, learning_starts=1000)
+        if system != "native":
+            kw["overlap"] = system.removeprefix("conduit-")
+        if quick:
+            kw.update(steps_per_iter=250, learning_starts=250)
+    elif quick:
+        kw.update(train_batch_size=500, minibatch_size=100, num_epochs=4)
+    return mod.build(mod.Args(**kw))
+
+
+def run(
+    algo: str,
+    system: str,
+    seed: int,
+    target: float,
+    max_steps: int,
+    max_seconds: float,
+    quick: bool,
+    timer: PathTimer,
+    wrap_buffer: Any,
+) -> dict[str, Any]:
+    """Train one seed until ``target``, ``max_steps`` env steps or ``max_seconds``; the run's record."""
+    built = _build(algo, system, seed, quick)
+    wrap_buffer(built)
+    counter = WorkCounter(built)
+    curve: list[dict[str, Any]] = []
+    reached, stopped_by = None, "steps"
     t0 = time.perf_counter()
     try:
         while True:
-            r = built.train()
-            steps = r["env_runners"].get("num_env_steps_sampled_lifetime", 0)
-            ret = r["env_runners"].get("episode_return_mean")
-            points.append((steps, ret))
-            if reached is None and ret is not None and ret >= target:
-                reached = steps
+            result, wall, exposed, _ = timed_train(built, timer, conduit=system != "native")
+            steps = int(result["env_runners"].get("num_env_steps_sampled_lifetime", 0))
+            ret = result["env_runners"].get("episode_return_mean")
+            curve.append(
+                {"env_steps": steps, "return_mean": ret, "wall_s": wall, "exposed_s": exposed}
+                | counter.take(result)
+            )
+            if ret is not None and ret >= target:
+                reached, stopped_by = steps, "target"
                 break
-            if steps >= max_steps or time.perf_counter() - t0 >= max_seconds:
+            if steps >= max_steps:
+                break
+            if time.perf_counter() - t0 >= max_seconds:
+                stopped_by = "time"
                 break
     finally:
         built.stop()
     return {
         "algo": algo,
-        "system": "conduit" if conduit else "native",
+        "system": system,
         "seed": seed,
-        "curve": points,
         "steps_to_target": reached,
-        "wall_s": time.perf_counter() - t0,
+        "stopped_by": stopped_by,
+        "wall_s": sum(p["wall_s"] for p in curve),
+        "exposed_s": sum(p["exposed_s"] for p in curve),
+        "work": {k: sum(p[k] for p in curve) for k in WORK_KEYS},
+        "curve": curve,
     }
 
 
-def main() -> None:
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per system: median steps to target over the seeds that reached it, and medians of time and work."""
+    out: dict[str, dict[str, Any]] = {}
+    for system in dict.fromkeys(r["system"] for r in runs):
+        sel = [r for r in runs if r["system"] == system]
+        hits = [r["steps_to_target"] for r in sel if r["steps_to_target"] is not None]
+        its = [p for r in sel for p in r["curve"]]
+        out[system] = {
+            "median_steps_to_target": statistics.median(hits) if hits else None,
+            "reached": len(hits),
+            "runs": len(sel),
+            "steps_to_target": [r["steps_to_target"] for r in sel],
+            "median_iteration_wall_s": statistics.median(p["wall_s"] for p in its),
+            "median_iteration_exposed_s": statistics.median(p["exposed_s"] for p in its),
+            "gradient_updates_per_env_step": sum(r["work"]["gradient_updates"] for r in sel)
+            / max(1, sum(r["work"]["env_steps_sampled"] for r in sel)),
+        }
+    return out
+
+
+def plot(runs: list[dict[str, Any]], target: float, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in runs:
+        pts = [(p["env_steps"], p["return_mean"]) for p in r["curve"] if p["return_mean"] is not None]
+        ax.plot(
+            [s for s, _ in pts],
+            [v for _, v in pts],
+            color=COLORS[r["system"]],
+            alpha=0.8,
+            marker="o",
+            ms=2,
+            label=f"{r['system']} seed {r['seed']}",
+        )
+    ax.axhline(target, color="gray", lw=0.8, ls="--")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("mean episode return")
+    ax.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algo", choices=["dqn", "ppo", "both"], default="both")
+    p.add_argument("--algo", choices=["dqn", "ppo"], default="dqn")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--max-env-steps", type=int, default=200_000)
-    p.add_argument("--max-seconds-per-run", type=float, default=3600.0)
-    p.add_argument("--target", type=float, default=450.0)
+    p.add_argument("--target", type=float, default=100.0, help="mean episode return to reach")
+    p.add_argument("--max-env-steps", type=int, default=15_000, help="env-step budget per run")
+    p.add_argument("--max-seconds-per-run", type=float, default=600.0, help="safety net per run")
     p.add_argument("--quick", action="store_true", help="1 seed, 2,000 env steps, small batches")
-    p.add_argument("--out", default="benchmarks/results/rllib_convergence.json")
-    a = p.parse_args()
+    p.add_argument(
+        "--out", default=None, help="JSON path (default benchmarks/results/rllib_convergence_ALGO.json)"
+    )
+    a = p.parse_args(argv)
     prov = provenance.start()
     if a.quick:
-        a.seeds = 1
-        a.max_env_steps = min(a.max_env_steps, 2_000)
-    algos = ["dqn", "ppo"] if a.algo == "both" else [a.algo]
+        a.seeds, a.max_env_steps = 1, min(a.max_env_steps, 2_000)
     import ray
     import torch
 
     torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    timer = PathTimer()
+    wrap_buffer = install(timer)
     runs = []
-    for algo in algos:
+    try:
         for seed in range(a.seeds):
-            for conduit in (False, True):  # alternate native / Conduit per seed
-                run = curve(algo, conduit, seed, a.max_env_steps, a.target, a.max_seconds_per_run, a.quick)
-                runs.append(run)
+            for system in SYSTEMS[a.algo]:  # systems alternate within each seed
+                r = run(
+                    a.algo,
+                    system,
+                    seed,
+                    a.target,
+                    a.max_env_steps,
+                    a.max_seconds_per_run,
+                    a.quick,
+                    timer,
+                    wrap_buffer,
+                )
+                runs.append(r)
                 print(
-                    f"{algo} {run['system']:8s} seed={seed} steps_to_{a.target:g}={run['steps_to_target']}",
+                    f"{a.algo} {system:13s} seed={seed} steps_to_{a.target:g}={r['steps_to_target']} "
+                    f"stopped_by={r['stopped_by']} wall={r['wall_s']:.1f}s exposed={r['exposed_s']:.1f}s "
+                    f"updates={r['work']['gradient_updates']}",
                     flush=True,
                 )
-    summary = {}
-    for algo in algos:
-        for system in ("native", "conduit"):
-            hits = [r["steps_to_target"] for r in runs if r["algo"] == algo and r["system"] == system]
-            ok = [h for h in hits if h is not None]
-            summary[f"{algo} {system}"] = {
-                "median_steps": statistics.median(ok) if ok else None,
-                "reached": len(ok),
-                "runs": len(hits),
-            }
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    finally:
+        if started:
+            ray.shutdown()
+    summary = summarize(runs)
     settings = {
+        "algo": a.algo,
+        "env": "CartPole-v1",
         "target": a.target,
         "seeds": a.seeds,
         "max_env_steps": a.max_env_steps,
@@ -131,34 +230,25 @@ def main() -> None:
         "ray": ray.__version__,
         **provenance.finish(prov),
     }
-    out.write_text(json.dumps({**settings, "machine": machine, "runs": runs, "summary": summary}, indent=1))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(algos), figsize=(5 * len(algos), 4), squeeze=False)
-    for ax, algo in zip(axes[0], algos):
-        for r in (r for r in runs if r["algo"] == algo):
-            xs = [s for s, v in r["curve"] if v is not None]
-            ys = [v for s, v in r["curve"] if v is not None]
-            ax.plot(
-                xs,
-                ys,
-                color="tab:blue" if r["system"] == "native" else "tab:orange",
-                alpha=0.7,
-                label=f"{r['system']} seed {r['seed']}",
-            )
-        ax.axhline(a.target, color="gray", lw=0.8)
-        ax.set_title(f"{algo.upper()} CartPole-v1")
-        ax.set_xlabel("env steps")
-        ax.set_ylabel("mean episode return")
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=120)
-    print(json.dumps(summary, indent=1))
+    report = {**settings, "machine": machine, "summary": summary, "runs": runs}
+    out = Path(a.out or f"benchmarks/results/rllib_convergence_{a.algo}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    title = f"{a.algo.upper()} CartPole-v1: native RLlib vs Conduit, {a.seeds} seed(s), target {a.target:g}"
+    plot(runs, a.target, title, out.with_suffix(".png"))
+    print(
+        f"\n{'system':14s} {'reached':>7s} {'median steps':>12s} {'wall s/it':>9s} {'exposed s/it':>12s} "
+        f"{'updates/step':>12s}"
+    )
+    for system, s in summary.items():
+        med = s["median_steps_to_target"]
+        print(
+            f"{system:14s} {s['reached']:>3d}/{s['runs']:<3d} {('—' if med is None else f'{med:.0f}'):>12s} "
+            f"{s['median_iteration_wall_s']:9.3f} {s['median_iteration_exposed_s']:12.4f} "
+            f"{s['gradient_updates_per_env_step']:12.3f}"
+        )
     print(f"wrote {out} and {out.with_suffix('.png')}")
-    ray.shutdown()
+    return report
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Conduit, native, ...), so both see the same machine load. Per iteration it print
 the exposed experience-path time: for native RLlib the replay buffer's add + sample + priority update,
 the learner connector and minibatch iteration (wrapped methods, ``rllib_native_timing.py``); for Conduit
 the time the training step was blocked in Conduit (``result["conduit"]["exposed_s"]``) plus any RLlib
-minibatch iteration still on its path. Then medians and ratios (Conduit ÷ native); writes
-``demo.json`` and ``demo.png`` into ``--out``.
+minibatch iteration still on its path, and the iteration's work (env steps sampled, gradient updates,
+module steps trained). Then medians and ratios (Conduit ÷ native) — refused ("—" and the reason) if the
+two sides did different work; writes ``demo.json`` and ``demo.png`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from rllib_native_timing import PathTimer, install, timed_train  # noqa: E402
+from rllib_native_timing import (  # noqa: E402
+    PathTimer,
+    WorkCounter,
+    install,
+    ratio_or_refusal,
+    timed_train,
+    work_totals,
+)
 
 
 def dqn_config(train_batch_size: int, steps_per_iter: int, seed: int) -> Any:
@@ -42,16 +50,24 @@ def dqn_config(train_batch_size: int, steps_per_iter: int, seed: int) -> Any:
     )
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Median wall and exposed seconds per system, and their ratios (Conduit ÷ native)."""
-    out: dict[str, float | None] = {}
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median wall and exposed seconds per system, work totals, and the ratios (Conduit ÷ native).
+
+    A ratio is ``None`` with ``ratio_refused`` saying why when the two sides' work counters differ.
+    """
+    out: dict[str, Any] = {}
     for system in ("native", "conduit"):
         for metric in ("wall_s", "exposed_s"):
             vals = [r[metric] for r in rows if r["system"] == system]
             out[f"{system}_{metric}"] = statistics.median(vals) if vals else None
+        out[f"{system}_work"] = work_totals(rows, system)
+    out["ratio_refused"] = None
     for metric in ("wall_s", "exposed_s"):
-        n, c = out[f"native_{metric}"], out[f"conduit_{metric}"]
-        out[f"ratio_{metric.removesuffix('_s')}"] = c / n if n and c is not None else None
+        ratio, refused = ratio_or_refusal(
+            out[f"native_{metric}"], out[f"conduit_{metric}"], out["native_work"], out["conduit_work"]
+        )
+        out[f"ratio_{metric.removesuffix('_s')}"] = ratio
+        out["ratio_refused"] = out["ratio_refused"] or refused
     return out
 
 
@@ -117,20 +133,23 @@ def run(
     conduit = conduit_rllib.enable(
         dqn_config(train_batch_size, steps_per_iter, seed), overlap=overlap
     ).build_algo()
+    counters = {"native": WorkCounter(native), "conduit": WorkCounter(conduit)}
     rows: list[dict[str, Any]] = []
     print(
-        f"{'iter':>4s}  {'system':8s} {'wall s':>8s} {'exposed s':>10s} {'return':>7s}   elapsed", flush=True
+        f"{'iter':>4s}  {'system':8s} {'wall s':>8s} {'exposed s':>10s} {'updates':>7s} {'return':>7s}   elapsed",
+        flush=True,
     )
     it = -1  # iteration -1 fills the replay buffers (no learning yet) and is not measured
     try:
         while True:
             for system, algo in (("native", native), ("conduit", conduit)):
                 result, wall, exposed, _ = timed_train(algo, timer, conduit=system == "conduit")
+                work = counters[system].take(result)
                 ret = result["env_runners"].get("episode_return_mean")
                 elapsed = time.perf_counter() - t_start
                 tag = "warm-up" if it < 0 else f"{it:4d}"
                 print(
-                    f"{tag:>4s}  {system:8s} {wall:8.3f} {exposed:10.4f} {ret if ret is not None else float('nan'):7.1f}"
+                    f"{tag:>4s}  {system:8s} {wall:8.3f} {exposed:10.4f} {work['gradient_updates']:7d} {ret if ret is not None else float('nan'):7.1f}"
                     f"   [{elapsed:5.1f}s / {seconds:g}s]",
                     flush=True,
                 )
@@ -141,6 +160,7 @@ def run(
                             "system": system,
                             "wall_s": wall,
                             "exposed_s": exposed,
+                            **work,
                             "return_mean": ret,
                         }
                     )
@@ -172,7 +192,7 @@ def run(
     plot(rows, summary, out / "demo.png")
 
     def fmt(v: float | None, spec: str) -> str:
-        return format(v, spec) if v is not None else "n/a"
+        return format(v, spec) if v is not None else "—"
 
     print(f"\nmedians over {len(rows) // 2} iteration pairs:")
     print(f"{'':10s} {'native':>10s} {'Conduit':>10s} {'ratio':>7s}")
@@ -182,8 +202,12 @@ def run(
     ):
         print(
             f"{label:10s} {fmt(summary[f'native_{metric}'], '10.4f')} {fmt(summary[f'conduit_{metric}'], '10.4f')} "
-            f"{fmt(summary[ratio], '7.3f')}"
+            f"{fmt(summary[ratio], '7.3f'):>7s}"
         )
+    for key in ("env_steps_sampled", "gradient_updates", "module_steps_trained"):
+        print(f"{key:22s} native {summary['native_work'][key]:8d}  Conduit {summary['conduit_work'][key]:8d}")
+    if summary["ratio_refused"]:
+        print(f"ratio refused: {summary['ratio_refused']}")
     print(f"wrote {out / 'demo.json'} and {out / 'demo.png'}", flush=True)
     return report
 

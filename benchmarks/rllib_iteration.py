@@ -7,7 +7,11 @@ Per iteration it records end-to-end wall time and exposed experience-path latenc
 the sum of buffer add + sample + priority update + learner connector + minibatch iteration (wrapped
 methods, see ``rllib_native_timing.py``); for Conduit the time the training step is blocked in the
 plugin's Conduit calls (``conduit/exposed_s``) plus any RLlib minibatch iteration still on its path.
-Writes JSON rows and a PNG bar plot of the median ratios (Conduit ÷ native) per workload.
+Every row also carries the iteration's work: env steps sampled, gradient updates (counted at the
+learner) and module steps trained. A workload's ratios (Conduit ÷ native, medians) are reported only
+when both sides did the same total work over the measured iterations; otherwise the ratio is refused
+("—", JSON ``null`` with ``ratio_refused`` naming the counts) and the median wall time per gradient
+update is shown beside it. Writes JSON rows and a PNG bar plot of the ratios per workload.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from rllib_native_timing import PathTimer, install, timed_train  # noqa: E402
+from rllib_native_timing import (  # noqa: E402
+    PathTimer,
+    WorkCounter,
+    install,
+    ratio_or_refusal,
+    timed_train,
+    work_totals,
+)
 
 MA_ENV = "MultiAgentCartPole"
 
@@ -94,11 +105,13 @@ def run_workload(
     native = make_config(w, steps, seed=1).build_algo()
     wrap_buffer(native)
     conduit = conduit_rllib.enable(make_config(w, steps, seed=1), overlap=overlap).build_algo()
+    counters = {"native": WorkCounter(native), "conduit": WorkCounter(conduit)}
     rows = []
     try:
         for it in range(warmup + iters):
             for system, algo in (("native", native), ("conduit", conduit)):
                 result, wall, exposed, parts = timed_train(algo, timer, conduit=system == "conduit")
+                work = counters[system].take(result)
                 if it < warmup:
                     continue
                 rows.append(
@@ -110,12 +123,15 @@ def run_workload(
                         "iteration": it - warmup,
                         "wall_s": wall,
                         "exposed_s": exposed,
+                        **work,
                         "native_path_parts": parts,
                         "return_mean": result["env_runners"].get("episode_return_mean"),
                     }
                 )
                 print(
-                    f"{w.name:32s} {system:8s} it={it - warmup} wall={wall:.3f}s exposed={exposed:.4f}s",
+                    f"{w.name:32s} {system:8s} it={it - warmup} wall={wall:.3f}s exposed={exposed:.4f}s "
+                    f"env_steps={work['env_steps_sampled']} updates={work['gradient_updates']} "
+                    f"module_steps={work['module_steps_trained']}",
                     flush=True,
                 )
     finally:
@@ -124,8 +140,17 @@ def run_workload(
     return rows
 
 
-def ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
+def _per_update(sel: list[dict], system: str) -> float | None:
+    """Median wall seconds per gradient update over ``system``'s rows that made updates."""
+    vals = [
+        r["wall_s"] / r["gradient_updates"] for r in sel if r["system"] == system and r["gradient_updates"]
+    ]
+    return statistics.median(vals) if vals else None
+
+
+def ratios(rows: list[dict]) -> dict[str, dict]:
+    """Per workload: medians side by side, work totals, and the ratios (or why they are refused)."""
+    out: dict[str, dict] = {}
     keys = sorted({(r["algo"], r["env"], r["train_batch_size"]) for r in rows})
     for algo, env, tb in keys:
         sel = [r for r in rows if (r["algo"], r["env"], r["train_batch_size"]) == (algo, env, tb)]
@@ -134,29 +159,72 @@ def ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
             for s in ("native", "conduit")
             for m in ("wall_s", "exposed_s")
         }
+        work_n, work_c = work_totals(sel, "native"), work_totals(sel, "conduit")
+        wall, refused = ratio_or_refusal(
+            med[("native", "wall_s")], med[("conduit", "wall_s")], work_n, work_c
+        )
+        exposed, _ = ratio_or_refusal(
+            max(med[("native", "exposed_s")], 1e-9), med[("conduit", "exposed_s")], work_n, work_c
+        )
         out[f"{algo} {env} b{tb}"] = {
             "native_wall_s": med[("native", "wall_s")],
             "conduit_wall_s": med[("conduit", "wall_s")],
             "native_exposed_s": med[("native", "exposed_s")],
             "conduit_exposed_s": med[("conduit", "exposed_s")],
-            "wall": med[("conduit", "wall_s")] / med[("native", "wall_s")],
-            "exposed": med[("conduit", "exposed_s")] / max(med[("native", "exposed_s")], 1e-9),
+            "native_work": work_n,
+            "conduit_work": work_c,
+            "ratio_wall": wall,
+            "ratio_exposed": exposed,
+            "ratio_refused": refused,
+            "native_wall_s_per_update": _per_update(sel, "native"),
+            "conduit_wall_s_per_update": _per_update(sel, "conduit"),
         }
     return out
 
 
-def plot(rat: dict[str, dict[str, float]], path: Path) -> None:
+def _fmt(v: float | None, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def table(rat: dict[str, dict]) -> str:
+    """Wall and exposed medians side by side with their ratios; a refused ratio prints as "—" with why."""
+    lines = [
+        f"{'workload':34s} {'wall native':>11s} {'wall conduit':>12s} {'ratio':>6s} {'exp native':>10s} "
+        f"{'exp conduit':>11s} {'ratio':>6s} {'updates n/c':>13s} {'s/update n':>10s} {'s/update c':>10s}"
+    ]
+    for name, r in rat.items():
+        n, c = r["native_work"]["gradient_updates"], r["conduit_work"]["gradient_updates"]
+        lines.append(
+            f"{name:34s} {r['native_wall_s']:11.3f} {r['conduit_wall_s']:12.3f} {_fmt(r['ratio_wall'], '6.2f'):>6s} "
+            f"{r['native_exposed_s']:10.4f} {r['conduit_exposed_s']:11.4f} {_fmt(r['ratio_exposed'], '6.3f'):>6s} "
+            f"{f'{n}/{c}':>13s} {_fmt(r['native_wall_s_per_update'], '10.5f'):>10s} "
+            f"{_fmt(r['conduit_wall_s_per_update'], '10.5f'):>10s}"
+        )
+        if r["ratio_refused"]:
+            lines.append(f"{'':34s} ratio refused: {r['ratio_refused']}")
+    return "\n".join(lines)
+
+
+def plot(rat: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(rat)
+    names = [n for n in rat if rat[n]["ratio_wall"] is not None]  # refused ratios are not plotted
     x = range(len(names))
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 4))
-    ax.bar([i - 0.2 for i in x], [rat[n]["wall"] for n in names], 0.4, label="end-to-end (Conduit ÷ native)")
     ax.bar(
-        [i + 0.2 for i in x], [rat[n]["exposed"] for n in names], 0.4, label="exposed path (Conduit ÷ native)"
+        [i - 0.2 for i in x],
+        [rat[n]["ratio_wall"] for n in names],
+        0.4,
+        label="end-to-end (Conduit ÷ native)",
+    )
+    ax.bar(
+        [i + 0.2 for i in x],
+        [rat[n]["ratio_exposed"] for n in names],
+        0.4,
+        label="exposed path (Conduit ÷ native)",
     )
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=8)
@@ -209,14 +277,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine, "rows": rows, "ratios": rat}, indent=1))
     plot(rat, out.with_suffix(".png"))
-    print(
-        f"\n{'workload':34s} {'wall native':>11s} {'wall conduit':>12s} {'ratio':>6s} {'exp native':>10s} {'exp conduit':>11s} {'ratio':>6s}"
-    )
-    for name, r in rat.items():
-        print(
-            f"{name:34s} {r['native_wall_s']:11.3f} {r['conduit_wall_s']:12.3f} {r['wall']:6.2f} "
-            f"{r['native_exposed_s']:10.4f} {r['conduit_exposed_s']:11.4f} {r['exposed']:6.3f}"
-        )
+    print("\n" + table(rat))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     ray.shutdown()
 

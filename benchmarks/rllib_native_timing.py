@@ -119,3 +119,62 @@ def timed_train(
     path, parts = timer.take()
     exposed = path + (result["conduit"]["exposed_s"] if conduit else 0.0)
     return result, wall, exposed, parts
+
+
+WORK_KEYS = ("env_steps_sampled", "gradient_updates", "module_steps_trained")
+
+
+class WorkCounter:
+    """Counts an algorithm's gradient updates by wrapping its local learner's ``_update`` (one per minibatch).
+
+    ``take(result)`` returns this iteration's work: env steps sampled and module steps trained from
+    RLlib's own per-iteration metrics, gradient updates from the counter (then reset). Local learners
+    only (``num_learners=0``), as in the benchmarks.
+    """
+
+    def __init__(self, algo: Any) -> None:
+        from conduit_rllib.compat import local_learner
+
+        learner = local_learner(algo.learner_group)
+        update = learner._update
+        self.updates = 0
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.updates += 1
+            return update(*args, **kwargs)
+
+        learner._update = counted
+
+    def take(self, result: dict[str, Any]) -> dict[str, int]:
+        updates, self.updates = self.updates, 0
+        learners = result.get("learners", {}).get("__all_modules__", {})
+        return {
+            "env_steps_sampled": int(result["env_runners"].get("num_env_steps_sampled", 0)),
+            "gradient_updates": updates,
+            "module_steps_trained": int(learners.get("num_module_steps_trained", 0)) if updates else 0,
+        }
+
+
+def work_totals(rows: list[dict[str, Any]], system: str) -> dict[str, int]:
+    """``system``'s work summed over ``rows`` (each row carries the ``WORK_KEYS`` counters)."""
+    return {k: sum(int(r[k]) for r in rows if r["system"] == system) for k in WORK_KEYS}
+
+
+def ratio_or_refusal(
+    native: float | None, conduit: float | None, work_native: dict[str, int], work_conduit: dict[str, int]
+) -> tuple[float | None, str | None]:
+    """``(conduit / native, None)`` when both sides did the same work, else ``(None, reason)``.
+
+    The reason names each counter that differs and both values, e.g.
+    ``"gradient_updates differ: native 943, conduit 942"``.
+    """
+    diff = [
+        f"{k} differ: native {work_native.get(k)}, conduit {work_conduit.get(k)}"
+        for k in WORK_KEYS
+        if work_native.get(k) != work_conduit.get(k)
+    ]
+    if diff:
+        return None, "; ".join(diff)
+    if native is None or conduit is None or native <= 0:
+        return None, "no measurement"
+    return conduit / native, None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 from tensordict import TensorDictBase
@@ -16,8 +18,12 @@ from conduit.errors import CheckpointError, ClosedError, ConfigError, SchemaErro
 from conduit.metrics import Metrics
 from conduit.ops.delivery import Delivery, DeliveryPlan, Part, Request
 from conduit.ops.operator import Operator
+from conduit.persist.checkpoint import CheckpointReport, load_checkpoint, save_checkpoint
+from conduit.persist.journal import Journal, open_journal, replay
 from conduit.scheduler import BackgroundScheduler, InlineScheduler, Scheduler
 from conduit.schema import Schema
+
+T = TypeVar("T")
 
 
 class Conduit:
@@ -64,7 +70,10 @@ class Conduit:
         self.schema = schema
         self.ranks = ranks
         self.metrics = metrics or Metrics()
-        self.buffer = self.buffer_config.build(stored_schema or schema, self.metrics, seed=seed)
+        reader = str(self.device) if self.device.type == "cuda" else "host"
+        self.buffer = self.buffer_config.build(
+            stored_schema or schema, self.metrics, seed=seed, reader=reader
+        )
         plan = DeliveryPlan(tuple(deliver), self.device, ranks, seed)
         kind = BackgroundScheduler if self.scheduler_config.overlap == "async" else InlineScheduler
         self._scheduler: Scheduler = kind(self.buffer, tuple(ingest), plan, self.scheduler_config)
@@ -72,6 +81,10 @@ class Conduit:
         self._put_version: int | None = None
         self._get_version: int | None = None
         self._version_lock = threading.Lock()
+        self.journal: Journal | None = None
+        if self.buffer_config.journal is not None:  # durable experience: recover what it holds, then append
+            self.journal = open_journal(self.buffer, self.buffer_config.journal)
+            self._put_version = self.buffer.last_version  # puts go on from the replayed experience
 
     @property
     def timeout_s(self) -> float:
@@ -94,7 +107,7 @@ class Conduit:
                 batch = ColumnBatch.from_tensordict(batch)
             if not isinstance(batch, ColumnBatch):
                 raise SchemaError(f"put() takes a ColumnBatch or a TensorDict, got {type(batch).__name__}")
-            validate(self.schema, batch)
+            validate(self.schema, batch, self.buffer.nonfinite)  # counted once, when stored
             self.buffer.writer.check(batch.size)  # ingestion operators keep the item count
             with self._version_lock:
                 self._put_version = _advance(self._put_version, version, "put")
@@ -187,15 +200,40 @@ class Conduit:
     def state_dict(self) -> dict[str, object]:
         """Everything needed to resume: contents, priorities (queued updates applied), counters, and the
         items sampled but not yet delivered (they count as unconsumed), with ingestion flushed first."""
+        return self.snapshot(lambda first, runtime: {"buffer": self.buffer.state_dict(first), **runtime})
+
+    def snapshot(self, fn: Callable[[int | None, dict[str, object]], T]) -> T:
+        """``fn(first_undelivered, runtime)`` run with ingestion flushed and delivery paused (how
+        :meth:`state_dict` and ``conduit.persist`` take a consistent state); ``runtime`` is the state
+        kept outside the buffer (delivery generator, versions)."""
         self._check_open()
         return self._scheduler.quiesced(
-            lambda first: {
-                "buffer": self.buffer.state_dict(first),
-                "delivery": {"generator": self._scheduler.plan.generator.get_state()},
-                "versions": {"put": self._put_version, "get": self._get_version},
-            },
+            lambda first: fn(
+                first,
+                {
+                    "delivery": {"generator": self._scheduler.plan.generator.get_state()},
+                    "versions": {"put": self._put_version, "get": self._get_version},
+                },
+            ),
             self.timeout_s,
         )
+
+    def save(self, directory: str | os.PathLike[str]) -> CheckpointReport:
+        """Save a checkpoint under ``directory`` in Conduit's safe format (occupied slots only, only what
+        changed since the previous one; see :func:`conduit.persist.save_checkpoint`)."""
+        return save_checkpoint(self, directory)
+
+    def load(self, directory: str | os.PathLike[str]) -> str:
+        """Restore the newest intact checkpoint under ``directory``, then the journal's later records (if
+        a journal is configured); returns the checkpoint's path. Raises ``CheckpointError``, unchanged,
+        when nothing intact fits."""
+        path = load_checkpoint(self, directory)
+        if self.buffer_config.journal is not None:
+            replay(self.buffer_config.journal.path, self)
+            last = self.buffer.last_version
+            if last is not None and (self._put_version is None or last > self._put_version):
+                self._put_version = last
+        return path
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore :meth:`state_dict` (checked first: a state of another shape raises ``CheckpointError``)."""
@@ -226,7 +264,11 @@ class Conduit:
         if self._closed:
             return
         self._closed = True
-        self._scheduler.close(drain, self.timeout_s)
+        try:
+            self._scheduler.close(drain, self.timeout_s)
+        finally:
+            if self.journal is not None:
+                self.journal.close()
 
     def __enter__(self) -> Conduit:
         return self

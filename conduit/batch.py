@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conduit.errors import DTypeError, RaggedLengthError, SchemaError, ShapeError
+from conduit.errors import DTypeError, NonFiniteError, RaggedLengthError, SchemaError, ShapeError
 from conduit.schema import Schema
 
 _ALIGN = 64
@@ -120,7 +120,7 @@ class ColumnBatch:
     __slots__ = ("columns", "size")
 
     def __init__(self, columns: Mapping[str, ColumnData], size: int | None = None) -> None:
-        sizes = {name: (len(c) if isinstance(c, Ragged) else c.shape[0]) for name, c in columns.items()}
+        sizes = {name: _item_count(name, c) for name, c in columns.items()}
         if size is None:
             if not sizes:
                 raise ShapeError("a batch needs at least one column (or an explicit size)")
@@ -255,6 +255,21 @@ class ColumnBatch:
         return ColumnBatch(out, int(td.batch_size[0]))
 
 
+def _item_count(name: str, data: object) -> int:
+    """Items in one column: a tensor's leading dimension or a ragged column's offsets, else ShapeError."""
+    if isinstance(data, Ragged):
+        if not isinstance(data.offsets, torch.Tensor) or data.offsets.dim() != 1 or data.offsets.numel() < 1:
+            raise ShapeError(f"column {name!r}: Ragged offsets must be a non-empty 1-D tensor")
+        return len(data)
+    if not isinstance(data, torch.Tensor):
+        raise ShapeError(
+            f"column {name!r} must be a torch.Tensor or a conduit.Ragged, got {type(data).__name__}"
+        )
+    if data.dim() == 0:
+        raise ShapeError(f"column {name!r} is a 0-d tensor; a column needs a leading item dimension")
+    return int(data.shape[0])
+
+
 @dataclass(frozen=True)
 class _Slot:
     name: str
@@ -317,8 +332,15 @@ class ConsolidatedBatch:
         return ColumnBatch(out, self.size)
 
 
-def validate(schema: Schema, batch: ColumnBatch) -> None:
-    """Raise a :class:`SchemaError` subclass naming the first mismatch; never modifies anything."""
+def validate(schema: Schema, batch: ColumnBatch, nonfinite: str = "reject") -> int:
+    """Raise a :class:`SchemaError` subclass naming the first mismatch; never modifies anything.
+
+    An empty batch raises :class:`ShapeError`. Columns marked ``check_finite`` are checked with one
+    reduction each: NaN/inf raise :class:`NonFiniteError` (``nonfinite="reject"``) or are returned as
+    a count (``"count"``). Returns the number of non-finite values found (0 when none).
+    """
+    if batch.size == 0:
+        raise ShapeError("an empty batch (0 items) cannot be written; put at least one item")
     names = set(batch.columns)
     missing = [n for n in schema.names if n not in names]
     extra = sorted(names - set(schema.names))
@@ -351,6 +373,24 @@ def validate(schema: Schema, batch: ColumnBatch) -> None:
                 raise RaggedLengthError(
                     f"column {col.name!r}: an item has length {longest} > max_len {col.max_len}"
                 )
+    return _check_finite(schema, batch, nonfinite)
+
+
+def _check_finite(schema: Schema, batch: ColumnBatch, nonfinite: str) -> int:
+    """One ``isfinite().all()`` per checked column; values are counted only when one fails."""
+    bad: dict[str, int] = {}
+    for col in schema:
+        if col.check_finite:
+            data = batch.columns[col.name]
+            t = data.values if isinstance(data, Ragged) else data
+            if not bool(torch.isfinite(t).all()):
+                bad[col.name] = int(t.numel() - torch.isfinite(t).sum())
+    if bad and nonfinite == "reject":
+        raise NonFiniteError(
+            f"non-finite values (NaN or inf) in checked column(s) {bad}; fix the producer, or build the "
+            "buffer with nonfinite='count' to store and count them"
+        )
+    return sum(bad.values())
 
 
 def _check_offsets(name: str, data: Ragged) -> None:

@@ -7,8 +7,10 @@ raises :class:`~conduit.errors.ConfigError` naming it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
@@ -22,17 +24,23 @@ if TYPE_CHECKING:
     from conduit.metrics import Metrics
     from conduit.schema import Schema
 
+log = logging.getLogger("conduit.placement")
+
 TIER_PATTERN = re.compile(r"^(host|pinned|shm|disk|cuda(:\d+)?)$")
 SAMPLERS = ("uniform", "fifo", "prioritized")
 WRITERS = ("ring", "grouped")
 OVERLAPS = ("sync", "async")
 LIMIT_MODES = ("block", "error")
+NONFINITE = ("reject", "count")
 
 
 class _FromDict:
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Self:
-        """Build from a dict; unknown keys raise ``ConfigError`` naming them."""
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
+        """Build from a dict (or any mapping, e.g. a hydra ``DictConfig``); unknown keys raise
+        ``ConfigError`` naming them."""
+        if data is not None and not isinstance(data, Mapping):
+            raise ConfigError(f"{cls.__name__}.from_dict takes a dict, got {type(data).__name__}")
         data = dict(data or {})
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(data) - known)
@@ -40,7 +48,7 @@ class _FromDict:
             raise ConfigError(f"unknown {cls.__name__} key(s) {unknown}; known keys: {sorted(known)}")
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
-            if sub is not None and isinstance(data.get(f.name), dict) and hasattr(sub, "from_dict"):
+            if sub is not None and isinstance(data.get(f.name), Mapping) and hasattr(sub, "from_dict"):
                 data[f.name] = sub.from_dict(data[f.name])  # type: ignore[attr-defined]
         return cls(**data)
 
@@ -101,14 +109,37 @@ class RateLimit(_FromDict):
         )
         _check(self.mode in LIMIT_MODES, f"rate_limit.mode must be one of {LIMIT_MODES}, got {self.mode!r}")
         _check(
-            isinstance(self.timeout_s, int | float)
-            and not isinstance(self.timeout_s, bool)
-            and self.timeout_s > 0,
-            f"rate_limit.timeout_s must be > 0, got {self.timeout_s!r}",
+            _is_real(self.timeout_s) and self.timeout_s > 0,
+            f"rate_limit.timeout_s must be a finite number > 0 (waits are never unbounded), got {self.timeout_s!r}",
         )
         _check(
             self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
             f"rate_limit.max_staleness must be an int >= 0, got {self.max_staleness!r}",
+        )
+
+
+@dataclass(frozen=True)
+class JournalConfig(_FromDict):
+    """Durable experience: every committed write (and priority update) is appended to a journal.
+
+    Args:
+        path: the journal's directory (created if missing). A ``Conduit`` built with a journal that
+            already holds records replays them (``Conduit.load`` first restores a checkpoint).
+        flush_interval_s: how often a background thread writes and fsyncs the queued records; a crash
+            loses at most about this long of committed experience.
+    """
+
+    path: str
+    flush_interval_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.path, str) and bool(self.path) and "://" not in self.path,
+            f"journal.path must be a local directory path, got {self.path!r}",
+        )
+        _check(
+            _is_real(self.flush_interval_s) and 0 < self.flush_interval_s <= 60,
+            f"journal.flush_interval_s must be a number in (0, 60], got {self.flush_interval_s!r}",
         )
 
 
@@ -119,18 +150,27 @@ class BufferConfig(_FromDict):
     Args:
         capacity: items the ring holds.
         capacity_bytes: optional byte budget of the tier; construction fails if the ring would exceed it.
-        tier: ``host`` (pageable), ``pinned``, ``shm`` (shared memory), ``disk`` (memmap), ``cuda[:N]``.
+        tier: ``auto`` (default: each column on the tier the placement planner chooses from this
+            machine's measured tiers and links, re-planned as columns grow: ``conduit.placer``), or
+            one tier for every column: ``host`` (pageable), ``pinned``, ``shm`` (shared memory),
+            ``disk`` (memmap), ``cuda[:N]``.
+        pins: column → tier, kept by hand (with ``auto``, the planner places the other columns).
         disk_path: directory for the ``disk`` tier (a temporary directory if not given).
         writer: ``ring`` (oldest overwritten) or ``grouped`` (groups of ``group_size`` land atomically).
         group_size: items per group for the grouped writer (e.g. GRPO's n responses per prompt).
         sampler: ``uniform``, ``fifo`` (consume-once, on-policy) or ``prioritized`` (proportional).
         alpha: prioritization exponent; beta: importance-weight exponent; priority_eps: added to
             every priority so none is zero.
+        nonfinite: NaN/inf in columns marked ``check_finite`` and in priority updates: ``"reject"``
+            raises before anything changes; ``"count"`` stores the items (a priority update skips
+            those entries) and counts them (``count/nonfinite_values``, ``count/nonfinite_priorities``).
+        journal: optional :class:`JournalConfig` (a dict is accepted): make committed experience durable.
     """
 
     capacity: int = 100_000
     capacity_bytes: int | None = None
-    tier: str = "host"
+    tier: str = "auto"
+    pins: Mapping[str, str] = field(default_factory=dict)
     disk_path: str | None = None
     writer: str = "ring"
     group_size: int = 1
@@ -139,10 +179,18 @@ class BufferConfig(_FromDict):
     beta: float = 0.4
     priority_eps: float = 1e-6
     rate_limit: RateLimit = field(default_factory=RateLimit)
+    nonfinite: str = "reject"
+    journal: JournalConfig | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.rate_limit, dict):
+        if isinstance(self.rate_limit, Mapping):
             object.__setattr__(self, "rate_limit", RateLimit.from_dict(self.rate_limit))
+        if isinstance(self.journal, Mapping):
+            object.__setattr__(self, "journal", JournalConfig.from_dict(dict(self.journal)))
+        _check(
+            self.journal is None or isinstance(self.journal, JournalConfig),
+            f"journal must be a JournalConfig or a dict, got {self.journal!r}",
+        )
         _check(
             _is_int(self.capacity) and self.capacity >= 1,
             f"capacity must be an int >= 1, got {self.capacity!r}",
@@ -152,8 +200,13 @@ class BufferConfig(_FromDict):
             f"capacity_bytes must be an int >= 1, got {self.capacity_bytes!r}",
         )
         _check(
-            isinstance(self.tier, str) and bool(TIER_PATTERN.match(self.tier)),
-            f"unknown tier {self.tier!r}; use host, pinned, shm, disk or cuda[:N]",
+            isinstance(self.tier, str) and (self.tier == "auto" or bool(TIER_PATTERN.match(self.tier))),
+            f"unknown tier {self.tier!r}; use auto, host, pinned, shm, disk or cuda[:N]",
+        )
+        _check(
+            isinstance(self.pins, Mapping)
+            and all(isinstance(t, str) and TIER_PATTERN.match(t) for t in self.pins.values()),
+            f"pins must map column names to tiers (host, pinned, shm, disk, cuda[:N]), got {self.pins!r}",
         )
         _check(
             self.disk_path is None or (isinstance(self.disk_path, str) and bool(self.disk_path)),
@@ -191,6 +244,7 @@ class BufferConfig(_FromDict):
             self.writer != "grouped" or self.capacity >= self.group_size,
             f"capacity {self.capacity} cannot hold one group of {self.group_size} items",
         )
+        _check(self.nonfinite in NONFINITE, f"nonfinite must be one of {NONFINITE}, got {self.nonfinite!r}")
 
     # -- named presets (Reverb's Table.queue / Table.stack idea) ----------------------------------
 
@@ -205,13 +259,13 @@ class BufferConfig(_FromDict):
         **kw: Any,
     ) -> BufferConfig:
         """Off-policy proportional prioritized replay (DQN): ring writer, oldest items overwritten."""
-        return cls(
+        return cls._preset(
+            kw,
             capacity=capacity,
             sampler="prioritized",
             alpha=alpha,
             beta=beta,
             rate_limit=RateLimit(min_size=min_size, timeout_s=timeout_s),
-            **kw,
         )
 
     @classmethod
@@ -219,11 +273,11 @@ class BufferConfig(_FromDict):
         cls, capacity: int, min_size: int = 1, timeout_s: float = 60.0, **kw: Any
     ) -> BufferConfig:
         """Off-policy uniform replay: ring writer, uniform sampling with replacement."""
-        return cls(
+        return cls._preset(
+            kw,
             capacity=capacity,
             sampler="uniform",
             rate_limit=RateLimit(min_size=min_size, timeout_s=timeout_s),
-            **kw,
         )
 
     @classmethod
@@ -242,28 +296,53 @@ class BufferConfig(_FromDict):
         ``max_staleness`` evicts items older than the consumer's version allows (``mode="error"``:
         refuses them, and a read of more than is there, at once).
         """
-        return cls(
+        return cls._preset(
+            kw,
             capacity=capacity,
             sampler="fifo",
-            writer="grouped" if group_size > 1 else "ring",
+            writer="grouped" if _is_int(group_size) and group_size > 1 else "ring",
             group_size=group_size,
             rate_limit=RateLimit(min_size=0, max_staleness=max_staleness, timeout_s=timeout_s, mode=mode),
-            **kw,
         )
+
+    @classmethod
+    def _preset(cls, extra: dict[str, Any], **fixed: Any) -> BufferConfig:
+        """A preset's config plus ``extra`` keys; unknown keys, or keys the preset sets, raise ConfigError."""
+        clash = sorted(set(extra) & set(fixed))
+        if clash:
+            raise ConfigError(f"this preset sets {clash} itself; use BufferConfig(...) to choose them")
+        return cls.from_dict({**fixed, **extra})
 
     # -- building the parts ---------------------------------------------------------------------
 
     def build(
-        self, schema: Schema, metrics: Metrics | None = None, seed: int | None = None
+        self, schema: Schema, metrics: Metrics | None = None, seed: int | None = None, reader: str = "host"
     ) -> ExperienceBuffer:
-        """The buffer this config describes: storage on ``tier``, writer, sampler and rate limiter."""
+        """The buffer this config describes: storage on ``tier``, writer, sampler and rate limiter.
+
+        With ``tier="auto"`` the columns are planned for producers on the host and a consumer on
+        ``reader`` (e.g. ``cuda:0``), the plan is logged, and ``buffer.placer`` keeps it current.
+        """
         from conduit.buffer.buffer import ExperienceBuffer
         from conduit.buffer.rate_limiter import RateLimiter
         from conduit.buffer.samplers import FifoSampler, PrioritizedSampler, UniformSampler
         from conduit.buffer.storage import RingStorage
         from conduit.buffer.writers import GroupedWriter, RingWriter
 
-        storage = RingStorage(schema, self.capacity, self.tier, self.disk_path, self.capacity_bytes)
+        unknown = sorted(set(self.pins) - set(schema.names))
+        if unknown:
+            raise ConfigError(f"pins name unknown column(s) {unknown}; the schema has {list(schema.names)}")
+        if self.tier == "auto":
+            from conduit.discovery import local_topology
+            from conduit.placer import Placer, Workload, initial_tiers
+
+            topology, workload = local_topology(), Workload(self.capacity, self.capacity, readers=(reader,))
+            tiers, chosen = initial_tiers(schema, self.capacity, topology, workload, self.pins)
+            log.info("conduit: buffer placement at start\n%s", chosen.explain())
+            home = "host"
+        else:
+            tiers, home = dict(self.pins), self.tier
+        storage = RingStorage(schema, self.capacity, home, self.disk_path, self.capacity_bytes, tiers=tiers)
         device = storage.device
         generator = None
         if seed is not None:
@@ -284,9 +363,17 @@ class BufferConfig(_FromDict):
             if self.writer == "grouped"
             else RingWriter(self.capacity, device)
         )
-        return ExperienceBuffer(
-            storage, sampler, writer=writer, limiter=RateLimiter(self.rate_limit), metrics=metrics
+        buffer = ExperienceBuffer(
+            storage,
+            sampler,
+            writer=writer,
+            limiter=RateLimiter(self.rate_limit),
+            metrics=metrics,
+            nonfinite=self.nonfinite,
         )
+        if self.tier == "auto":
+            buffer.placer = Placer(buffer, topology, workload, self.pins)
+        return buffer
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import platform
 import socket
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -241,3 +242,20 @@ def discover(cache_dir: str | None = None, recalibrate: bool = False, seconds: f
     except OSError as e:
         log.warning("could not write the topology cache %s: %s", path, e)
     return topo
+
+
+_LOCAL: Topology | None = None
+_LOCAL_LOCK = threading.Lock()
+
+
+def local_topology() -> Topology:
+    """This machine's topology for planning now: links measured once per process (:func:`discover`,
+    cached per machine), tiers' free capacities read again at every call (cheap: meminfo, statvfs,
+    CUDA's free memory), so each new buffer plans against what earlier ones left."""
+    global _LOCAL
+    with _LOCAL_LOCK:
+        tiers = _discover_tiers()
+        if _LOCAL is None or [t.name for t in _LOCAL.tiers] != [t.name for t in tiers]:
+            _LOCAL = discover()
+            return _LOCAL
+        return Topology(tiers, _LOCAL.links, _LOCAL.source)

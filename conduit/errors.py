@@ -65,3 +65,8 @@ class VersionError(ConduitError):
 
 class CheckpointError(ConduitError):
     """A saved state does not fit this buffer (other capacity, columns or sampler) or is malformed."""
+
+
+class NonFiniteError(ConduitError):
+    """A column the schema marks ``check_finite`` (rewards, advantages) holds NaN or inf, and the
+    buffer's ``nonfinite`` policy is ``"reject"``."""

@@ -29,7 +29,10 @@ Solvers. ``plan`` minimises the summed seconds subject to the budgets:
   (it always asks the MILP before it reports that nothing fits).
 
 Named baselines (``all_pageable_host``, ``pinned_zero_copy``, ``one_gpu``, ``sharded_gpus``) price
-fixed placements with the same model, so they compare directly with the planner's plan.
+fixed placements with the same model, so they compare directly with the planner's plan; the
+migration policies ``greedy_fastest`` (each field in order on its cheapest tier with room left) and
+``conservative`` (everything on the largest tier, which always fits) do too. ``price`` prices any
+given placement. ``pins`` (field → tier) fix fields by hand: the solvers only move the others.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ def plan(
     topology: Topology,
     headroom: Mapping[str, int] | None = None,
     exact_limit: int = DEFAULT_EXACT_LIMIT,
+    pins: Mapping[str, str] | None = None,
 ) -> Plan:
     """The placement minimising predicted transfer seconds per iteration within every tier's budget.
 
@@ -157,7 +161,7 @@ def plan(
     the module docstring. Raises ``PlacementCapacityError`` (a ``CapacityError``) naming the missing
     bytes and the tiers when it cannot fit, ``ConfigError`` for malformed input.
     """
-    model = _Model(fields, topology, headroom)
+    model = _Model(fields, topology, headroom, pins)
     model.check_fits()
     if model.n_fields == 0:
         return model.to_plan(np.zeros(0, dtype=np.int64), "empty")
@@ -222,6 +226,43 @@ BASELINES: dict[str, Callable[..., Plan]] = {
 }
 
 
+def price(
+    fields: Sequence[Field], topology: Topology, placement: Mapping[str, str], headroom: _Headroom = None
+) -> Plan:
+    """``placement`` priced by the planner's model (``PlacementCapacityError`` if it does not fit)."""
+    missing = [f.name for f in fields if f.name not in placement]
+    if missing:
+        raise ConfigError(f"price: no tier given for field(s) {missing}")
+    return _Model(fields, topology, headroom).fixed(placement, "given")
+
+
+def greedy_fastest(fields: Sequence[Field], topology: Topology, headroom: _Headroom = None) -> Plan:
+    """Fill the fastest tier until it runs out: each field in the given order on its cheapest tier
+    with room left (``PlacementCapacityError`` if a field finds none)."""
+    model = _Model(fields, topology, headroom)
+    free = model.budget.copy()
+    assign = np.full(model.n_fields, -1, dtype=np.int64)
+    for i in range(model.n_fields):
+        ok = np.flatnonzero(np.isfinite(model.cost[i]) & (model.nbytes[i] <= free))
+        if not len(ok):
+            raise model.packing_error()
+        j = int(ok[np.argmin(model.cost[i, ok])])
+        assign[i], free[j] = j, free[j] - model.nbytes[i]
+    return model.to_plan(assign, "baseline greedy_fastest")
+
+
+def conservative(fields: Sequence[Field], topology: Topology, headroom: _Headroom = None) -> Plan:
+    """Everything on the tier with the largest budget (on one node: disk), the placement that fits
+    longest as fields grow."""
+    model = _Model(fields, topology, headroom)
+    reach = np.isfinite(model.cost).all(axis=0) if model.n_fields else np.ones(model.n_tiers, bool)
+    cand = np.flatnonzero(reach)
+    if not len(cand):
+        raise ConfigError("conservative: no tier links to every field's accesses")
+    tier = model.tier_names[int(cand[np.argmax(model.budget[cand])])]
+    return model.fixed({f.name: tier for f in model.fields}, "conservative")
+
+
 def _baseline(
     name: str,
     kind: str,
@@ -241,7 +282,13 @@ def _baseline(
 class _Model:
     """Validated input as arrays: cost[f, t] seconds (inf: no link), nbytes[f], budget[t], allowed[f, t]."""
 
-    def __init__(self, fields: Sequence[Field], topology: Topology, headroom: _Headroom) -> None:
+    def __init__(
+        self,
+        fields: Sequence[Field],
+        topology: Topology,
+        headroom: _Headroom,
+        pins: Mapping[str, str] | None = None,
+    ) -> None:
         tiers = list(topology.tiers)
         self.tier_names = [t.name for t in tiers]
         self.kind_of = {t.name: t.kind for t in tiers}
@@ -286,7 +333,23 @@ class _Model:
 
         self.cost = np.array([[cost(f, t) for t in self.tier_names] for f in self.fields], dtype=float)
         self.cost = self.cost.reshape(self.n_fields, self.n_tiers)
+        self._pin(dict(pins or {}))
         self.allowed = np.isfinite(self.cost) & (self.nbytes[:, None] <= self.budget[None, :])
+
+    def _pin(self, pins: dict[str, str]) -> None:
+        """A pinned field may only use its pinned tier (every other tier's cost becomes inf)."""
+        names = [f.name for f in self.fields]
+        for name, tier in pins.items():
+            if name not in names or tier not in self.kind_of:
+                raise ConfigError(
+                    f"pin {name!r} -> {tier!r}: unknown field or tier (fields {names}; tiers {self.tier_names})"
+                )
+            i, j = names.index(name), self.tier_names.index(tier)
+            if not math.isfinite(self.cost[i, j]):
+                raise ConfigError(f"pin {name!r} -> {tier!r}: that tier lacks a link to or from an access")
+            keep = self.cost[i, j]
+            self.cost[i, :] = math.inf
+            self.cost[i, j] = keep
 
     def tiers_of_kind(self, kind: str) -> list[str]:
         found = [t for t in self.tier_names if self.kind_of[t] == kind]

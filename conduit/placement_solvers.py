@@ -38,9 +38,11 @@ def _milp(
     row = np.searchsorted(rows, tiers[capped])
     nbytes = model.nbytes[fields[capped]]
     cap = coo_matrix((nbytes / scale[row], (row, np.flatnonzero(capped))), shape=(len(rows), n)).tocsr()
+    cost = model.cost[fields, tiers]
+    cost = cost / max(float(cost.max(initial=0.0)), 1e-300)  # O(1): HiGHS's absolute gap is ~1e-6
     for margin in (0.0, 1e-6):  # HiGHS's tolerance may overfill by a few bytes: retry a hair tighter
         res = milp(
-            model.cost[fields, tiers],
+            cost,
             integrality=np.ones(n),
             bounds=Bounds(0, 1),
             constraints=[

@@ -132,6 +132,8 @@ class BackgroundScheduler(Scheduler):
         self.queue: collections.deque[tuple[ColumnBatch, int]] = collections.deque()
         self.queue_limit = config.depth * config.g_ing
         self.busy = 0  # fragments taken from the queue and not yet committed
+        self.uncommitted = 0  # items queued (put, not yet taken by the ingest worker)
+        self.ingesting = (0, 0)  # (items being ingested, the buffer's insert count when taken)
         self.flushing = 0
         # delivery
         self.request: Request | None = None
@@ -166,6 +168,11 @@ class BackgroundScheduler(Scheduler):
                 raise InsufficientDataError(
                     f"ingestion queue stayed full ({self.queue_limit} fragments) for {timeout:g}s"
                 )
+            if self.error_mode:  # refuse here, as sync does, rather than fail the worker later
+                reason = self.buffer.insert_refusal(self._pending() + batch.size)
+                if reason is not None:
+                    raise InsufficientDataError(f"put refused: {reason}")
+            self.uncommitted += batch.size
             self.queue.append((batch, version))
             self.metrics.set_gauge("ingest_queue", len(self.queue))
             self.cond.notify_all()
@@ -317,6 +324,9 @@ class BackgroundScheduler(Scheduler):
                     total += self.queue[0][0].size
                     group.append(self.queue.popleft()[0])
                 self.busy = len(group)
+                # in flight: counted by put's check until the buffer's insert count shows the commit
+                self.uncommitted -= total
+                self.ingesting = (total, self.buffer.inserted)
                 self.metrics.set_gauge("ingest_queue", len(self.queue))
                 self.cond.notify_all()
             with self.metrics.span("ingest/batch"):
@@ -324,7 +334,14 @@ class BackgroundScheduler(Scheduler):
                 self.buffer.extend(batch, version=version)
             with self.cond:
                 self.busy = 0
+                self.ingesting = (0, 0)
                 self.cond.notify_all()
+
+    def _pending(self) -> int:
+        """Items put and not yet in the buffer: queued, plus the batch in flight until it commits
+        (the buffer's insert count moves past it in one step, so it is never counted twice)."""
+        n, base = self.ingesting
+        return self.uncommitted + (n if n and self.buffer.inserted == base else 0)
 
     def _room(self) -> int:
         """Deliveries the next draw may prepare (0: enough is ready): up to ``g_del``, within ``depth``."""
@@ -386,7 +403,8 @@ class BackgroundScheduler(Scheduler):
         reason = self.buffer.wait_sampleable(short or request.size, timeout=0.5, cancel=moved_on)
         if reason is not None or moved_on():
             with self.cond:
-                self.refusal = None if reason is None else InsufficientDataError(reason)
+                if self.request == request:  # a refusal of an older request never fails a newer one
+                    self.refusal = None if reason is None else InsufficientDataError(reason)
                 self.cond.notify_all()
             return []
         try:
@@ -404,7 +422,8 @@ class BackgroundScheduler(Scheduler):
             StaleDataError,
         ) as e:  # error mode refused, or a reader got there first
             with self.cond:
-                self.refusal = e
+                if self.request == request:
+                    self.refusal = e
                 self.cond.notify_all()
             return []
         with self.cond:

@@ -20,10 +20,13 @@ class Column:
         shape: the per-item shape (for ragged columns: the shape of each token / step).
         ragged: whether items have a variable length along a leading axis (token-level data).
         max_len: for ragged columns, the longest item the column accepts.
+        check_finite: every write is checked for NaN/inf in this column (rewards, advantages; one
+            reduction per batch); the buffer's ``nonfinite`` policy rejects or counts them.
 
     Example:
         >>> Column("obs", torch.float32, (4,))
         >>> Column("response_ids", torch.int64, ragged=True, max_len=512)
+        >>> Column("reward", torch.float32, check_finite=True)
     """
 
     name: str
@@ -31,17 +34,27 @@ class Column:
     shape: tuple[int, ...] = ()
     ragged: bool = False
     max_len: int | None = None
+    check_finite: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
             raise ConfigError(f"column name must be a non-empty string, got {self.name!r}")
         if not isinstance(self.dtype, torch.dtype):
             raise ConfigError(f"column {self.name!r}: dtype must be a torch.dtype, got {self.dtype!r}")
+        if not isinstance(self.shape, tuple | list) or not all(_is_int(s) for s in self.shape):
+            raise ConfigError(f"column {self.name!r}: shape must be a tuple of ints, got {self.shape!r}")
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         if any(s < 0 for s in self.shape):
             raise ConfigError(f"column {self.name!r}: negative size in shape {self.shape}")
-        if self.ragged and (self.max_len is None or self.max_len < 1):
-            raise ConfigError(f"ragged column {self.name!r} needs max_len >= 1, got {self.max_len!r}")
+        for flag in ("ragged", "check_finite"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"column {self.name!r}: {flag} must be a bool, got {getattr(self, flag)!r}")
+        if self.ragged and not (_is_int(self.max_len) and self.max_len >= 1):  # type: ignore[operator]
+            raise ConfigError(f"ragged column {self.name!r} needs an int max_len >= 1, got {self.max_len!r}")
+        if self.check_finite and not (self.dtype.is_floating_point or self.dtype.is_complex):
+            raise ConfigError(
+                f"column {self.name!r}: check_finite applies to floating dtypes, not {self.dtype}"
+            )
         if not self.ragged and self.max_len is not None:
             raise ConfigError(f"column {self.name!r}: max_len only applies to ragged columns")
 
@@ -67,6 +80,8 @@ class Schema:
     _by_name: dict[str, Column] = field(init=False, repr=False, compare=False)
 
     def __init__(self, columns: Iterable[Column]) -> None:
+        if not isinstance(columns, Iterable) or isinstance(columns, str | bytes):
+            raise ConfigError(f"a schema takes an iterable of Column, got {type(columns).__name__}")
         cols = tuple(columns)
         by_name: dict[str, Column] = {}
         for c in cols:
@@ -102,3 +117,7 @@ class Schema:
         """A copy with ``column`` added, or replacing the column of the same name."""
         cols = [c for c in self.columns if c.name != column.name]
         return Schema([*cols, column])
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

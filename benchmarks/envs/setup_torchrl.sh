@@ -5,6 +5,13 @@
 # tensordict than Conduit's main env admits, so TorchRL lives in its own venv and is driven by
 # subprocess. Idempotent: exits 0 at once when the venv already imports torchrl.
 #
+# No TorchRL release pairs with Conduit's torch 2.13.0 (checked 2026-11 on the main env's
+# torch-2.13.0+cpu wheel): the C++ extension of torchrl 0.14.1 (tensordict 0.14.3) and of 0.13.3
+# (tensordict 0.13) fails to load ("undefined symbol" in torchrl/_torchrl*.so), so its
+# PrioritizedSampler refuses to build. TorchRL therefore runs on torch 2.14.1, the release its
+# wheel is built against (PyPI's default build of it, which bundles CUDA libraries; its CPU kernels
+# are the ones timed here).
+#
 # Usage: benchmarks/envs/setup_torchrl.sh [VENV_DIR]   (default: <repo>/.venv-torchrl)
 set -euo pipefail
 

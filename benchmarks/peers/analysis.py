@@ -1,4 +1,8 @@
-"""Derived results: Conduit ÷ peer ratios, per-call overhead, and the pass/fail targets."""
+"""Derived results: Conduit ÷ peer ratios, per-call overhead, loaded ÷ idle, and the pass/fail targets.
+
+Rows measured with the other cores busy (``load: true``) only enter the loaded ÷ idle comparison;
+every other figure uses the idle rows.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +13,30 @@ Key = tuple[str, str, int, int]  # (op, sampler, batch, dim)
 
 OVERHEAD_BATCH = 256
 OVERHEAD_LIMIT_US = 10.0
-TARGET_BATCH = 256
+TARGET_BATCHES = (32, 256)
+TORCHRL_TARGET_DIMS = (4, 64, 1024)
 MIN_X_TORCHRL = 3.0
 MIN_X_RLLIB = 30.0
+MAX_LOADED_OVER_IDLE = 1.5
 GATHER_DIM = 16384
 MIN_MEMCPY_FRACTION = 0.5
 
 
+def idle_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows measured without the ``--load`` spinners."""
+    return [r for r in rows if not r.get("load")]
+
+
 def index_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[Key, Mapping[str, Any]]]:
-    """Rows keyed by system, then by (op, sampler, batch, dim)."""
+    """Idle rows keyed by system, then by (op, sampler, batch, dim)."""
     out: dict[str, dict[Key, Mapping[str, Any]]] = {}
-    for r in rows:
+    for r in idle_rows(rows):
         out.setdefault(r["system"], {})[(r["op"], r["sampler"], r["batch"], r["dim"])] = r
     return out
 
 
 def compute_ratios(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Conduit items/s ÷ each peer's items/s, for every cell both measured."""
+    """Conduit items/s ÷ each peer's items/s, for every cell both measured (best and median round)."""
     by = index_rows(rows)
     conduit = by.get("conduit", {})
     out: list[dict[str, Any]] = []
@@ -41,6 +52,8 @@ def compute_ratios(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                         "dim": dim,
                         "peer": peer,
                         "conduit_over_peer": conduit[key]["items_per_s"] / prow["items_per_s"],
+                        "conduit_over_peer_median": prow["us_per_call_median"]
+                        / conduit[key]["us_per_call_median"],
                     }
                 )
     return out
@@ -104,9 +117,18 @@ def _not_evaluated(name: str, reason: str) -> dict[str, Any]:
 
 
 def _speedup_target(
-    rows: Iterable[Mapping[str, Any]], peer: str, minimum: float, errors: Mapping[str, str]
+    rows: Iterable[Mapping[str, Any]],
+    peer: str,
+    minimum: float,
+    errors: Mapping[str, str],
+    dims: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    name = f"prioritized sample+update at batch {TARGET_BATCH}: conduit >= {minimum:g}x {peer}"
+    """Conduit ÷ ``peer`` by median round for prioritized sample+update at every target batch (and dim)."""
+    batches = " and ".join(str(b) for b in TARGET_BATCHES)
+    scope = f", dims {', '.join(str(d) for d in dims)}" if dims else ""
+    name = (
+        f"prioritized sample+update at batch {batches}{scope}: conduit >= {minimum:g}x {peer} (median round)"
+    )
     for system in ("conduit", peer):
         if system in errors:
             return _not_evaluated(name, f"{system} unavailable: {errors[system]}")
@@ -115,14 +137,17 @@ def _speedup_target(
     for key, prow in sorted(by.get(peer, {}).items()):
         op, sampler, batch, dim = key
         crow = by.get("conduit", {}).get(key)
-        if (op, sampler, batch) == ("sample", "prioritized", TARGET_BATCH) and crow:
-            x = crow["items_per_s"] / prow["items_per_s"]
+        wanted = (op, sampler) == ("sample", "prioritized") and batch in TARGET_BATCHES
+        if wanted and crow and (dims is None or dim in dims):
+            x = prow["us_per_call_median"] / crow["us_per_call_median"]
             cells.append(
                 {
+                    "batch": batch,
                     "dim": dim,
-                    "conduit_items_per_s": crow["items_per_s"],
-                    f"{peer}_items_per_s": prow["items_per_s"],
+                    "conduit_us_median": crow["us_per_call_median"],
+                    f"{peer}_us_median": prow["us_per_call_median"],
                     "ratio": x,
+                    "ratio_best_round": crow["items_per_s"] / prow["items_per_s"],
                     "passed": x >= minimum,
                 }
             )
@@ -130,6 +155,48 @@ def _speedup_target(
         missing = [s for s in ("conduit", peer) if s not in by]
         why = f"{' and '.join(missing)} not run" if missing else "no cell measured by both systems"
         return _not_evaluated(name, why)
+    return {"target": name, "passed": all(c["passed"] for c in cells), "cells": cells}
+
+
+def compute_load_ratios(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per system and cell: median seconds per call with the other cores busy ÷ idle."""
+    idle: dict[tuple[str, Key], Mapping[str, Any]] = {}
+    busy: dict[tuple[str, Key], Mapping[str, Any]] = {}
+    for r in rows:
+        key = (r["system"], (r["op"], r["sampler"], r["batch"], r["dim"]))
+        (busy if r.get("load") else idle)[key] = r
+    out = []
+    for (system, (op, sampler, batch, dim)), b in sorted(busy.items()):
+        i = idle.get((system, (op, sampler, batch, dim)))
+        if i is not None:
+            out.append(
+                {
+                    "system": system,
+                    "op": op,
+                    "sampler": sampler,
+                    "batch": batch,
+                    "dim": dim,
+                    "idle_us_median": i["us_per_call_median"],
+                    "loaded_us_median": b["us_per_call_median"],
+                    "loaded_over_idle": b["us_per_call_median"] / i["us_per_call_median"],
+                }
+            )
+    return out
+
+
+def _load_target(load_ratios: list[dict[str, Any]], errors: Mapping[str, str]) -> dict[str, Any]:
+    name = (
+        f"conduit sample latency with the other cores busy <= {MAX_LOADED_OVER_IDLE:g}x idle (median round)"
+    )
+    if "conduit" in errors:
+        return _not_evaluated(name, f"conduit unavailable: {errors['conduit']}")
+    cells = [
+        {**c, "passed": c["loaded_over_idle"] <= MAX_LOADED_OVER_IDLE}
+        for c in load_ratios
+        if c["system"] == "conduit" and c["op"] == "sample"
+    ]
+    if not cells:
+        return _not_evaluated(name, "run with --load to measure it")
     return {"target": name, "passed": all(c["passed"] for c in cells), "cells": cells}
 
 
@@ -187,10 +254,11 @@ def _overhead_target(overhead: Mapping[str, Any], errors: Mapping[str, str]) -> 
 def evaluate_targets(
     rows: list[Mapping[str, Any]], overhead: Mapping[str, Any], errors: Mapping[str, str]
 ) -> list[dict[str, Any]]:
-    """The four project targets, each with pass/fail (None when it could not be evaluated) and numbers."""
+    """The five project targets, each with pass/fail (None when it could not be evaluated) and numbers."""
     return [
-        _speedup_target(rows, "torchrl", MIN_X_TORCHRL, errors),
+        _speedup_target(rows, "torchrl", MIN_X_TORCHRL, errors, TORCHRL_TARGET_DIMS),
         _speedup_target(rows, "rllib", MIN_X_RLLIB, errors),
         _gather_target(rows, errors),
         _overhead_target(overhead, errors),
+        _load_target(compute_load_ratios(rows), errors),
     ]

@@ -183,5 +183,6 @@ def progress_line(row: dict[str, Any]) -> str:
     """One human-readable progress line for a finished row."""
     return (
         f"  {row['system']:<8} {row['op']:<6} {row['sampler']:<11} B={row['batch']:<5} dim={row['dim']:<6} "
+        f"{'loaded' if row.get('load') else 'idle':<6} "
         f"{row['us_per_call']:>11.1f} us/call {row['items_per_s']:>13,.0f} items/s {row['gb_per_s']:>8.3f} GB/s"
     )

@@ -3,17 +3,21 @@
 For each (sampler, dim, capacity) group every system builds its prefilled buffer; then for each cell
 every system warms up, and the timing rounds go round-robin over the systems (rotating who goes
 first), so a burst of load from other processes on a shared machine hits all systems of a cell alike.
-A system that raises is dropped from the rest of the run and its error recorded.
+With a :class:`load.CpuLoad`, every round is run twice, idle and with the other cores busy, and each
+cell gives one row per system and state (``load: false`` / ``true``). A system that raises is dropped
+from the rest of the run and its error recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness import Cell, Measured, System, Timing, group_by_buffer, make_row
+from load import CpuLoad
 
 
 def _guard(system: System, errors: dict[str, str], what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -31,8 +35,10 @@ def run_interleaved(
     timing: Timing,
     on_row: Callable[[dict[str, Any]], None],
     errors: dict[str, str],
+    load: CpuLoad | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows for every (cell, system) pair the system supports; failures go to ``errors``."""
+    """Rows for every (cell, system) pair the system supports (and load state, with ``load``);
+    failures go to ``errors``."""
     rows: list[dict[str, Any]] = []
     round_s = timing.min_time / timing.rounds
     for (sampler, dim, cap), group in group_by_buffer(cells).items():
@@ -50,19 +56,25 @@ def run_interleaved(
             for s in active:
                 _guard(s, errors, "warmup", s.prepare, cell, timing.warmup)
             active = [s for s in active if s.name not in errors]
-            rounds: dict[str, list[tuple[float, int]]] = {s.name: [] for s in active}
+            states = (False, True) if load is not None else (False,)
+            rounds: dict[tuple[str, bool], list[tuple[float, int]]] = {
+                (s.name, busy): [] for s in active for busy in states
+            }
             for r in range(timing.rounds):
                 k = r % max(1, len(active))
-                for s in active[k:] + active[:k]:
-                    if s.name not in errors:
-                        res = _guard(s, errors, "round", s.round, round_s)
-                        if res is not None:
-                            rounds[s.name].append(res)
+                for busy in states:
+                    with load.on() if (busy and load is not None) else contextlib.nullcontext():
+                        for s in active[k:] + active[:k]:
+                            if s.name not in errors:
+                                res = _guard(s, errors, "round", s.round, round_s)
+                                if res is not None:
+                                    rounds[(s.name, busy)].append(res)
             for s in active:
-                if s.name not in errors and rounds[s.name]:
-                    row = make_row(cell, s.name, Measured.from_rounds(rounds[s.name]))
-                    rows.append(row)
-                    on_row(row)
+                for busy in states:
+                    if s.name not in errors and rounds[(s.name, busy)]:
+                        row = make_row(cell, s.name, Measured.from_rounds(rounds[(s.name, busy)]), load=busy)
+                        rows.append(row)
+                        on_row(row)
         for s in opened:
             if s.name not in errors:
                 _guard(s, errors, "close", s.close)

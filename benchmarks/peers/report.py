@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from analysis import index_rows
+from analysis import MAX_LOADED_OVER_IDLE, index_rows
 
 SYSTEMS = ("conduit", "torchrl", "rllib", "memcpy")
 PANELS = (("sample", "prioritized"), ("sample", "uniform"), ("insert", "prioritized"), ("insert", "uniform"))
@@ -47,6 +47,18 @@ def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_load_table(load_ratios: Iterable[Mapping[str, Any]]) -> str:
+    """One line per (system, cell): median us per call idle, with the other cores busy, and the ratio."""
+    head = f"{'system':<9}{'op':<7}{'sampler':<12}{'batch':>6}{'dim':>7} | {'idle us':>10}{'loaded us':>11}{'ratio':>8}"
+    lines = ["median us per call, idle vs other cores busy (--load)", head, "-" * len(head)]
+    for c in load_ratios:
+        lines.append(
+            f"{c['system']:<9}{c['op']:<7}{c['sampler']:<12}{c['batch']:>6}{c['dim']:>7} | "
+            f"{c['idle_us_median']:>10.1f}{c['loaded_us_median']:>11.1f}{c['loaded_over_idle']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
 def format_targets(targets: Iterable[Mapping[str, Any]]) -> str:
     """One line per target: PASS / FAIL / NOT EVALUATED and its key numbers."""
     lines = []
@@ -57,7 +69,11 @@ def format_targets(targets: Iterable[Mapping[str, Any]]) -> str:
             parts = []
             for c in t["cells"]:
                 if "ratio" in c:
-                    parts.append(f"dim {c['dim']}: {c['ratio']:.1f}x")
+                    parts.append(f"B={c['batch']} dim={c['dim']}: {c['ratio']:.1f}x")
+                elif "loaded_over_idle" in c:
+                    parts.append(
+                        f"{c['sampler'][:4]} B={c['batch']} dim={c['dim']}: {c['loaded_over_idle']:.2f}x"
+                    )
                 elif c.get("counts_for_target"):
                     parts.append(f"B={c['batch']}: {c['fraction']:.0%}")
             detail = "; ".join(parts)
@@ -102,5 +118,34 @@ def plot(rows: list[Mapping[str, Any]], path: str, title: str) -> None:
         ax.legend(fontsize=8, ncol=len(systems))
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_load(load_ratios: list[Mapping[str, Any]], path: str, title: str) -> None:
+    """Bars of loaded ÷ idle median call time per cell and system, with the 1.5x limit drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = [s for s in SYSTEMS if any(c["system"] == s for c in load_ratios)]
+    keys = sorted({(c["op"], c["sampler"], c["dim"], c["batch"]) for c in load_ratios})
+    by = {(c["system"], (c["op"], c["sampler"], c["dim"], c["batch"])): c for c in load_ratios}
+    fig, ax = plt.subplots(figsize=(max(8, 0.5 * len(keys) + 3), 5))
+    width = 0.8 / max(1, len(systems))
+    for i, s in enumerate(systems):
+        xs = [j + (i - (len(systems) - 1) / 2) * width for j, k in enumerate(keys) if (s, k) in by]
+        ys = [by[(s, k)]["loaded_over_idle"] for k in keys if (s, k) in by]
+        ax.bar(xs, ys, width, label=s, color=COLORS.get(s))
+    ax.axhline(MAX_LOADED_OVER_IDLE, color="k", ls="--", lw=1, label=f"{MAX_LOADED_OVER_IDLE:g}x limit")
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{k[0]} {k[1][:4]}\nB={k[3]} d={k[2]}" for k in keys], fontsize=7, rotation=90)
+    ax.set_yscale("log")
+    ax.set_ylabel("median call time, other cores busy / idle")
+    ax.set_title(title)
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

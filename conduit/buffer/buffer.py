@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from conduit.batch import ColumnBatch, validate
+from conduit.buffer import priority_kernels
 from conduit.buffer.base import Sampler, Storage, Writer
+from conduit.buffer.migration import MigrationReport, migrate_columns
 from conduit.buffer.rate_limiter import RateLimiter
 from conduit.buffer.writers import RingWriter
+from conduit.config import NONFINITE
 from conduit.errors import (
     CheckpointError,
     ClosedError,
@@ -20,9 +24,13 @@ from conduit.errors import (
     InsufficientDataError,
     PriorityError,
     ShapeError,
+    VersionError,
 )
 from conduit.metrics import Metrics
 from conduit.schema import Schema
+
+if TYPE_CHECKING:
+    from conduit.placer import Placer
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,13 @@ class ExperienceBuffer:
         writer: Writer | None = None,
         limiter: RateLimiter | None = None,
         metrics: Metrics | None = None,
+        nonfinite: str = "reject",
     ) -> None:
+        """``nonfinite``: ``"reject"`` or ``"count"`` NaN/inf in checked columns and priorities
+        (see :class:`~conduit.config.BufferConfig`)."""
+        if nonfinite not in NONFINITE:
+            raise ConfigError(f"nonfinite must be one of {NONFINITE}, got {nonfinite!r}")
+        self.nonfinite = nonfinite
         self.storage = storage
         self.sampler = sampler
         self.writer = writer or RingWriter(storage.capacity, storage.device)
@@ -74,7 +88,13 @@ class ExperienceBuffer:
         self.sampler.attach(storage, self.metrics)
         self.sampled = 0
         self.insert_waiting: str | None = None  # why a write is waiting right now (None: none is)
+        self.last_version: int | None = None  # versions written never decrease (the FIFO relies on it)
         self._cond = threading.Condition(threading.RLock())
+        if self.sampler.has_priorities:
+            priority_kernels.warm()
+        self.moving = threading.Lock()  # one migration or column growth at a time
+        self.observer: Any = None  # e.g. a conduit.persist Journal: told of each commit, under the lock
+        self.placer: Placer | None = None  # set by BufferConfig(tier="auto").build: keeps placement planned
         self._closed = False
 
     # -- properties ------------------------------------------------------------------------------
@@ -100,29 +120,59 @@ class ExperienceBuffer:
     def extend(self, batch: ColumnBatch, version: int = 0) -> torch.Tensor:
         """Validate and commit ``batch`` (tagged with policy ``version``); returns its slots.
 
-        Raises a :class:`~conduit.errors.SchemaError` subclass on a schema mismatch and
-        :class:`~conduit.errors.CapacityError` when the write cannot fit; the buffer is then unchanged.
+        Raises a :class:`~conduit.errors.SchemaError` subclass on a schema mismatch (an empty batch:
+        :class:`~conduit.errors.ShapeError`), :class:`~conduit.errors.NonFiniteError` for NaN/inf in a
+        checked column (``nonfinite="reject"``), :class:`~conduit.errors.CapacityError` when the write
+        cannot fit and :class:`~conduit.errors.VersionError` for a version older than the last write;
+        the buffer is then unchanged.
+        A ring over items that are never consumed overwrites the oldest and counts them
+        (``count/overwritten``).
         """
         self._check_open()
-        self.check_write(batch)
+        nonfinite = self.check_write(batch)
         n = batch.size
-        if n == 0:
-            return torch.empty(0, dtype=torch.int64)
         with self._cond:
+            self._check_version(version)
             self._wait(lambda: self._insert_blocker(n), "insert")
+            self.last_version = version
+            # a ring over items never consumed drops the oldest ones: counted, never silent
+            overwritten = (
+                0 if self.sampler.consumes else min(n, max(0, self.writer.inserted + n - self.capacity))
+            )
             first_generation = self.writer.inserted + 1
             slots = self.writer.reserve(n)
             self.storage.write(slots, batch, version, first_generation)
             self.sampler.on_insert(slots, self.writer.inserted)
+            if self.observer is not None:
+                self.observer.committed(batch, slots, version, first_generation)
             self._cond.notify_all()
         self.metrics.incr("inserted", n)
+        if overwritten:
+            self.metrics.incr("overwritten", overwritten)
+        if nonfinite:
+            self.metrics.incr("nonfinite_values", nonfinite)
         self.metrics.add_bytes(f"{batch.device.type}->{self.storage.tier}", batch.nbytes)
         return slots
 
-    def check_write(self, batch: ColumnBatch) -> None:
-        """Raise what :meth:`extend` would raise for ``batch`` before waiting (schema, size, groups)."""
-        validate(self.schema, batch)
+    def check_write(self, batch: ColumnBatch) -> int:
+        """Raise what :meth:`extend` would raise for ``batch`` before waiting (schema, size, groups,
+        NaN/inf); returns the non-finite values counted (``nonfinite="count"``)."""
+        nonfinite = validate(self.schema, batch, self.nonfinite)
         self.writer.check(batch.size)
+        return nonfinite
+
+    def _check_version(self, version: int) -> None:
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise VersionError(f"extend: version must be an int, got {version!r}")
+        if self.last_version is not None and version < self.last_version:
+            raise VersionError(
+                f"extend: policy version went backwards ({self.last_version} -> {version}); versions never decrease"
+            )
+
+    def insert_refusal(self, n: int) -> str | None:
+        """Why a write of ``n`` items could not run now (None: it could), without waiting."""
+        with self._cond:
+            return self._insert_blocker(n)
 
     def _insert_blocker(self, n: int) -> str | None:
         return self.sampler.insert_blocker(n) or self.limiter.insert_blocker(
@@ -169,10 +219,7 @@ class ExperienceBuffer:
                 raise ShapeError(
                     f"sample(out=...): column {col.name!r} must be {want} {col.dtype}, got {got}"
                 )
-            if dst.device != self.storage.device:
-                raise ShapeError(
-                    f"sample(out=...): column {col.name!r} is on {dst.device}, not {self.storage.device}"
-                )
+            # a column on another device than ``dst`` (moved by a re-plan) is gathered anew
 
     def _sample_blocker(self, n: int, version: int | None = None) -> str | None:
         if version is not None:
@@ -184,7 +231,14 @@ class ExperienceBuffer:
     def check_priorities(
         self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
     ) -> None:
-        """Raise what :meth:`update_priorities` would raise, without changing anything."""
+        """Raise what :meth:`update_priorities` would raise, without changing anything.
+
+        Negative priorities raise (a priority is a magnitude, e.g. ``|TD error|``; zero is allowed:
+        ``priority_eps`` keeps every item drawable). NaN/inf raise unless ``nonfinite="count"``.
+        """
+        for name, t in (("slots", slots), ("generations", generations), ("priorities", priorities)):
+            if not isinstance(t, torch.Tensor):
+                raise ShapeError(f"update_priorities: {name} must be a tensor, got {type(t).__name__}")
         if not self.sampler.has_priorities:
             raise PriorityError(
                 f"{type(self.sampler).__name__} has no priorities; use sampler='prioritized' to update them"
@@ -196,12 +250,25 @@ class ExperienceBuffer:
             )
         if slots.dtype != torch.int64 or generations.dtype != torch.int64:
             raise ShapeError(f"update_priorities: slots and generations must be int64, got {slots.dtype}")
-        if slots.numel():
-            lo, hi = torch.aminmax(slots)
-            if int(lo) < 0 or int(hi) >= self.capacity:
-                raise PriorityError(f"update_priorities: slots must lie in [0, {self.capacity})")
-        if not bool(torch.isfinite(priorities).all()):
+        if not priorities.is_floating_point():
+            raise ShapeError(f"update_priorities: priorities must be floating point, got {priorities.dtype}")
+        if priority_kernels.fusable(slots, priorities):
+            bad_slot, nonfinite, negative, lowest = priority_kernels.scan(slots, priorities, self.capacity)
+        else:
+            lo, hi = torch.aminmax(slots) if slots.numel() else (torch.tensor(0), torch.tensor(0))
+            bad_slot = 0 if int(lo) < 0 or int(hi) >= self.capacity else -1
+            nonfinite = int((~torch.isfinite(priorities)).sum())
+            neg = priorities[priorities < 0]
+            negative, lowest = neg.numel(), float(neg.min()) if neg.numel() else 0.0
+        if bad_slot >= 0:
+            raise PriorityError(f"update_priorities: slots must lie in [0, {self.capacity})")
+        if nonfinite and self.nonfinite == "reject":
             raise PriorityError("update_priorities: priorities must be finite (got NaN or inf)")
+        if negative:
+            raise PriorityError(
+                "update_priorities: priorities must be >= 0 (pass a magnitude such as |TD error|), "
+                f"got minimum {lowest}"
+            )
 
     def update_priorities(
         self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
@@ -210,18 +277,29 @@ class ExperienceBuffer:
 
         Items whose slot was overwritten since they were sampled (their generation changed) are
         skipped and counted (``count/priority_updates_skipped``), so updates from batches that were in
-        flight while the ring moved on never touch the newer items.
+        flight while the ring moved on never touch the newer items. With ``nonfinite="count"``,
+        NaN/inf entries are skipped too (the item keeps its priority) and counted
+        (``count/nonfinite_priorities``).
         """
         self._check_open()
         self.check_priorities(slots, generations, priorities)
         with self._cond:
             dev = self.storage.device
-            slots, generations = slots.to(dev), generations.to(dev)
-            live = self.storage.generation.index_select(0, slots) == generations
-            self.sampler.update_priorities(slots, priorities.to(dev), live)
-        applied = int(live.sum())
-        if applied < slots.numel():
-            self.metrics.incr("priority_updates_skipped", slots.numel() - applied)
+            slots, generations, priorities = slots.to(dev), generations.to(dev), priorities.to(dev)
+            stored = self.storage.generation
+            if priority_kernels.fusable(slots, generations, priorities) and stored.device.type == "cpu":
+                live, applied, nonfinite = priority_kernels.live_mask(slots, generations, stored, priorities)
+            else:
+                finite = torch.isfinite(priorities)
+                live = (stored.index_select(0, slots) == generations) & finite
+                applied, nonfinite = int(live.sum()), int(priorities.numel() - finite.sum())
+            self.sampler.update_priorities(slots, priorities, live)
+            if self.observer is not None:
+                self.observer.priorities_updated(slots, generations, priorities, self.writer.inserted)
+        if nonfinite:
+            self.metrics.incr("nonfinite_priorities", nonfinite)
+        if applied + nonfinite < slots.numel():
+            self.metrics.incr("priority_updates_skipped", slots.numel() - applied - nonfinite)
         return applied
 
     # -- blocking, growth, state, close ----------------------------------------------------------
@@ -273,10 +351,26 @@ class ExperienceBuffer:
         with self._cond:
             self._cond.notify_all()
 
-    def grow_column(self, name: str, max_len: int) -> None:
-        """Raise ragged column ``name``'s maximum length in place (an explicit, one-copy operation)."""
-        with self._cond:
-            self.storage.grow_ragged(name, max_len)  # type: ignore[attr-defined]
+    def grow_column(self, name: str, max_len: int) -> MigrationReport:
+        """Raise ragged column ``name``'s maximum length (one copy, online as in :meth:`migrate`);
+        with a placer, the columns are re-planned for the new size in the same copy."""
+        self._check_open()
+        if self.placer is not None:
+            done = self.placer.grow(name, max_len)
+            if done is not None:
+                return done.migration
+        return migrate_columns(self, {}, {name: max_len})
+
+    def migrate(self, moves: Mapping[str, str], max_lens: Mapping[str, int] | None = None) -> MigrationReport:
+        """Move columns to other tiers (``{column: tier}``) while writes and samples go on; widen the
+        ragged columns in ``max_lens`` in the same copy.
+
+        Each column is copied without the lock; then, under the lock, the rows written meanwhile are
+        copied again and the column switches over, so no read sees a half-moved column and no item is
+        lost. The report gives the bytes moved and the longest pause (time under the lock).
+        """
+        self._check_open()
+        return migrate_columns(self, moves, max_lens)
 
     def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
         """Contents, sampler state and counters; items sampled from ``first_undelivered`` on count as unconsumed."""
@@ -304,6 +398,7 @@ class ExperienceBuffer:
             self.storage.load_state_dict(state["storage"])  # type: ignore[arg-type]
             self.sampler.load_state_dict(state["sampler"])  # type: ignore[arg-type]
             self.writer.inserted = int(state["inserted"])  # type: ignore[call-overload]
+            self.last_version = None  # the runtime keeps (and restores) its own version order
             self.sampled = int(state["sampled"])  # type: ignore[call-overload]
             self._cond.notify_all()
 

@@ -12,7 +12,7 @@ import math
 import torch
 
 from conduit.buffer.base import Sampler, Storage
-from conduit.buffer.sumtree import SumTree
+from conduit.buffer.sumtree import make_sum_tree
 from conduit.errors import CheckpointError, StaleDataError
 from conduit.metrics import Metrics
 
@@ -158,7 +158,9 @@ class PrioritizedSampler(Sampler):
     An item with priority ``p`` is drawn with probability ``P(i) = p_i^α / Σ_k p_k^α`` and carries the
     importance weight ``w_i = (N · P(i))^-β / max_k (N · P(k))^-β`` (normalised by the largest weight
     in the buffer, i.e. the one of the smallest priority). New items get the largest priority seen so
-    far, so each is likely to be replayed at least once.
+    far, so each is likely to be replayed at least once. On the CPU a sample and a priority update are
+    one fused numba kernel call each (:class:`~conduit.buffer.fused_sumtree.FusedSumTree`); on CUDA
+    the torch :class:`~conduit.buffer.sumtree.SumTree` runs them.
     """
 
     has_priorities = True
@@ -174,7 +176,7 @@ class PrioritizedSampler(Sampler):
     ) -> None:
         self.capacity, self.device = capacity, device
         self.alpha, self.beta, self.eps = alpha, beta, eps
-        self.tree = SumTree(capacity, device=device)
+        self.tree = make_sum_tree(capacity, device)
         self.max_priority = torch.ones((), dtype=torch.float64, device=device)  # a tensor: no host sync
         self.size = 0
         self.generator = generator
@@ -188,19 +190,13 @@ class PrioritizedSampler(Sampler):
         return self.size
 
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        slots = self.tree.sample(n, generator=self.generator)
-        # (N·P(i))^-β / (N·P_min)^-β = (p_i / p_min)^-β: the total cancels out.
-        ratio = self.tree.leaf_values(slots).div_(self.tree.min_tensor())
-        return slots, ratio.pow_(-self.beta).to(torch.float32)
+        return self.tree.sample_with_weights(n, self.beta, self.generator)
 
     def update_priorities(self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor) -> None:
         """New priorities ``|p| + eps`` (checked finite by the buffer); where ``live`` is False the value is kept."""
-        p = priorities.detach().to(self.device, torch.float64).abs().add_(self.eps)
-        p = torch.where(live, p, 0.0)
-        if slots.numel():
-            self.max_priority = torch.maximum(self.max_priority, p.max())
-        values = torch.where(live, p.pow_(self.alpha), self.tree.leaf_values(slots))
-        self.tree.update_trusted(slots, values)
+        self.max_priority = self.tree.set_priorities(
+            slots, priorities, live, self.alpha, self.eps, self.max_priority
+        )
 
     def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
         return {

@@ -1,24 +1,30 @@
-"""Preallocated ring storage on one tier: one tensor per column plus per-slot bookkeeping."""
+"""Preallocated ring storage: one tensor per column (each on its own tier) plus per-slot bookkeeping."""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
 
 import torch
 
 from conduit.batch import ColumnBatch, Ragged
 from conduit.buffer.base import Storage
+from conduit.buffer.gather_kernels import gather_rows, warm_gather
 from conduit.buffer.tiers import allocate, tier_device
 from conduit.errors import CapacityError, CheckpointError, ConfigError
 from conduit.schema import Column, Schema
 
 
 class RingStorage(Storage):
-    """Fixed-size slots for ``capacity`` items of ``schema`` on ``tier``.
+    """Fixed-size slots for ``capacity`` items of ``schema``; each column on ``tiers.get(name, tier)``.
 
     Fixed columns are ``[capacity, *shape]``; ragged columns are padded per slot to
     ``[capacity, max_len, *shape]`` with a length per slot, so a write or a gather is a single
     vectorised index operation. Each slot also records the policy ``version`` that wrote it and a
     ``generation`` (the global insert count at write time; 0 = never written), which lets priority
-    updates for batches still in flight detect that their slot was overwritten meanwhile.
+    updates for batches still in flight detect that their slot was overwritten meanwhile. The
+    per-slot bookkeeping lives on ``tier`` (the home tier); a column can move to another tier while
+    the buffer runs (:meth:`copy_column`, then :meth:`install_column` under the buffer's lock).
     """
 
     def __init__(
@@ -28,6 +34,7 @@ class RingStorage(Storage):
         tier: str = "host",
         disk_dir: str | None = None,
         capacity_bytes: int | None = None,
+        tiers: Mapping[str, str] | None = None,
     ) -> None:
         per_item = schema.nbytes_per_item
         if capacity_bytes is not None:
@@ -40,9 +47,13 @@ class RingStorage(Storage):
                     f"{capacity} items x {per_item} bytes = {capacity * per_item} bytes exceed capacity_bytes="
                     f"{capacity_bytes}; lower capacity to {capacity_bytes // per_item} or raise the budget"
                 )
+        unknown = sorted(set(tiers or {}) - set(schema.names))
+        if unknown:
+            raise ConfigError(f"tiers given for unknown column(s) {unknown}; the schema has {schema.names}")
         self.schema = schema
         self.capacity = capacity
         self.tier = tier
+        self.tiers = {col.name: (tiers or {}).get(col.name, tier) for col in schema}
         self.device = tier_device(tier)
         self._disk_dir = disk_dir
         self.data: dict[str, torch.Tensor] = {}
@@ -53,16 +64,77 @@ class RingStorage(Storage):
         self.meta = allocate((capacity, 2), torch.int64, tier, disk_dir)
         self.generation = self.meta[:, 0]
         self.version = self.meta[:, 1]
+        warm_gather()  # load the single-threaded gather kernel now, not in the first sample()
 
     def _allocate_column(self, col: Column) -> None:
-        if col.ragged:
-            assert col.max_len is not None
-            self.data[col.name] = allocate(
-                (self.capacity, col.max_len, *col.shape), col.dtype, self.tier, self._disk_dir
-            )
-            self.lengths[col.name] = allocate((self.capacity,), torch.int64, self.tier, self._disk_dir)
-        else:
-            self.data[col.name] = allocate((self.capacity, *col.shape), col.dtype, self.tier, self._disk_dir)
+        tensors = self._new_column(col, self.tiers[col.name])
+        self.data[col.name] = tensors["data"]
+        if "lengths" in tensors:
+            self.lengths[col.name] = tensors["lengths"]
+
+    def _new_column(self, col: Column, tier: str) -> dict[str, torch.Tensor]:
+        if not col.ragged:
+            return {"data": allocate((self.capacity, *col.shape), col.dtype, tier, self._disk_dir)}
+        assert col.max_len is not None
+        return {
+            "data": allocate((self.capacity, col.max_len, *col.shape), col.dtype, tier, self._disk_dir),
+            "lengths": allocate((self.capacity,), torch.int64, tier, self._disk_dir),
+        }
+
+    def column_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        """Column ``name``'s tensors: ``data`` and, for a ragged column, ``lengths``."""
+        out = {"data": self.data[name]}
+        if name in self.lengths:
+            out["lengths"] = self.lengths[name]
+        return out
+
+    def column_nbytes(self, name: str) -> int:
+        """Bytes column ``name`` occupies on its tier (padding of ragged columns included)."""
+        return sum(t.nbytes for t in self.column_tensors(name).values())
+
+    def copy_column(self, name: str, tier: str, max_len: int | None = None) -> dict[str, torch.Tensor]:
+        """A copy of column ``name``'s tensors on ``tier``, ragged rows widened to ``max_len`` if given
+        (the bulk of a migration; no lock needed: rows written meanwhile are re-copied by
+        :meth:`install_column`)."""
+        col = self._resized(name, max_len)
+        new = self._new_column(col, tier)
+        for key, src in self.column_tensors(name).items():
+            _prefix(new[key], src).copy_(src)
+        return new
+
+    def install_column(
+        self, name: str, tier: str, tensors: dict[str, torch.Tensor], dirty: torch.Tensor
+    ) -> None:
+        """Re-copy rows ``dirty`` (written since :meth:`copy_column` began) into ``tensors`` and make
+        them column ``name``'s storage on ``tier``. Call under the buffer's lock."""
+        for key, src in self.column_tensors(name).items():
+            dst = _prefix(tensors[key], src)
+            if dirty.numel():
+                rows = dirty.to(src.device)
+                dst.index_copy_(0, rows.to(dst.device), src.index_select(0, rows).to(dst.device))
+        self.data[name] = tensors["data"]
+        if "lengths" in tensors:
+            self.lengths[name] = tensors["lengths"]
+        self.tiers[name] = tier
+        col = self.schema[name]
+        if col.ragged and tensors["data"].shape[1] != col.max_len:
+            self.schema = self.schema.with_column(self._resized(name, tensors["data"].shape[1]))
+
+    def _resized(self, name: str, max_len: int | None) -> Column:
+        col = self.schema[name]
+        if max_len is None or max_len == col.max_len:
+            return col
+        if not col.ragged or col.max_len is None:
+            raise ConfigError(f"column {name!r} is not ragged; only ragged columns can grow")
+        if max_len < col.max_len:
+            raise ConfigError(f"column {name!r}: cannot shrink max_len {col.max_len} -> {max_len}")
+        return dataclasses.replace(col, max_len=max_len)
+
+    def _on(self, slots: torch.Tensor, name: str, cache: dict[torch.device, torch.Tensor]) -> torch.Tensor:
+        dev = self.data[name].device
+        if dev not in cache:
+            cache[dev] = slots.to(dev)
+        return cache[dev]
 
     @property
     def nbytes(self) -> int:
@@ -71,17 +143,19 @@ class RingStorage(Storage):
 
     def write(self, slots: torch.Tensor, batch: ColumnBatch, version: int, first_generation: int) -> None:
         """Write ``batch`` into ``slots`` (already validated against the schema)."""
-        slots = slots.to(self.device)
+        on: dict[torch.device, torch.Tensor] = {}
         for col in self.schema:
             src = batch.columns[col.name]
             dst = self.data[col.name]
+            at = self._on(slots, col.name, on)
             if isinstance(src, Ragged):
                 assert col.max_len is not None
                 padded, _ = src.to_padded(max_len=col.max_len)
-                dst.index_copy_(0, slots, padded.to(self.device))
-                self.lengths[col.name].index_copy_(0, slots, src.lengths.to(self.device))
+                dst.index_copy_(0, at, padded.to(dst.device))
+                self.lengths[col.name].index_copy_(0, at, src.lengths.to(dst.device))
             else:
-                dst.index_copy_(0, slots, src.to(self.device))
+                dst.index_copy_(0, at, src.to(dst.device))
+        slots = slots.to(self.device)
         n = slots.numel()
         meta = torch.empty((n, 2), dtype=torch.int64, device=self.device)
         meta[:, 0] = torch.arange(first_generation, first_generation + n, device=self.device)
@@ -89,38 +163,31 @@ class RingStorage(Storage):
         self.meta.index_copy_(0, slots, meta)
 
     def read(self, slots: torch.Tensor, into: ColumnBatch | None = None) -> ColumnBatch:
-        """Gather ``slots`` on the storage's device (one gather per column).
+        """Gather ``slots`` (one gather per column, on the column's device).
 
         With ``into``, fixed columns are gathered into its tensors (reused memory: no allocation and
         no page faults for large batches); ragged columns are always gathered anew.
         """
-        slots = slots.to(self.device)
+        on: dict[torch.device, torch.Tensor] = {}
         out: dict[str, torch.Tensor | Ragged] = {}
         for col in self.schema:
+            at = self._on(slots, col.name, on)
             if col.ragged:
-                rows = self.data[col.name].index_select(0, slots)
-                out[col.name] = Ragged.from_padded(rows, self.lengths[col.name].index_select(0, slots))
-            elif into is not None:
+                rows = gather_rows(self.data[col.name], at)
+                out[col.name] = Ragged.from_padded(rows, self.lengths[col.name].index_select(0, at))
+            elif into is not None and into.columns[col.name].device == self.data[col.name].device:
                 dst = into.columns[col.name]
                 assert isinstance(dst, torch.Tensor)
-                out[col.name] = torch.index_select(self.data[col.name], 0, slots, out=dst)
+                out[col.name] = gather_rows(self.data[col.name], at, out=dst)
             else:
-                out[col.name] = self.data[col.name].index_select(0, slots)
+                out[col.name] = gather_rows(self.data[col.name], at)
         return ColumnBatch.trusted(out, slots.numel())
 
     def grow_ragged(self, name: str, max_len: int) -> Column:
         """Raise the maximum length of ragged column ``name``, keeping its contents (one copy)."""
-        col = self.schema[name]
-        if not col.ragged or col.max_len is None:
-            raise ConfigError(f"column {name!r} is not ragged; only ragged columns can grow")
-        if max_len < col.max_len:
-            raise ConfigError(f"column {name!r}: cannot shrink max_len {col.max_len} -> {max_len}")
-        new_col = Column(col.name, col.dtype, col.shape, ragged=True, max_len=max_len)
-        old = self.data[name]
-        self.data[name] = allocate((self.capacity, max_len, *col.shape), col.dtype, self.tier, self._disk_dir)
-        self.data[name][:, : col.max_len].copy_(old)
-        self.schema = self.schema.with_column(new_col)
-        return new_col
+        new = self.copy_column(name, self.tiers[name], max_len)
+        self.install_column(name, self.tiers[name], new, torch.empty(0, dtype=torch.int64))
+        return self.schema[name]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = {f"data/{k}": v.cpu() for k, v in self.data.items()}
@@ -153,3 +220,9 @@ class RingStorage(Storage):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for key, dst in self._expected().items():
             dst.copy_(state[key])
+
+
+def _prefix(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """The part of ``dst`` that ``src`` fills: all of it, or the first ``src.shape[1]`` positions of
+    each row of a widened ragged column."""
+    return dst if dst.shape == src.shape else dst.narrow(1, 0, src.shape[1])

@@ -12,6 +12,7 @@ arity 16/128 slower; float32 ~5% faster. Random targets make searchsorted branch
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -20,7 +21,7 @@ from conduit.errors import ConduitError, ConfigError, ShapeError
 
 _FLAT_TOP = 4096  # the top level is searched as one flat vector of at most this many entries
 
-__all__ = ["SumTree"]
+__all__ = ["SumTree", "make_sum_tree"]
 
 
 class SumTree:
@@ -49,12 +50,20 @@ class SumTree:
         while self._rows[-1] > _FLAT_TOP:
             self._rows.append(math.ceil(self._rows[-1] / arity))
         inf = math.inf
-        # Lower levels: flat [rows * arity + 1]; the last element is a scratch slot that swallows the
-        # losing writes of duplicate slots in update(). The top keeps a constant 0 in front.
-        self._v = [torch.zeros(r * arity + 1, dtype=dtype, device=dev) for r in self._rows]
-        self._m = [torch.full((r * arity + 1,), inf, dtype=dtype, device=dev) for r in self._rows]
-        self._top = torch.zeros(self._rows[-1] + 1, dtype=dtype, device=dev)
-        self._top_m = torch.full((self._rows[-1],), inf, dtype=dtype, device=dev)
+        # All levels of each tree live in one flat buffer (the fused CPU kernels index it directly).
+        # Lower levels: [rows * arity + 1]; the last element is a scratch slot that swallows the
+        # losing writes of duplicate slots in update(). The sum tree's top keeps a constant 0 in front.
+        v_sizes = [r * arity + 1 for r in self._rows] + [self._rows[-1] + 1]
+        m_sizes = [r * arity + 1 for r in self._rows] + [self._rows[-1]]
+        self._vals = torch.zeros(sum(v_sizes), dtype=dtype, device=dev)
+        self._mins = torch.full((sum(m_sizes),), inf, dtype=dtype, device=dev)
+        self._v = list(self._vals.split(v_sizes))
+        self._m = list(self._mins.split(m_sizes))
+        self._top, self._top_m = self._v.pop(), self._m.pop()
+        # Where each level's entries begin in the flat buffers, leaves first, the top last.
+        self._vstart = [0, *itertools.accumulate(v_sizes[:-1])]
+        self._vstart[-1] += 1  # skip the top's leading 0
+        self._mstart = [0, *itertools.accumulate(m_sizes[:-1])]
         self._v2 = [v[:-1].view(r, arity) for v, r in zip(self._v, self._rows)]
         self._m2 = [m[:-1].view(r, arity) for m, r in zip(self._m, self._rows)]
         self._parent_v = self._v[1:] + [self._top[1:]]
@@ -173,6 +182,37 @@ class SumTree:
         u = torch.rand(n, generator=generator, dtype=self._dtype, device=self._device)
         return self._find(torch.add(starts, u, alpha=1.0 / max(n, 1)).mul_(cs[-1]), cs)
 
+    def sample_with_weights(
+        self, n: int, beta: float, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sample` plus float32 importance weights ``(p_i / p_min)^-beta`` (the largest weight,
+        that of the smallest written leaf, is 1; ``(N·P(i))^-β / (N·P_min)^-β``: the total cancels out).
+        """
+        slots = self.sample(n, generator)
+        ratio = self.leaf_values(slots).div_(self.min_tensor())
+        return slots, ratio.pow_(-beta).to(torch.float32)
+
+    def set_priorities(
+        self,
+        slots: torch.Tensor,
+        priorities: torch.Tensor,
+        live: torch.Tensor,
+        alpha: float,
+        eps: float,
+        max_priority: torch.Tensor,
+    ) -> torch.Tensor:
+        """Set leaf ``slots[i]`` to ``(|priorities[i]| + eps)^alpha`` where ``live[i]`` (elsewhere it keeps
+        its value); returns ``max_priority`` (a 0-d float64 tensor) raised to the largest live
+        ``|p| + eps``. Slots must be in range and ``priorities`` finite (the buffer checks both).
+        """
+        p = priorities.detach().to(self._device, torch.float64).abs().add_(eps)
+        p = torch.where(live, p, 0.0)
+        if slots.numel():
+            max_priority = torch.maximum(max_priority, p.max())
+        values = torch.where(live, p.pow_(alpha), self.leaf_values(slots))
+        self.update_trusted(slots, values.to(self._dtype))
+        return max_priority
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Leaf priorities and which leaves were ever written (enough to rebuild every inner node)."""
         cap = self._capacity
@@ -196,3 +236,13 @@ class SumTree:
             pm.fill_(math.inf)[: m2.shape[0]].copy_(m2.amin(1))
         self._last.fill_(-1)
         self._seq = 0
+
+
+def make_sum_tree(capacity: int, device: torch.device | str) -> SumTree:
+    """The sum tree for a prioritized sampler: fused numba kernels on the CPU
+    (:class:`~conduit.buffer.fused_sumtree.FusedSumTree`), this torch implementation on CUDA."""
+    if torch.device(device).type == "cpu":
+        from conduit.buffer.fused_sumtree import FusedSumTree  # imports numba: only when needed
+
+        return FusedSumTree(capacity)
+    return SumTree(capacity, device=device)

@@ -1,16 +1,22 @@
-"""SumTree against a numpy reference: sums, mins, prefix search, sampling, state, errors."""
+"""Both sum trees against a numpy reference: sums, mins, prefix search, sampling, state, errors.
+
+Every test that takes the ``make`` fixture runs twice: on the torch reference ``SumTree`` and on the
+fused numba ``FusedSumTree`` (float64 only). ``test_fused_sumtree.py`` compares the two directly.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit.buffer import sumtree as sumtree_mod
+from conduit.buffer.fused_sumtree import FusedSumTree
 from conduit.buffer.sumtree import SumTree
 from conduit.errors import ConduitError, ConfigError, ShapeError
 
@@ -57,11 +63,27 @@ def flat_top(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setattr(sumtree_mod, "_FLAT_TOP", request.param)
 
 
+@pytest.fixture(params=["torch", "fused"])
+def make(request: pytest.FixtureRequest) -> Callable[..., SumTree]:
+    """A constructor ``make(capacity, arity=32, dtype=torch.float64)`` of one implementation."""
+
+    def build(capacity: int, arity: int = 32, dtype: torch.dtype = torch.float64) -> SumTree:
+        if request.param == "torch":
+            return SumTree(capacity, arity=arity, dtype=dtype)
+        if dtype != torch.float64:
+            pytest.skip("the fused tree holds float64 priorities only")
+        return FusedSumTree(capacity, arity=arity)
+
+    return build
+
+
 @pytest.mark.usefixtures("flat_top")
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(capacity=st.integers(1, 300), arity=st.integers(2, 9), batches=updates)
-def test_total_min_get_match_reference(capacity: int, arity: int, batches: list) -> None:
-    tree, ref = SumTree(capacity, arity=arity), Reference(capacity)
+def test_total_min_get_match_reference(
+    make: Callable[..., SumTree], capacity: int, arity: int, batches: list
+) -> None:
+    tree, ref = make(capacity, arity=arity), Reference(capacity)
     assert tree.total() == 0.0 and tree.min() == math.inf
     for batch in batches:
         slots = np.array([s % capacity for s, _ in batch], dtype=np.int64)
@@ -70,8 +92,8 @@ def test_total_min_get_match_reference(capacity: int, arity: int, batches: list)
         _check(tree, ref)
 
 
-def test_duplicate_slots_last_occurrence_wins() -> None:
-    tree = SumTree(10, arity=4)
+def test_duplicate_slots_last_occurrence_wins(make: Callable[..., SumTree]) -> None:
+    tree = make(10, arity=4)
     tree.update(torch.tensor([3, 3, 7, 3, 7]), torch.tensor([1.0, 2.0, 5.0, 4.0, 0.5]))
     assert tree.get(torch.tensor([3, 7])).tolist() == [4.0, 0.5]
     assert tree.total() == 4.5 and tree.min() == 0.5
@@ -82,14 +104,16 @@ def test_duplicate_slots_last_occurrence_wins() -> None:
 
 
 @pytest.mark.usefixtures("flat_top")
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(capacity=st.integers(1, 400), arity=st.integers(2, 70), seed=st.integers(0, 2**32 - 1))
-def test_find_matches_searchsorted_over_cumsum(capacity: int, arity: int, seed: int) -> None:
+def test_find_matches_searchsorted_over_cumsum(
+    make: Callable[..., SumTree], capacity: int, arity: int, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     # Integer priorities keep every partial sum exact, so the tree must agree with numpy exactly.
     values = rng.integers(0, 5, capacity).astype(np.float64)
     values[rng.integers(0, capacity)] = 3.0
-    tree = SumTree(capacity, arity=arity)
+    tree = make(capacity, arity=arity)
     tree.update(torch.arange(capacity), torch.from_numpy(values))
     cs = np.cumsum(values)
     targets = np.concatenate([rng.random(500) * cs[-1], cs[values > 0] - values[values > 0], [0.0]])
@@ -100,14 +124,16 @@ def test_find_matches_searchsorted_over_cumsum(capacity: int, arity: int, seed: 
 @pytest.mark.usefixtures("flat_top")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("capacity,arity", [(1, 64), (7, 2), (1000, 3), (4097, 64), (100_000, 64)])
-def test_find_never_returns_zero_or_out_of_range(capacity: int, arity: int, dtype: torch.dtype) -> None:
+def test_find_never_returns_zero_or_out_of_range(
+    make: Callable[..., SumTree], capacity: int, arity: int, dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(capacity)
     values = torch.rand(capacity, generator=gen, dtype=dtype) * 1e3
     values[torch.rand(capacity, generator=gen) < 0.7] = 0.0  # mostly zeros, incl. the last leaves
     values[-min(capacity, 5) :] = 0.0
     values[0] = 0.0
     values[capacity // 2] = 1e-30 if dtype == torch.float64 else 1e-20  # tiny beside large ones
-    tree = SumTree(capacity, arity=arity, dtype=dtype)
+    tree = make(capacity, arity=arity, dtype=dtype)
     tree.update(torch.arange(capacity), values)
     total = torch.tensor(tree.total(), dtype=dtype)
     edges = [
@@ -130,23 +156,23 @@ def test_find_never_returns_zero_or_out_of_range(capacity: int, arity: int, dtyp
 
 @pytest.mark.usefixtures("flat_top")
 @pytest.mark.parametrize("arity", [8, 16, 64])
-def test_find_survives_rounding_between_levels(arity: int) -> None:
+def test_find_survives_rounding_between_levels(make: Callable[..., SumTree], arity: int) -> None:
     # Row 0 = [1, 1e-16, ...]: its pairwise sum exceeds its sequential cumsum by a few ulps, so a target
     # just under the parent's prefix can overshoot the row; the descent must stay on a non-zero leaf.
     values = torch.zeros(4 * arity, dtype=torch.float64)
     values[:arity] = 1e-16
     values[0] = 1.0
     values[2 * arity - 1] = 1.0
-    tree = SumTree(4 * arity, arity=arity)
+    tree = make(4 * arity, arity=arity)
     tree.update(torch.arange(4 * arity), values)
     targets = 1.0 + torch.linspace(-1e-15, 1e-14, 4001, dtype=torch.float64)
     got = tree.find(targets)
     assert int(got.max()) < 4 * arity and bool((values[got] > 0).all())
 
 
-def test_sampling_is_proportional() -> None:
+def test_sampling_is_proportional(make: Callable[..., SumTree]) -> None:
     priorities = torch.arange(1, 11, dtype=torch.float64)
-    tree = SumTree(10, arity=4)
+    tree = make(10, arity=4)
     tree.update(torch.arange(10), priorities)
     gen = torch.Generator().manual_seed(1234)
     draws = torch.cat([tree.sample(1000, gen) for _ in range(200)])
@@ -161,8 +187,8 @@ def test_sampling_is_proportional() -> None:
     )
 
 
-def test_sampling_skips_zero_and_unwritten_leaves() -> None:
-    tree = SumTree(100, arity=8)
+def test_sampling_skips_zero_and_unwritten_leaves(make: Callable[..., SumTree]) -> None:
+    tree = make(100, arity=8)
     tree.update(torch.tensor([5, 50, 99]), torch.tensor([1.0, 0.0, 3.0]))
     draws = tree.sample(10_000, torch.Generator().manual_seed(0))
     counts = torch.bincount(draws, minlength=100)
@@ -171,8 +197,8 @@ def test_sampling_skips_zero_and_unwritten_leaves() -> None:
     assert tree.min() == 0.0  # a written zero counts for min, unwritten leaves do not
 
 
-def test_capacity_one_and_find_shape() -> None:
-    tree = SumTree(1)
+def test_capacity_one_and_find_shape(make: Callable[..., SumTree]) -> None:
+    tree = make(1)
     assert tree.capacity == 1
     tree.update(torch.tensor([0]), torch.tensor([2.5]))
     assert tree.total() == 2.5 and tree.min() == 2.5
@@ -181,22 +207,22 @@ def test_capacity_one_and_find_shape() -> None:
     assert tree.sample(0).shape == (0,)
 
 
-def test_all_zero_tree_returns_in_range_indices() -> None:
-    tree = SumTree(130, arity=4)
+def test_all_zero_tree_returns_in_range_indices(make: Callable[..., SumTree]) -> None:
+    tree = make(130, arity=4)
     out = tree.sample(16)
     assert out.shape == (16,) and int(out.min()) >= 0 and int(out.max()) < 130
 
 
 @pytest.mark.usefixtures("flat_top")
-def test_state_dict_round_trip() -> None:
+def test_state_dict_round_trip(make: Callable[..., SumTree]) -> None:
     gen = torch.Generator().manual_seed(3)
-    tree = SumTree(1000, arity=6)
+    tree = make(1000, arity=6)
     tree.update(
         torch.randint(0, 1000, (700,), generator=gen), torch.rand(700, generator=gen, dtype=torch.float64)
     )
     state = tree.state_dict()
     assert set(state) == {"priorities", "written"}
-    other = SumTree(1000, arity=6)
+    other = make(1000, arity=6)
     other.load_state_dict(state)
     assert torch.equal(other.get(torch.arange(1000)), tree.get(torch.arange(1000)))
     assert other.total() == pytest.approx(tree.total(), rel=1e-12) and other.min() == tree.min()
@@ -209,7 +235,7 @@ def test_state_dict_round_trip() -> None:
     state["priorities"][0] += 123.0  # state_dict returns a copy, not a view of the tree
     assert tree.get(torch.tensor([0])).item() == before
     with pytest.raises(ShapeError):
-        SumTree(999).load_state_dict(tree.state_dict())
+        make(999).load_state_dict(tree.state_dict())
 
 
 @pytest.mark.parametrize(
@@ -230,8 +256,8 @@ def test_bad_constructor_args_raise_config_error(kwargs: dict) -> None:
         SumTree(**kwargs)
 
 
-def test_bad_update_args_raise_and_leave_tree_unchanged() -> None:
-    tree = SumTree(10, arity=4)
+def test_bad_update_args_raise_and_leave_tree_unchanged(make: Callable[..., SumTree]) -> None:
+    tree = make(10, arity=4)
     tree.update(torch.tensor([1, 2]), torch.tensor([1.0, 2.0]))
     with pytest.raises(ShapeError):
         tree.update(torch.tensor([1, 2, 3]), torch.tensor([1.0, 2.0]))
@@ -266,3 +292,26 @@ def test_cuda_matches_cpu() -> None:
     targets = torch.rand(4096, generator=gen, dtype=torch.float64) * cpu.total()
     assert torch.equal(gpu.find(targets.cuda()).cpu(), cpu.find(targets))
     assert gpu.sample(256).device.type == "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_reference_matches_fused_cpu_tree() -> None:
+    """CUDA keeps the torch path: same slots, weights and priority updates as the fused CPU tree."""
+    gen = torch.Generator().manual_seed(6)
+    values = torch.rand(5000, generator=gen, dtype=torch.float64)
+    cpu, gpu = FusedSumTree(5000), SumTree(5000, device="cuda")
+    cpu.update(torch.arange(5000), values)
+    gpu.update(torch.arange(5000, device="cuda"), values.cuda())
+    slots = torch.randint(0, 5000, (256,), generator=gen)
+    prio, live = torch.rand(256, generator=gen), torch.rand(256, generator=gen) > 0.2
+    mp_c = cpu.set_priorities(slots, prio, live, 0.6, 1e-6, torch.ones((), dtype=torch.float64))
+    mp_g = gpu.set_priorities(
+        slots.cuda(), prio.cuda(), live.cuda(), 0.6, 1e-6, torch.ones((), dtype=torch.float64, device="cuda")
+    )
+    assert float(mp_c) == float(mp_g)
+    torch.testing.assert_close(gpu.get(torch.arange(5000, device="cuda")).cpu(), cpu.get(torch.arange(5000)))
+    targets = torch.rand(4096, generator=gen, dtype=torch.float64) * cpu.total()
+    assert torch.equal(gpu.find(targets.cuda()).cpu(), cpu.find(targets))
+    s, w = gpu.sample_with_weights(256, 0.4)
+    assert s.device.type == w.device.type == "cuda" and w.dtype == torch.float32

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import pathlib
+import tempfile
+import uuid
 from typing import Any
 
 import torch
 
+from conduit.persist import atomic
+from conduit.persist.tree import load_tree, save_tree
 from conduit_rllib.compat import learner_device, local_learner, module_spaces
 from conduit_rllib.settings import ConduitSettings
 from conduit_rllib.spaces import check_spaces
 
 STATE_KEY = "conduit"
+POLICY_VERSION = "policy_version"
+CONDUIT_DIR = "conduit"  # beside RLlib's files in a checkpoint: the experience, in Conduit's safe format
 
 
 class ConduitAlgorithmMixin:
@@ -18,6 +25,7 @@ class ConduitAlgorithmMixin:
 
     config: Any
     learner_group: Any
+    _policy_version: int
 
     @property
     def conduit_path(self) -> Any:
@@ -49,9 +57,12 @@ class ConduitAlgorithmMixin:
         self, components: Any = None, *, not_components: Any = None, **kwargs: Any
     ) -> dict[str, Any]:
         state = super().get_state(components, not_components=not_components, **kwargs)  # type: ignore[misc]
-        if components is None or STATE_KEY in (
+        wanted = components is None or STATE_KEY in (
             components if isinstance(components, list | tuple) else [components]
-        ):
+        )
+        if wanted and not getattr(
+            self, "_conduit_saving", False
+        ):  # on disk it goes beside, not in the pickle
             state[STATE_KEY] = self.conduit_path.state_dict()
         return state
 
@@ -59,6 +70,46 @@ class ConduitAlgorithmMixin:
         super().set_state(state)  # type: ignore[misc]
         if STATE_KEY in state:
             self.conduit_path.load_state_dict(state[STATE_KEY])
+
+    def save_to_path(
+        self, path: Any = None, *, state: Any = None, filesystem: Any = None, **kwargs: Any
+    ) -> str:
+        """RLlib's checkpoint, with the experience beside it in Conduit's format (``conduit/``), written to
+        a new directory and swapped into ``path`` in one step: a crash leaves the old or the new one."""
+        if state is not None or filesystem is not None:
+            return str(super().save_to_path(path, state=state, filesystem=filesystem, **kwargs))  # type: ignore[misc]
+        final = atomic.local_dir(path or pathlib.Path(tempfile.gettempdir()) / str(uuid.uuid4()))
+        atomic.remove_stale(final)
+        tmp = atomic.temp_sibling(final)
+        self._conduit_saving = True
+        try:
+            super().save_to_path(tmp.as_posix(), **kwargs)  # type: ignore[misc]
+        finally:
+            self._conduit_saving = False
+        previous = final / CONDUIT_DIR
+        conduit_state = {
+            **self.conduit_path.state_dict(),
+            POLICY_VERSION: getattr(self, "_policy_version", 0),
+        }
+        save_tree(
+            conduit_state,
+            self.conduit_path.conduits,
+            tmp / CONDUIT_DIR,
+            previous if previous.is_dir() else None,
+        )
+        atomic.fsync_tree(tmp)
+        atomic.publish_dir(tmp, final)
+        return str(final)
+
+    def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
+        """RLlib's restore, then the experience saved beside it (older checkpoints keep it in the pickle)."""
+        atomic.remove_stale(atomic.local_dir(path))
+        super().restore_from_path(path, *args, **kwargs)  # type: ignore[misc]
+        saved = pathlib.Path(path) / CONDUIT_DIR
+        if kwargs.get("component") is None and saved.is_dir():
+            state = load_tree(saved, lambda mid: self.conduit_path.conduits[mid])
+            self._policy_version = int(state.pop(POLICY_VERSION, 0))  # puts go on from the saved version
+            self.conduit_path.load_state_dict(state)
 
     def cleanup(self) -> None:
         path = getattr(self, "_replay", None) or getattr(self, "_onpolicy", None)

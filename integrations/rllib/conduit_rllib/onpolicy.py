@@ -36,6 +36,29 @@ def _schemas(sample: ColumnBatch) -> tuple[Schema, Schema]:
     return put, stored
 
 
+def rllib_minibatches(
+    rows: dict[str, int], chunks: dict[str, int], num_epochs: int, minibatch_size: int, ranks: int = 1
+) -> int:
+    """Gradient updates (per learner) RLlib's own PPO makes on these episodes.
+
+    One learner: RLlib's learner connector appends one masked step to every episode chunk, and its
+    ``MiniBatchCyclicIterator`` cycles ``minibatch_size``-row slices until every module's padded batch
+    is covered ``num_epochs`` times: ``max ceil(epochs * (rows + chunks) / minibatch)``. Conduit delivers
+    that many ``minibatch_size``-row minibatches, all of real rows (so a little over ``num_epochs``
+    passes over them). Several learners: RLlib fixes every learner's count in advance as
+    ``int(epochs * max rows / (learners * minibatch))`` (``TrainingData._compute_num_total_minibatches``,
+    unpadded), falling back to covering each learner's (padded) share when that is 0.
+    """
+    if ranks > 1:
+        fixed = num_epochs * max(rows.values()) // (ranks * minibatch_size)
+        if fixed > 0:
+            return fixed
+    return max(
+        math.ceil(num_epochs * -(-(n + chunks.get(mid, 0)) // ranks) / minibatch_size)
+        for mid, n in rows.items()
+    )
+
+
 class ConduitOnPolicy:
     """One FIFO (consume-once) Conduit per module; every iteration's batch is delivered exactly once."""
 
@@ -59,6 +82,7 @@ class ConduitOnPolicy:
         self.metrics = Metrics(trace=False)
         self.conduits: dict[str, Conduit] = {}
         self.pending: dict[str, int] = {}
+        self.chunks: dict[str, int] = {}  # episode chunks per module (RLlib pads each by one row)
         self.packer = FragmentPacker()
         self.seed = seed
         self.version = 0
@@ -94,21 +118,23 @@ class ConduitOnPolicy:
                     continue
                 self._conduit(mid, batch).put(batch, version=version)
                 self.pending[mid] = self.pending.get(mid, 0) + batch.size
+                self.chunks[mid] = self.chunks.get(mid, 0) + len(chunks)
             self.version = version
 
     def deliver(self, num_epochs: int, minibatch_size: int | None) -> LearnerInput:
-        """Each learner's rows in minibatch order for all epochs, on the learner device.
+        """Each learner's rows in minibatch order, on the learner device: RLlib's number of updates.
 
         Each module's Conduit delivers its iteration once, through its prefetcher
         (``Conduit.get_epochs``): rows split over learners in contiguous shards (as RLlib's
         ``ShardBatchIterator``), a fresh permutation per epoch. Every learner and module gets the same
-        number of minibatches, so multi-learner updates stay in step.
+        number of minibatches (:func:`rllib_minibatches`), so multi-learner updates stay in step and the
+        update does the work RLlib's own PPO would do on the same episodes.
         """
         with self.metrics.span("rllib/deliver", exposed=True):
             ranks = max(1, self.num_learners)
-            share = {mid: -(-n // ranks) for mid, n in self.pending.items()}
-            mb = minibatch_size or max(share.values())
-            k = max(math.ceil(num_epochs * s / mb) for s in share.values())
+            padded = {mid: -(-(n + self.chunks.get(mid, 0)) // ranks) for mid, n in self.pending.items()}
+            mb = minibatch_size or max(padded.values())  # RLlib: the whole (padded) batch per update
+            k = rllib_minibatches(self.pending, self.chunks, num_epochs, mb, ranks)
             per_rank: list[dict[str, Any]] = [{} for _ in range(ranks)]
             steps = 0
             for mid, n in sorted(self.pending.items()):
@@ -119,13 +145,14 @@ class ConduitOnPolicy:
                     per_rank[r][mid] = to_sample_batch(part.batch)
                 steps += n
             self.pending.clear()
+            self.chunks.clear()
             metrics = None if self.num_learners > 0 else self.metrics
 
             def make(batches: dict[str, Any], env_steps: int) -> PreparedMinibatches:
                 return PreparedMinibatches(batches, env_steps, mb, metrics)
 
             kwargs = learner_input(per_rank, steps, remote=self.num_learners > 0, make=make)
-            return LearnerInput(kwargs, {"minibatch_size": mb})
+            return LearnerInput(kwargs, {"minibatch_size": mb, "num_minibatches": k})
 
     def end_iteration(self) -> dict[str, float]:
         return self.metrics.end_iteration()

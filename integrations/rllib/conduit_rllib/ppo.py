@@ -4,7 +4,10 @@ The learner's update (loss, optimizer, KL and entropy schedules) is RLlib's own;
 epoch's minibatches as one pre-ordered batch (``PreparedMinibatches``), so RLlib's learner connector
 and per-epoch reshuffle are skipped. With the learner class ``enable()`` sets
 (``ConduitLearnerMixin`` in front of RLlib's), ``Learner.update`` iterates that batch as ready-made
-views instead of slicing it per minibatch; any other learner slices it in the same order.
+views instead of slicing it per minibatch; any other learner slices it in the same order. It holds as
+many minibatches of ``minibatch_size`` rows as RLlib's own PPO makes on the same episodes
+(``onpolicy.rllib_minibatches``: RLlib pads every episode chunk by one masked step), so an A/B
+comparison does equal work.
 """
 
 from __future__ import annotations

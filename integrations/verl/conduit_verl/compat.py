@@ -458,6 +458,15 @@ def finished_groups(buffer: Any, partition_id: str) -> int:
     return len(buffer.finished_keys.get(partition_id, ()))
 
 
+def unfinished_groups(buffer: Any, partition_id: str) -> list[str]:
+    """The prompt groups the last re-read found pending or running (for a wait's log and errors)."""
+    keys = [
+        *getattr(buffer, "pending_keys", {}).get(partition_id, ()),
+        *getattr(buffer, "running_keys", {}).get(partition_id, ()),
+    ]
+    return sorted(str(k) for k in keys)
+
+
 def any_failed_group(buffer: Any, partition_id: str) -> bool:
     """Whether the last re-read found a failed prompt group (verl's sampler refills those)."""
     return bool(buffer.failure_keys.get(partition_id))

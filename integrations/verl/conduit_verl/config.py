@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -26,12 +27,20 @@ class ConduitTrainerConfig:
         g_del: PPO mini-batches per ``update_actor`` call; 0 = all of them in one call (verl's).
         poll_interval_s: how often the streaming wait re-reads TransferQueue's metadata; in
             ``sync`` overlap, the replay buffer's poll period (None = verl's 2 s).
+        rollout_timeout_s: the longest the streaming wait goes with no prompt group finishing (a
+            hung request, a dead agent loop or rollout server) before ``on_timeout`` applies; it
+            logs the unfinished groups every 30 s meanwhile.
+        on_timeout: ``error`` raises :class:`~conduit_verl.errors.RolloutTimeoutError` naming the
+            unfinished groups; ``drop`` ends the step with the whole groups that finished (see
+            ``streaming.GroupWait``).
     """
 
     overlap: Literal["sync", "async"] = "async"
     g_ing: int | Literal["auto"] = "auto"
     g_del: int = 0
     poll_interval_s: float | None = None
+    rollout_timeout_s: float = 600.0
+    on_timeout: Literal["error", "drop"] = "error"
 
     def __post_init__(self) -> None:
         if self.overlap not in ("sync", "async"):
@@ -43,8 +52,19 @@ class ConduitTrainerConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 extra = " or 'auto'" if name == "g_ing" else ""
                 raise ConfigError(f"trainer.v1.conduit.{name} must be an int >= 0{extra}, got {value!r}")
-        if self.poll_interval_s is not None and not self.poll_interval_s > 0:
-            raise ConfigError(f"trainer.v1.conduit.poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if self.poll_interval_s is not None and not _positive(self.poll_interval_s):
+            raise ConfigError(
+                f"trainer.v1.conduit.poll_interval_s must be a finite number > 0, got {self.poll_interval_s!r}"
+            )
+        if not _positive(self.rollout_timeout_s):
+            raise ConfigError(
+                "trainer.v1.conduit.rollout_timeout_s must be a finite number > 0 (a wait is never "
+                f"unbounded), got {self.rollout_timeout_s!r}"
+            )
+        if self.on_timeout not in ("error", "drop"):
+            raise ConfigError(
+                f"trainer.v1.conduit.on_timeout must be 'error' or 'drop', got {self.on_timeout!r}"
+            )
 
     @property
     def stream_poll_s(self) -> float:
@@ -69,10 +89,14 @@ class ConduitTrainerConfig:
                 )
         out = cls(**knobs)
         if out.overlap == "sync":
-            unused = sorted(k for k in ("g_ing", "g_del") if k in knobs)
+            unused = sorted(k for k in ("g_ing", "g_del", "rollout_timeout_s", "on_timeout") if k in knobs)
             if unused:
                 raise ConfigError(
                     f"trainer.v1.{MODE}.{unused[0]} does not apply with overlap=sync (verl's whole-batch "
                     "stages run); remove it or use overlap=async"
                 )
         return out
+
+
+def _positive(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0

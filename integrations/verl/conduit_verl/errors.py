@@ -13,6 +13,7 @@ __all__ = [
     "GroupSizeError",
     "PluginNotInstalledError",
     "ResponseTooLongError",
+    "RolloutTimeoutError",
     "StorageActorError",
     "StorageBackendError",
     "VerlCompatError",
@@ -51,3 +52,8 @@ class StorageBackendError(VerlIntegrationError):
 
 class StorageActorError(StorageBackendError):
     """A Conduit storage actor died or did not answer in time."""
+
+
+class RolloutTimeoutError(VerlIntegrationError):
+    """No prompt group finished within ``trainer.v1.conduit.rollout_timeout_s`` (a hung request, a
+    dead agent loop or rollout server); the message names the unfinished groups."""

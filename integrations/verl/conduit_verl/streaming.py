@@ -28,7 +28,9 @@ from conduit.ops.operator import run_chain
 from conduit_verl import compat
 from conduit_verl.checks import check_groups, check_response_lengths
 from conduit_verl.compat import KVBatchMeta, marked_timer
+from conduit_verl.config import ConduitTrainerConfig
 from conduit_verl.delivery import GroupFifo
+from conduit_verl.errors import RolloutTimeoutError
 from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
 from conduit_verl.piece_policy import PiecePolicy
 from conduit_verl.piece_writes import piece_writes
@@ -37,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 #: how often a streaming wait with no reports re-reads TQ's metadata (a lost report, failed groups)
 CHANNEL_TIMEOUT_S = 5.0
+#: how long past its own timeout a call to the completion channel may take before it counts as hung
+CHANNEL_GRACE_S = 10.0
+#: how often a streaming wait logs the groups it is still waiting for
+WAIT_LOG_S = 30.0
 
 
 class _Piece:
@@ -85,42 +91,125 @@ class GroupWait:
     groups to take: at least ``g_ing`` (never over what is left), or every group already finished
     if more, so a piece catches up when generation runs ahead of ingestion; always whole multiples
     of ``unit`` groups (whole inference micro-batches).
+
+    The wait is never unbounded: every ``log_every_s`` it logs the prompt groups still pending or
+    running and the time waited, and once ``timeout_s`` pass with no group finishing (a hung
+    request, a dead agent loop or rollout server) it ends by ``on_timeout``:
+
+    - ``"error"`` raises :class:`~conduit_verl.errors.RolloutTimeoutError` naming the unfinished groups;
+    - ``"drop"`` ends the step with the groups that did finish (whole GRPO groups only: a group's
+      advantages need all its responses; rounded down to whole ``unit`` s), logs and counts the
+      dropped ones (``conduit/dropped_groups``); the update then runs on a smaller batch. The
+      unfinished groups stay in TransferQueue (a request cannot be cancelled from here); verl's
+      staleness rules decide whether a later step takes them if they ever finish. With nothing
+      finished at all it raises like ``"error"``.
     """
 
-    def __init__(self, channel: Any, unit: int = 1, partition_id: str = "train") -> None:
+    def __init__(
+        self,
+        channel: Any,
+        unit: int = 1,
+        partition_id: str = "train",
+        timeout_s: float = ConduitTrainerConfig.rollout_timeout_s,
+        on_timeout: str = "error",
+        log_every_s: float = WAIT_LOG_S,
+        poll_s: float = 0.05,
+    ) -> None:
         self.channel = channel
         self.unit = unit
         self.partition_id = partition_id
-        self.taken = ray.get(channel.wait.remote(partition_id, 0, 0.0)) if channel is not None else 0
+        self.timeout_s = timeout_s
+        self.on_timeout = on_timeout
+        self.log_every_s = log_every_s
+        self.poll_s = poll_s
+        self.taken = (self._channel_count(0, 0.0) or 0) if channel is not None else 0
         self.step_first = self.taken
+        self.short = False  # the last piece ended the step early (on_timeout="drop")
 
     def next_piece(self, buffer: Any, g_ing: int, remaining: int) -> int:
+        """Groups to sample now; 0 only under ``on_timeout="drop"``: end the step with those taken."""
         want = min(g_ing, remaining)
-        ready = self._wait_channel(buffer, want) if self.channel is not None else None
-        if ready is None:  # polled: verl's replay-buffer view of TQ (finished prompt groups)
-            ready = compat.finished_groups(buffer, self.partition_id)
+        ready = self._wait(buffer, want)
+        self.short = ready < want
+        if self.short:  # timed out, and the policy is to drop
+            take = ready // self.unit * self.unit
+            logger.warning(
+                "conduit: dropping %d unfinished prompt group(s) of this step (on_timeout=drop); "
+                "taking the %d finished, %d taken before",
+                remaining - take,
+                take,
+                self.taken - self.step_first,
+            )
+            return take
         return min(remaining, max(want, ready // self.unit * self.unit))
 
-    def _wait_channel(self, buffer: Any, want: int) -> int | None:
-        """Block until ``want`` more groups are reported; the number ready (None: channel lost).
+    def _wait(self, buffer: Any, want: int) -> int:
+        """Groups ready to sample (>= ``want``, or fewer after a timeout under ``on_timeout="drop"``).
 
-        Every ``CHANNEL_TIMEOUT_S`` without enough reports, TQ's metadata is read once: a group
-        reported lost, or failed groups (verl's sampler refills them), end the wait there too.
+        Failed groups end the wait too (verl's sampler refills them).
         """
+        start = last_log = progress_at = time.monotonic()
+        best = -1
         while True:
-            try:
-                done = ray.get(
-                    self.channel.wait.remote(self.partition_id, self.taken + want, CHANNEL_TIMEOUT_S)
+            now = time.monotonic()
+            budget = min(progress_at + self.timeout_s, last_log + self.log_every_s) - now
+            ready, failed = self._ready(buffer, want, max(budget, 0.0))
+            if ready >= want or failed:
+                return ready
+            now = time.monotonic()
+            if ready > best:
+                best, progress_at = ready, now
+            if now - progress_at >= self.timeout_s:
+                return self._timed_out(buffer, ready, want, now - start)
+            if now - last_log >= self.log_every_s:
+                last_log = now
+                logger.warning(
+                    "conduit: waited %.0fs for %d more prompt group(s) (%d ready); unfinished: %s",
+                    now - start,
+                    want - ready,
+                    ready,
+                    _names(compat.unfinished_groups(buffer, self.partition_id)),
                 )
-            except ray.exceptions.RayActorError:
-                logger.warning("conduit: the completion channel died; waiting for groups by polling TQ")
-                self.channel = None
-                return None
-            if done - self.taken >= want:
-                return done - self.taken
+
+    def _ready(self, buffer: Any, want: int, wait_s: float) -> tuple[int, bool]:
+        """(groups ready, any failed) after waiting up to ``wait_s`` for ``want`` on the channel.
+
+        Without a channel (or when it dies or stops answering) TQ's metadata is re-read every
+        ``poll_s``; with one, every ``CHANNEL_TIMEOUT_S`` (a lost report, failed groups).
+        """
+        if self.channel is not None:
+            done = self._channel_count(self.taken + want, min(wait_s, CHANNEL_TIMEOUT_S))
+            if done is not None and done - self.taken >= want:
+                return done - self.taken, False
+        else:
             finished = compat.finished_groups(buffer, self.partition_id)
-            if finished >= want or compat.any_failed_group(buffer, self.partition_id):
-                return finished
+            if finished >= want:
+                return finished, False
+            time.sleep(min(wait_s, self.poll_s))
+        finished = compat.finished_groups(buffer, self.partition_id)
+        return finished, compat.any_failed_group(buffer, self.partition_id)
+
+    def _channel_count(self, at_least: int, wait_s: float) -> int | None:
+        """The channel's count after waiting up to ``wait_s``; None (and polling from now on) when the
+        channel died or did not answer within ``wait_s + CHANNEL_GRACE_S``."""
+        try:
+            ref = self.channel.wait.remote(self.partition_id, at_least, wait_s)
+            return int(ray.get(ref, timeout=wait_s + CHANNEL_GRACE_S))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            logger.warning("conduit: the completion channel died or hung; waiting for groups by polling TQ")
+            self.channel = None
+            return None
+
+    def _timed_out(self, buffer: Any, ready: int, want: int, waited: float) -> int:
+        pending = compat.unfinished_groups(buffer, self.partition_id)
+        if self.on_timeout == "drop" and (ready >= self.unit or self.taken > self.step_first):
+            return ready
+        raise RolloutTimeoutError(
+            f"no prompt group finished for {self.timeout_s:g}s (waited {waited:.0f}s for {want} group(s), "
+            f"{ready} ready); unfinished groups: {_names(pending)}. A rollout request hung or an agent "
+            "loop / rollout server died; raise trainer.v1.conduit.rollout_timeout_s if generation is "
+            "just slow, or set on_timeout=drop to train on the finished groups"
+        )
 
     def took(self, groups: int) -> None:
         """``groups`` were sampled out of the replay buffer."""
@@ -128,15 +217,25 @@ class GroupWait:
 
     def step_finish_times(self, t0_wall: float) -> list[float]:
         """Seconds from ``t0_wall`` at which this step's groups finished (empty when polled)."""
+        count, since, self.step_first = self.taken - self.step_first, self.step_first, self.taken
         if self.channel is None:
             return []
-        count, since, self.step_first = self.taken - self.step_first, self.step_first, self.taken
         try:
-            times = ray.get(self.channel.finish_times.remote(self.partition_id, since))[:count]
-        except ray.exceptions.RayActorError:
+            times = ray.get(
+                self.channel.finish_times.remote(self.partition_id, since), timeout=CHANNEL_GRACE_S
+            )
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             self.channel = None
             return []
-        return [t - t0_wall for t in times]
+        return [t - t0_wall for t in times[:count]]
+
+
+def _names(groups: list[str], limit: int = 10) -> str:
+    """At most ``limit`` group ids, then how many more."""
+    if not groups:
+        return "none listed in TransferQueue"
+    more = f" and {len(groups) - limit} more" if len(groups) > limit else ""
+    return ", ".join(groups[:limit]) + more
 
 
 def merge_metrics(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -176,10 +275,12 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
         while taken < sample_batch_size:
             with m.span("wait_rollout"):
                 want = waiter.next_piece(buffer, g_ing, sample_batch_size - taken)
+                if want == 0:  # on_timeout=drop with nothing more finished: end with what was taken
+                    break
                 meta, off_policy = compat.sample_groups(buffer, version, "train", want)
             waiter.took(want)
             taken += want
-            last = taken >= sample_batch_size
+            last = taken >= sample_batch_size or waiter.short
             if last:
                 timing_raw["gen"] = time.perf_counter() - t0
             meta.extra_info["temperature"] = conf.actor_rollout_ref.rollout.temperature
@@ -203,12 +304,16 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
             policy.record_piece(want, time.perf_counter() - t_piece)
             parts.append((len(piece.meta), piece.metrics))
             m.set_gauge("ready_samples", len(fifo))
+            if last:
+                break
+    timing_raw.setdefault("gen", time.perf_counter() - t0)
     compat.on_sample_end(trainer)
     policy.record_step(waiter.step_finish_times(t0_wall))
     metrics.update(merge_metrics(parts))
     metrics["conduit/pieces"] = len(parts)
     metrics["conduit/g_ing"] = g_ing
     metrics["conduit/streamed"] = float(g_ing < sample_batch_size)
+    metrics["conduit/dropped_groups"] = sample_batch_size - taken
     batch = fifo.all_samples()
     batch.extra_info = dict(fifo.pieces[0].extra_info or {})
     if uses_gae(conf):

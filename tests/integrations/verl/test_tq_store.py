@@ -115,7 +115,12 @@ def test_placement_budgets_spill_and_errors(tmp_path):
         NodeStore(placement={"old_log_probs": "ssd"})
     with pytest.raises(StorageBackendError, match="unknown tier"):
         NodeStore(budgets={"gpu": 10})
-    s = NodeStore(placement={"old_log_probs": "host"}, budgets={"shm": 1024}, directory=str(tmp_path))
+    s = NodeStore(
+        placement={"old_log_probs": "host"},
+        budgets={"shm": 1024},
+        default_tier="shm",
+        directory=str(tmp_path),
+    )
     s.put(
         np.array([0]),
         wires(TensorDict({"responses": jagged([4]), "old_log_probs": jagged([4], torch.float32)}, [1])),
@@ -127,6 +132,25 @@ def test_placement_budgets_spill_and_errors(tmp_path):
     tight = NodeStore(default_tier="disk", budgets={"disk": 10}, directory=str(tmp_path))
     with pytest.raises(StorageBackendError, match=r"field 'responses' needs \d+ bytes"):
         tight.put(np.array([0]), wires(TensorDict({"responses": jagged([4])}, [1])))
+
+
+def test_auto_plans_the_most_read_field_into_shm_and_the_rest_to_disk(tmp_path):
+    """default_tier=auto: with room in shm for one of two equal fields, the one read more stays in
+    shm (mapped reads) once the fields grow; the other goes to disk, planned rather than spilled."""
+    s = NodeStore(budgets={"shm": 40_000}, directory=str(tmp_path))  # one grown field (32 KiB) fits
+    td = TensorDict({"responses": jagged([4] * 4), "advantages": jagged([4] * 4)}, [4])
+    s.put(np.arange(4), wires(td))
+    for _ in range(5):
+        s.get(np.arange(4), ["advantages"])
+    s.put(
+        np.arange(4), wires(TensorDict({"responses": jagged([64] * 4), "advantages": jagged([64] * 4)}, [4]))
+    )
+    fields = s.stats()["fields"]
+    assert fields["advantages"]["tier"] == "shm", fields
+    assert fields["responses"]["tier"] == "disk" and not fields["responses"]["spilled"], fields
+    got = s.get(np.arange(4), ["responses", "advantages"])
+    assert set(got) == {"responses", "advantages"}
+    s.close()
 
 
 def test_a_put_of_another_dtype_is_refused_whole():

@@ -2,7 +2,7 @@
 
 Select it with ``transfer_queue.backend.storage_backend=Conduit`` (knobs under
 ``+transfer_queue.backend.Conduit.*``: ``placement.<field>=<tier>``, ``budgets.<tier>=<bytes>``,
-``default_tier``, ``timeout_s``). verl's workers, TQ's clients and TQ's controller are unchanged; the
+``default_tier`` (``auto``: planned, see ``planning.py``), ``timeout_s``). verl's workers, TQ's clients and TQ's controller are unchanged; the
 controller stays metadata-only.
 
 - ``tq.init`` (verl's task runner) starts one storage actor per alive Ray node (:func:`bootstrap`,
@@ -35,7 +35,7 @@ from transfer_queue.storage.managers.base import StorageManager
 from conduit_verl.errors import StorageActorError, StorageBackendError
 from conduit_verl.tq_store.columns import Column, column_of, field_of, from_wire, to_wire
 from conduit_verl.tq_store.fields import Layout, StaleLayoutError, read_mapped
-from conduit_verl.tq_store.store import NodeStore, check_placement
+from conduit_verl.tq_store.store import AUTO, NodeStore, check_placement
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def bootstrap(conf: DictConfig) -> list[Any]:
     kwargs = {
         "placement": placement,
         "budgets": dict(section.get("budgets") or {}),
-        "default_tier": section.get("default_tier", "shm"),
+        "default_tier": section.get("default_tier", AUTO),
         "directory": section.get("directory"),
     }
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
@@ -163,9 +163,11 @@ class ConduitStorageManager(StorageManager):
                 ) from e
             raise
         except ray.exceptions.RayActorError as e:
+            keys = args[0] if args and isinstance(args[0], np.ndarray) else np.empty(0, dtype=np.int64)
+            ids = f"; this {method} asked for {len(keys)} of them, global indexes {keys[:16].tolist()}"
             raise StorageActorError(
                 f"Conduit storage actor {self.names[i]} (node {self._nodes[i][:12]}) died; the samples it "
-                f"held are lost: {e}"
+                f"held are lost{ids if len(keys) else ''}: {e}"
             ) from e
         except ray.exceptions.RayTaskError as e:
             cause = e.as_instanceof_cause()

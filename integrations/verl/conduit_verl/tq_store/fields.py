@@ -5,7 +5,7 @@ A field is one preallocated array on one tier: scalars ``[capacity]``; jagged fi
 whole batch is one ``index_copy_`` / one gather, no per-sample work). Capacity and ``max_len`` grow by
 doubling (one copy). Objects (strings, dicts) are kept in a list.
 
-Tiers: ``shm`` (default; a named file under ``/dev/shm`` that readers on the same node map and gather
+Tiers: ``shm`` (the default without a planner; a named file under ``/dev/shm`` that readers on the same node map and gather
 from directly), ``disk`` (the same, under a directory), ``host`` (pageable), ``pinned`` and ``cuda``
 (GPU machines). Each tier can have a byte budget; a field that would not fit its tier's remaining
 budget goes to the next tier in :data:`SPILL_ORDER` that has room (logged, and counted in ``stats``);
@@ -107,10 +107,11 @@ class FieldArray:
 
     # -- growth --------------------------------------------------------------------------------
 
-    def _ensure(self, capacity: int, max_len: int) -> None:
+    def _target(self, capacity: int, max_len: int) -> tuple[int, int] | None:
+        """The (capacity, max_len) a write up to ``capacity`` slots of ``max_len`` tokens grows to;
+        None when it fits. Only the short dimension grows, geometrically (amortised one copy)."""
         if capacity <= self.capacity and max_len <= self.max_len:
-            return
-        # grow only the dimension that is short, geometrically (amortised one copy per element)
+            return None
         capacity = self.capacity if capacity <= self.capacity else max(capacity, 2 * self.capacity, 64)
         if self.kind != JAGGED:
             max_len = 0
@@ -118,6 +119,26 @@ class FieldArray:
             max_len = max(max_len, self.max_len + self.max_len // 2)
         else:
             max_len = self.max_len
+        return capacity, max_len
+
+    def _array_nbytes(self, capacity: int, max_len: int) -> int:
+        if self.kind == OBJECT or self.dtype is None:
+            return 0
+        shape = (capacity,) if self.kind == SCALAR else (capacity, max_len, *self.rest)
+        return math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
+
+    def next_nbytes(self, slots: torch.Tensor, column: Column) -> int | None:
+        """Bytes this field's array takes after writing ``column`` at ``slots`` if the write grows it
+        (a re-allocation: the moment its tier can change at no extra copy); None if it fits."""
+        longest = int(column.data.lengths.max()) if self.kind == JAGGED and column.size else 0
+        target = self._target(int(slots.max()) + 1, longest) if slots.numel() else None
+        return None if target is None else self._array_nbytes(*target)
+
+    def _ensure(self, capacity: int, max_len: int) -> None:
+        target = self._target(capacity, max_len)
+        if target is None:
+            return
+        capacity, max_len = target
         old_cap = self.capacity
         self.lengths = _grow(self.lengths, capacity)
         self.present = _grow(self.present, capacity)
@@ -127,7 +148,7 @@ class FieldArray:
             return
         assert self.dtype is not None
         shape = (capacity,) if self.kind == SCALAR else (capacity, max_len, *self.rest)
-        nbytes = math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
+        nbytes = self._array_nbytes(capacity, max_len)
         if self.data is not None:
             self.budgets.give(self.tier, self.nbytes)
         tier = self.budgets.take(self.name, self.wanted_tier, nbytes)

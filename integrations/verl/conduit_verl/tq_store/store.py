@@ -16,6 +16,7 @@ import torch
 from conduit_verl.errors import StorageBackendError
 from conduit_verl.tq_store.columns import JAGGED, OBJECT, SCALAR, Column, from_wire, to_wire
 from conduit_verl.tq_store.fields import MAPPABLE, TIERS, Budgets, FieldArray
+from conduit_verl.tq_store.planning import plan_store_tiers
 
 #: the fields verl 0.9.1 writes to TransferQueue (what a placement entry may name)
 VERL_FIELDS = (
@@ -24,6 +25,9 @@ VERL_FIELDS = (
     "returns", "token_level_scores", "token_level_rewards", "routed_experts", "num_turns",
     "multi_modal_inputs", "teacher_log_probs", "teacher_ids",
 )  # fmt: skip
+
+
+AUTO = "auto"  # default_tier: fields not pinned by hand are planned (planning.py)
 
 
 def check_placement(placement: dict[str, str]) -> None:
@@ -44,20 +48,22 @@ class NodeStore:
         self,
         placement: dict[str, str] | None = None,
         budgets: dict[str, int] | None = None,
-        default_tier: str = "shm",
+        default_tier: str = AUTO,
         directory: str | None = None,
     ) -> None:
         self.placement = dict(placement or {})
         check_placement(self.placement)
-        if default_tier not in TIERS:
+        if default_tier not in (AUTO, *TIERS):
             raise StorageBackendError(
-                f"default_tier={default_tier!r}: unknown tier; tiers: {', '.join(TIERS)}"
+                f"default_tier={default_tier!r}: unknown tier; tiers: {AUTO}, {', '.join(TIERS)}"
             )
         self.default_tier = default_tier
         self.budgets = Budgets(budgets)
         self.directory = directory or tempfile.gettempdir()
         self.fields: dict[str, FieldArray] = {}
         self.counters: dict[str, int] = {}
+        self.puts: dict[str, int] = {}  # per field: puts and reads so far (the planner's traffic)
+        self.reads: dict[str, int] = {}
 
     def _count(self, key: str, n: int) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -72,14 +78,39 @@ class NodeStore:
             if name in self.fields:
                 self.fields[name].check(col)
         for name, col in columns.items():
-            field = self.fields.get(name)
-            if field is None:
+            if name not in self.fields:
                 tier = self.placement.get(name, self.default_tier)
-                field = FieldArray(name, col.kind, col.dtype, col.rest, tier, self.budgets, self.directory)
-                self.fields[name] = field
-            field.put(slots, col)
+                tier = "shm" if tier == AUTO else tier
+                self.fields[name] = FieldArray(
+                    name, col.kind, col.dtype, col.rest, tier, self.budgets, self.directory
+                )
+        if self.default_tier == AUTO:
+            self._plan(slots, columns)
+        for name, col in columns.items():
+            self.fields[name].put(slots, col)
+            self.puts[name] = self.puts.get(name, 0) + 1
             self._count("bytes_put", col.nbytes)
         self._count("puts", 1)
+
+    def _plan(self, slots: torch.Tensor, columns: dict[str, Column]) -> None:
+        """Before a put that grows a field: plan every unpinned field's tier (planning.py)."""
+        grown = {n: self.fields[n].next_nbytes(slots, c) for n, c in columns.items()}
+        if all(v is None for v in grown.values()):
+            return
+        sizes = {
+            n: grown.get(n) or f.nbytes
+            for n, f in self.fields.items()
+            if n not in self.placement and f.kind != OBJECT
+        }
+        if not sizes:
+            return
+        budgets = {t: self.budgets.free[t] for t in TIERS}
+        for f in self.fields.values():  # what the planned fields hold now is theirs to re-place
+            if f.name in sizes and budgets.get(f.tier) is not None:
+                budgets[f.tier] += f.nbytes  # type: ignore[operator]
+        tiers = plan_store_tiers(sizes, self.puts, self.reads, budgets)
+        for name, tier in (tiers or {}).items():
+            self.fields[name].wanted_tier = tier
 
     def _field(self, name: str, slots: torch.Tensor) -> FieldArray:
         field = self.fields.get(name)
@@ -95,6 +126,7 @@ class NodeStore:
         out = {}
         for name in names:
             col = self._field(name, slots).get(slots)
+            self.reads[name] = self.reads.get(name, 0) + 1
             self._count("bytes_get_copied", col.nbytes)
             out[name] = to_wire(col)
         return out
@@ -105,6 +137,7 @@ class NodeStore:
         out: dict[str, tuple] = {}
         for name in names:
             field = self._field(name, slots)
+            self.reads[name] = self.reads.get(name, 0) + 1
             layout = field.layout() if same_node and field.tier in MAPPABLE else None
             if layout is None:
                 col = field.get(slots)

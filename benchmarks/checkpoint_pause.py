@@ -1,0 +1,171 @@
+"""Checkpoint pause: how long a save of a full buffer holds the buffer's lock while ingestion runs.
+
+A prioritized buffer of ``--gib`` GiB (1 KiB items) is filled; a producer thread keeps putting
+batches and a consumer thread keeps sampling while the buffer is saved twice: a full save (every
+segment written) and an incremental one (only the segments written since). Each row reports the
+pause (the longest time the save held the buffer's lock; ``locked_s``: all its holds), the longest put and sample seen during the save and
+without one, the bytes written and the segments written/reused. Medians over ``--repeats``.
+
+    .venv/bin/python benchmarks/checkpoint_pause.py [--quick] [--gib 1.0] [--repeats 3]
+
+Writes ``benchmarks/results/checkpoint_pause.json`` (with provenance) and ``checkpoint_pause.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+
+from conduit import BufferConfig, Column, ColumnBatch, Conduit, Schema  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+ITEM_FLOATS, BATCH = 256, 64  # 1 KiB items
+
+
+class Load:
+    """A producer and a consumer thread; records the longest put and sample while running."""
+
+    def __init__(self, c: Conduit) -> None:
+        self.c, self.stop = c, threading.Event()
+        self.put_max = self.get_max = 0.0
+        self.puts = 0
+        self.batch = ColumnBatch({"obs": torch.randn(BATCH, ITEM_FLOATS)})
+        self.threads = [threading.Thread(target=self._put), threading.Thread(target=self._get)]
+
+    def _put(self) -> None:
+        while not self.stop.is_set():
+            t = time.perf_counter()
+            self.c.put(self.batch)
+            self.put_max = max(self.put_max, time.perf_counter() - t)
+            self.puts += 1
+            time.sleep(0.005)  # about 12k items/s
+
+    def _get(self) -> None:
+        while not self.stop.is_set():
+            t = time.perf_counter()
+            self.c.get(64)
+            self.get_max = max(self.get_max, time.perf_counter() - t)
+            time.sleep(0.001)
+
+    def __enter__(self) -> Load:
+        for th in self.threads:
+            th.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for th in self.threads:
+            th.join()
+
+
+def run(gib: float, repeats: int) -> list[dict[str, Any]]:
+    capacity = int(gib * 2**30) // (ITEM_FLOATS * 4)
+    schema = Schema([Column("obs", torch.float32, (ITEM_FLOATS,))])
+    c = Conduit(schema, BufferConfig.prioritized_replay(capacity), seed=0)
+    chunk = 1 << 16
+    for s in range(0, capacity, chunk):
+        n = min(chunk, capacity - s)
+        c.put(ColumnBatch({"obs": torch.randn(n, ITEM_FLOATS)}))
+    rows = []
+    for r in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="conduit-ckpt-") as tmp:
+            with Load(c) as idle:
+                time.sleep(1.0)
+            for kind in ("full", "incremental"):
+                with Load(c) as load:
+                    time.sleep(0.2)
+                    report = c.save(tmp)
+                rows.append(
+                    {
+                        "repeat": r,
+                        "kind": kind,
+                        "buffer_bytes": c.buffer.storage.nbytes,
+                        "items": report.items,
+                        "pause_s": report.pause_s,
+                        "locked_s": report.locked_s,
+                        "save_s": report.total_s,
+                        "bytes_written": report.bytes_written,
+                        "segments_written": report.segments_written,
+                        "segments_reused": report.segments_reused,
+                        "put_max_during_save_s": load.put_max,
+                        "get_max_during_save_s": load.get_max,
+                        "put_max_idle_s": idle.put_max,
+                        "get_max_idle_s": idle.get_max,
+                        "puts_during_save": load.puts,
+                    }
+                )
+    c.close()
+    return rows
+
+
+def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for kind in ("full", "incremental"):
+        mine = [r for r in rows if r["kind"] == kind]
+        out[kind] = {k: statistics.median(r[k] for r in mine) for k in mine[0] if k not in ("kind", "repeat")}
+    return out
+
+
+def plot(med: dict[str, dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(med)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = range(len(kinds))
+    ax.bar([i - 0.2 for i in x], [med[k]["pause_s"] * 1e3 for k in kinds], 0.4, label="lock held (pause)")
+    ax.bar([i + 0.2 for i in x], [med[k]["save_s"] * 1e3 for k in kinds], 0.4, label="whole save")
+    ax.axhline(50, color="red", linestyle="--", linewidth=1, label="50 ms target")
+    ax.set_xticks(list(x), kinds)
+    ax.set_ylabel("ms (median)")
+    ax.set_yscale("log")
+    ax.set_title(f"checkpoint of a {med['full']['buffer_bytes'] / 2**30:.2f} GiB buffer under load")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a 64 MiB buffer, one repeat")
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    prov = provenance.start()
+    torch.set_num_threads(1)
+    gib, repeats = (1 / 16, 1) if args.quick else (args.gib, args.repeats)
+    rows = run(gib, repeats)
+    med = medians(rows)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "checkpoint_pause", "quick": args.quick, "gib": gib, "rows": rows, "median": med}
+    doc["machine"] = provenance.finish(prov)
+    (RESULTS / "checkpoint_pause.json").write_text(json.dumps(doc, indent=1))
+    plot(med, RESULTS / "checkpoint_pause.png")
+    print(
+        f"{'save':12} {'pause ms':>9} {'save ms':>9} {'pause/save':>10} {'MB written':>11} {'put max ms':>11} {'idle put max ms':>16}"
+    )
+    for kind, m in med.items():
+        print(
+            f"{kind:12} {m['pause_s'] * 1e3:9.1f} {m['save_s'] * 1e3:9.0f} {m['pause_s'] / m['save_s']:10.3f} "
+            f"{m['bytes_written'] / 1e6:11.1f} {m['put_max_during_save_s'] * 1e3:11.1f} {m['put_max_idle_s'] * 1e3:16.1f}"
+        )
+    print("wrote benchmarks/results/checkpoint_pause.json, checkpoint_pause.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Crash trials: SIGKILL a producing process at random moments, recover, and check what survived.
+
+Core: a producer ``Conduit`` (prioritized replay, journal on at its default flush interval, a
+checkpoint every few hundred puts) puts numbered items and updates their priorities; the trial kills
+it at a random moment, recovers (``Conduit.load``: the newest intact checkpoint, then the journal) and
+checks that the recovered items are exactly items ``0..M-1``, each once (count and checksum), with
+the priorities the producer gave them, and measures how much committed experience was lost (in
+seconds: the durability point).
+
+RLlib: a DQN (Conduit replay) trains and ``algo.save()``s over the same path in a loop; the trial
+kills it at a random moment (during training or a save), restores a fresh algorithm from the path and
+checks the buffer is exactly one that a save wrote (checksum of items, priorities, counters). Each
+trial's process restores the previous trial's checkpoint and completes one save before the kill
+window opens, so the kills land in training or in the save that follows.
+
+    .venv/bin/python benchmarks/crash_trials.py [--quick] [--trials N]
+
+Writes ``benchmarks/results/crash_trials.json`` (with provenance) and prints a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+BATCH, CAPACITY, CKPT_EVERY = 64, 400_000, 200
+
+
+def priority_of(ids: Any) -> Any:
+    """The priority the producer gives item ``id`` (recomputed by the checker)."""
+    return (ids % 7 + 1).to(ids.dtype) if hasattr(ids, "to") else ids % 7 + 1
+
+
+# -- core producer (a child process) -----------------------------------------------------------------
+
+
+def conduit_for(work: Path) -> Any:
+    import torch
+
+    from conduit import BufferConfig, Column, Conduit, Schema
+
+    schema = Schema([Column("id", torch.int64), Column("obs", torch.float32, (16,))])
+    cfg = BufferConfig.prioritized_replay(CAPACITY, journal={"path": str(work / "journal")})
+    return Conduit(schema, cfg, seed=0)
+
+
+def produce(work: Path) -> None:
+    """Put numbered items with priorities forever, printing ``<items> <monotonic time>`` after each put."""
+    import torch
+
+    from conduit import ColumnBatch
+
+    torch.set_num_threads(1)
+    c = conduit_for(work)
+    if (work / "ckpt").is_dir():
+        c.load(work / "ckpt")
+    n = c.buffer.inserted
+    print("READY", n, flush=True)
+    puts = 0
+    while True:
+        ids = torch.arange(n, n + BATCH)
+        c.put(ColumnBatch({"id": ids, "obs": ids[:, None].float().expand(BATCH, 16)}))
+        slots = c.buffer.storage.generation.new_tensor(range(n % CAPACITY, n % CAPACITY + BATCH))
+        c.update_priorities_at(slots, ids + 1, priority_of(ids).double())  # generation = id + 1
+        n += BATCH
+        puts += 1
+        print(n, time.monotonic(), flush=True)
+        if puts % CKPT_EVERY == 0:
+            c.save(work / "ckpt")
+        time.sleep(0.002)
+
+
+def check_core(work: Path, restarts: list[int]) -> dict[str, Any]:
+    """Recover in this process and check items, checksum and priorities."""
+    import torch
+
+    t0 = time.perf_counter()
+    c = conduit_for(work)  # replays the journal
+    if (work / "ckpt").is_dir():
+        c.load(work / "ckpt")  # the checkpoint, then the journal's later records
+    recover_s = time.perf_counter() - t0
+    m = c.buffer.inserted
+    ids = c.buffer.storage.data["id"][:m]
+    expected = torch.arange(m)
+    exact = bool(torch.equal(ids, expected))
+    crc = zlib.crc32(ids.numpy().tobytes()) == zlib.crc32(expected.numpy().tobytes())
+    tree = c.buffer.sampler.tree.state_dict()["priorities"][:m]
+    sampler = c.buffer.sampler
+    want = (priority_of(expected).double() + sampler.eps).pow(sampler.alpha)
+    # the batch put last before each kill may be recovered without its priority update (killed
+    # between the two calls): it keeps the priority new items get; every other item must be exact
+    exact_prio = torch.ones(m, dtype=torch.bool)
+    for b in {*restarts, m}:
+        tail = slice(max(0, b - BATCH), b)
+        got = tree[tail]
+        if not torch.allclose(got, want[tail]) and torch.allclose(got, got[:1].expand_as(got)):
+            exact_prio[tail] = False
+    prio_ok = bool(torch.allclose(tree[exact_prio], want[exact_prio]))
+    c.close()
+    return {
+        "recovered": m,
+        "exact_once": exact,
+        "checksum_ok": crc,
+        "priorities_ok": prio_ok,
+        "recover_s": recover_s,
+    }
+
+
+def core_trial(rng: random.Random) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="conduit-crash-") as tmp:
+        work = Path(tmp)
+        log: list[tuple[int, float]] = []
+        restarts: list[int] = []
+        # two runs: kill, recover and go on, kill again (recovery twice in a row)
+        for _ in range(2):
+            child = subprocess.Popen(
+                [sys.executable, __file__, "--produce", str(work)],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            assert child.stdout is not None
+            ready = child.stdout.readline()
+            assert ready.startswith("READY"), ready
+            restarts.append(int(ready.split()[1]))
+            deadline = time.monotonic() + rng.uniform(0.5, 3.0)
+            while time.monotonic() < deadline:
+                line = child.stdout.readline().split()
+                if len(line) == 2:
+                    log.append((int(line[0]), float(line[1])))
+            os.kill(child.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            for line in child.stdout:
+                parts = line.split()
+                if len(parts) == 2:
+                    log.append((int(parts[0]), float(parts[1])))
+            child.wait()
+        out = check_core(work, restarts)
+        committed = max(n for n, _ in log)
+        # seconds of committed experience lost: from the first put that is missing to the kill
+        missing = [t for n, t in log if n > out["recovered"]]
+        out["committed"] = committed
+        out["lost_items"] = committed - out["recovered"]
+        out["lost_s"] = (killed_at - min(missing)) if missing else 0.0
+        out["ok"] = (
+            out["exact_once"] and out["checksum_ok"] and out["priorities_ok"] and out["lost_items"] >= 0
+        )
+        return out
+
+
+# -- RLlib ---------------------------------------------------------------------------------------------
+
+RLLIB_CHILD = """
+import os, sys, ray, torch
+sys.path.insert(0, {bench!r})
+torch.set_num_threads(1)
+ray.init(address={address!r}, log_to_driver=False)
+from crash_trials import dqn, rllib_checksum
+algo = dqn()
+if os.path.isdir({path!r}):
+    algo.restore({path!r})
+print("READY", flush=True)
+while True:
+    algo.train()
+    algo.save({path!r})
+    print("SAVED", *rllib_checksum(algo), flush=True)
+"""
+
+
+def dqn() -> Any:
+    import conduit_rllib
+    from ray.rllib.algorithms.dqn import DQNConfig
+
+    config = (
+        DQNConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0)
+        .training(train_batch_size=16, num_steps_sampled_before_learning_starts=32)
+        .reporting(min_sample_timesteps_per_iteration=64)
+        .debugging(seed=0)
+    )
+    return conduit_rllib.enable(config, overlap="sync").build_algo()
+
+
+def rllib_checksum(algo: Any) -> tuple[int, int]:
+    """``(inserted, crc32 of every slot's data, generation, priority and the counters)``."""
+    state = algo.conduit_path.conduits["default_policy"].state_dict()["buffer"]
+    crc = 0
+    for key in sorted(state["storage"]):
+        crc = zlib.crc32(state["storage"][key].contiguous().numpy().tobytes(), crc)
+    tree = state["sampler"]["tree"]
+    crc = zlib.crc32(tree["priorities"].numpy().tobytes(), crc)
+    crc = zlib.crc32(
+        repr((state["inserted"], state["sampled"], state["sampler"]["max_priority"])).encode(), crc
+    )
+    return int(state["inserted"]), crc
+
+
+def rllib_trials(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="conduit-crash-rllib-") as tmp:
+        path = str(Path(tmp) / "ck")
+        script = RLLIB_CHILD.format(
+            bench=str(Path(__file__).resolve().parent),
+            path=path,
+            address=ray.get_runtime_context().gcs_address,
+        )
+        algo = dqn()
+        saved: dict[int, int] = {}
+        try:
+            for _ in range(n):
+                child = subprocess.Popen(
+                    [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT
+                )
+                assert child.stdout is not None
+                assert child.stdout.readline().startswith("READY")
+                first = child.stdout.readline().split()  # one complete save, then a kill at a random moment
+                assert first and first[0] == "SAVED", first
+                saved[int(first[1])] = int(first[2])
+                time.sleep(rng.uniform(0.0, 2.5))
+                os.kill(child.pid, signal.SIGKILL)
+                for line in child.stdout:
+                    parts = line.split()
+                    if parts and parts[0] == "SAVED":
+                        saved[int(parts[1])] = int(parts[2])
+                child.wait()
+                left = sorted(p.name for p in Path(tmp).iterdir() if p.name != "ck")
+                row: dict[str, Any] = {"leftovers": left, "killed_during_save": bool(left)}
+                if not os.path.isdir(path):
+                    row.update(restored=False, ok=not saved)
+                else:
+                    algo.restore(path)
+                    inserted, crc = rllib_checksum(algo)
+                    # exactly a state a save wrote (the in-flight save may have completed before its print)
+                    known = saved.get(inserted)
+                    row.update(
+                        restored=True, inserted=inserted, exact=known == crc if known is not None else None
+                    )
+                    row["ok"] = known is None or known == crc
+                    saved.setdefault(inserted, crc)
+                rows.append(row)
+        finally:
+            algo.stop()
+            ray.shutdown()
+    return rows
+
+
+# -- main ----------------------------------------------------------------------------------------------
+
+
+def summary(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"trials": len(rows), "ok": sum(bool(r["ok"]) for r in rows)}
+    for k in keys:
+        vals = sorted(float(r[k]) for r in rows if r.get(k) is not None)
+        if vals:
+            out[f"{k}_median"] = vals[len(vals) // 2]
+            out[f"{k}_max"] = vals[-1]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="5 core and 3 RLlib trials")
+    ap.add_argument("--trials", type=int, default=None, help="trials per kind (default 20)")
+    ap.add_argument("--produce", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--skip-rllib", action="store_true")
+    args = ap.parse_args()
+    if args.produce is not None:
+        produce(args.produce)
+        return
+    prov = provenance.start()
+    rng = random.Random(0)
+    n_core = args.trials or (5 if args.quick else 20)
+    n_rllib = args.trials or (3 if args.quick else 20)
+    core = [core_trial(rng) for _ in range(n_core)]
+    rllib = [] if args.skip_rllib else rllib_trials(n_rllib, rng)
+    from conduit.config import JournalConfig
+
+    doc = {
+        "benchmark": "crash_trials",
+        "quick": args.quick,
+        "journal_flush_interval_s": JournalConfig("x").flush_interval_s,
+        "core": {"summary": summary(core, ["lost_s", "lost_items", "recover_s"]), "trials": core},
+        "rllib": {"summary": summary(rllib, []), "trials": rllib},
+        "machine": provenance.finish(prov),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "crash_trials.json"
+    out.write_text(json.dumps(doc, indent=1))
+    cs, rs = doc["core"]["summary"], doc["rllib"]["summary"]
+    print(f"{'kind':8} {'trials':>6} {'ok':>4}  details")
+    print(
+        f"{'core':8} {cs['trials']:>6} {cs['ok']:>4}  lost_s median {cs.get('lost_s_median', 0):.3f} "
+        f"max {cs.get('lost_s_max', 0):.3f} (flush interval {doc['journal_flush_interval_s']} s); "
+        f"recover_s median {cs.get('recover_s_median', 0):.2f}"
+    )
+    during = sum(bool(r.get("killed_during_save")) for r in rllib)
+    print(f"{'rllib':8} {rs['trials']:>6} {rs['ok']:>4}  kills that left a half-written save: {during}")
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

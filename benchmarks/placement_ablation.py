@@ -1,0 +1,458 @@
+"""Named placements vs the planner's, on two workloads and across sizes; planner accuracy.
+
+    python benchmarks/placement_ablation.py [--quick] [--out FILE]
+
+Workloads (real allocations and copies on this machine's host tiers: pageable host, shm, disk):
+
+- ``dqn_replay``: a prioritized replay buffer (``obs``, ``next_obs`` of ``dim`` floats, action,
+  reward, done) as RLlib's DQN uses it: per iteration one 32-step fragment in, a batch of 256 sampled
+  and its priorities updated; observation size grows across the sweep.
+- ``grpo_tq``: verl's GRPO fields in the TransferQueue backend's node store (``responses``,
+  ``input_ids``, ``attention_mask`` int64; ``old_log_probs``, ``ref_log_prob``, ``advantages`` fp32):
+  per iteration a step's batch is put, and read the way verl's stages read it (token ids and masks by
+  three stages, log-probs and advantages once) by a reader on the same node: mapped in place on shm
+  and disk, copied out on host. Response length grows across the sweep. The store runs in this
+  process: the Ray transport that a host-tier field pays in a real run (the actor's reply) is not in
+  these figures, so they favour ``host`` — the planner's model keeps that tier out of its candidates.
+
+Placements: ``all_pageable_host``, ``all_shm``, ``all_disk`` (on a GPU machine also ``all_pinned``
+and ``one_gpu``, the DQN learner then reading on ``cuda:0``) and ``planned`` (``conduit.placement.plan``
+on this machine's measured topology). Budgets are simulated (``--host-mb``: the fast tier's room, a
+stand-in for GPU memory left after the model); a placement over a budget is out of memory: a missing
+point, listed. Planner accuracy: the planner's predicted seconds per iteration against the measured
+ones, Spearman's rank correlation over every (placement, size) point of a workload. GPU placements
+(``pinned_zero_copy``, ``one_gpu``, ``sharded_gpus``) are priced against the described 8×H200 topology
+(``topologies/h200x8.toml``) and reported as predictions, labelled so: this machine has no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(HERE))
+sys.path.insert(2, str(ROOT / "integrations" / "verl"))
+
+import provenance  # noqa: E402
+
+from conduit import Column, Schema  # noqa: E402
+from conduit.batch import ColumnBatch  # noqa: E402
+from conduit.config import BufferConfig  # noqa: E402
+from conduit.discovery import local_topology  # noqa: E402
+from conduit.errors import CapacityError  # noqa: E402
+from conduit.placement import BASELINES, Access, Field, plan, price  # noqa: E402
+from conduit.placer import Workload, column_fields, usable_tiers  # noqa: E402
+from conduit.topology import Tier, Topology  # noqa: E402
+
+DEFAULT_OUT = HERE / "results" / "placement_ablation.json"
+FULL = {
+    "dims": [64, 1024, 4096, 16384],
+    "capacity": 4000,
+    "tokens": [512, 2048, 8192],
+    "samples": 128,
+    "iters": 15,
+}
+QUICK = {"dims": [64, 4096], "capacity": 1000, "tokens": [512, 4096], "samples": 64, "iters": 5}
+HOST_TIERS = ("host", "shm", "disk")
+#: tiers measured here: the host tiers, and on a GPU machine pinned host and the first GPU's HBM
+TIERS = HOST_TIERS + (("pinned", "cuda:0") if torch.cuda.is_available() else ())
+#: how many times verl's stages read each field per step (old log-prob, ref, update for the inputs)
+GRPO_READS = {"responses": 3, "input_ids": 3, "attention_mask": 3, "old_log_probs": 1, "ref_log_prob": 1,
+              "advantages": 1}  # fmt: skip
+GRPO_DTYPES = {"responses": torch.int64, "input_ids": torch.int64, "attention_mask": torch.int64,
+               "old_log_probs": torch.float32, "ref_log_prob": torch.float32, "advantages": torch.float32}  # fmt: skip
+
+
+def budgeted(topology: Topology, host: int) -> Topology:
+    tiers = tuple(
+        Tier(t.name, t.kind, t.node, host if t.kind == "host" else t.capacity_bytes, t.device)
+        for t in topology.tiers
+    )
+    return Topology(tiers, topology.links, f"{topology.source}; simulated host budget {host} bytes")
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    if len(x) < 3:
+        return None
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    c = np.corrcoef(rx, ry)[0, 1]
+    return None if not np.isfinite(c) else round(float(c), 3)
+
+
+# ------------------------------------------------------------------------------------ dqn replay
+
+
+def dqn_schema(dim: int) -> Schema:
+    return Schema(
+        [
+            Column("obs", torch.float32, (dim,)),
+            Column("next_obs", torch.float32, (dim,)),
+            Column("action", torch.int64),
+            Column("reward", torch.float32),
+            Column("done", torch.bool),
+        ]
+    )
+
+
+def dqn_iteration(buf: Any, frag: ColumnBatch, device: str) -> Callable[[], None]:
+    def step() -> None:
+        buf.extend(frag)
+        s = buf.sample(256)
+        for col in s.batch.columns.values():  # the learner's copy onto its device
+            col.to(device, non_blocking=True)  # type: ignore[union-attr]
+        if device != "cpu":
+            torch.cuda.synchronize()
+        buf.update_priorities(s.slots, s.generations, torch.rand(256) + 0.1)
+
+    return step
+
+
+def learner_device() -> str:
+    """Where the DQN learner computes: ``cuda:0`` on a GPU machine, else the host."""
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def dqn_setup(dim: int, capacity: int, tiers: dict[str, str]) -> Callable[[], None]:
+    buf = BufferConfig(capacity=capacity, tier="host", pins=tiers, sampler="prioritized").build(
+        dqn_schema(dim)
+    )
+    n = 32
+    frag = ColumnBatch(
+        {
+            "obs": torch.randn(n, dim),
+            "next_obs": torch.randn(n, dim),
+            "action": torch.randint(0, 2, (n,)),
+            "reward": torch.randn(n),
+            "done": torch.zeros(n, dtype=torch.bool),
+        }
+    )
+    for _ in range(capacity // n):  # fill: steady state, every slot written
+        buf.extend(frag)
+    return dqn_iteration(buf, frag, learner_device())
+
+
+def dqn_fields(dim: int, capacity: int, usable: dict[str, str]) -> list[Field]:
+    reader = "host" if learner_device() == "cpu" else learner_device()
+    return column_fields(dqn_schema(dim), capacity, Workload(32, 256, readers=(reader,)), usable)
+
+
+# ------------------------------------------------------------------------------------ grpo in tq
+
+
+def grpo_fields(tokens: int, samples: int, usable: dict[str, str]) -> list[Field]:
+    """A field per verl field: one step's bytes, written once from host, read by a reader mapping shm."""
+    out = []
+    for name, dtype in GRPO_DTYPES.items():
+        nbytes = samples * tokens * torch.empty((), dtype=dtype).element_size()
+        out.append(
+            Field(name, nbytes, 1, (Access(usable["host"], 1),), (Access(usable["shm"], GRPO_READS[name]),))
+        )
+    return out
+
+
+def grpo_setup(tokens: int, samples: int, tiers: dict[str, str]) -> Callable[[], None]:
+    from conduit_verl.tq_store.backend import _layout
+    from conduit_verl.tq_store.columns import column_of, from_wire, to_wire
+    from conduit_verl.tq_store.fields import read_mapped
+    from conduit_verl.tq_store.store import NodeStore
+
+    store = NodeStore(placement=dict(tiers), default_tier="shm")
+    gis = np.arange(samples)
+    slots = torch.from_numpy(gis)
+    offsets = torch.arange(0, (samples + 1) * tokens, tokens)
+    wires = {}
+    for name, dtype in GRPO_DTYPES.items():
+        values = torch.randint(0, 1000, (samples * tokens,)).to(dtype)
+        nt = torch.nested.nested_tensor_from_jagged(values, offsets)
+        wires[name] = to_wire(column_of(name, nt))
+
+    def step() -> None:
+        store.put(gis, wires)
+        for name, reads in GRPO_READS.items():
+            for _ in range(reads):
+                entry = store.read_plan(gis, [name], same_node=True)[name]
+                if entry[0] == "mapped":
+                    _, kind, layout, lengths = entry
+                    read_mapped(_layout(layout), slots, torch.from_numpy(np.array(lengths, copy=True)), kind)
+                else:
+                    from_wire(entry, writable=True)
+
+    return step
+
+
+# ------------------------------------------------------------------------------------ the sweep
+
+
+def placements(fields: list[Field], topo: Topology, usable: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Buffer tier per field for each named placement that can exist here, and the planner's."""
+    back = {v: k for k, v in usable.items()}
+    names = {"host": "all_pageable_host", "cuda:0": "one_gpu"}
+    kinds = TIERS if fields and fields[0].name == "obs" else HOST_TIERS  # the TQ store: host tiers only
+    out = {names.get(t, f"all_{t}"): {f.name: t for f in fields} for t in kinds}
+    try:
+        # the TQ store plans among the tiers a reader maps (planning.py): no room on host for it
+        host = topo.tier(usable["host"])
+        headroom = {} if kinds is TIERS else {host.name: host.capacity_bytes}
+        out["planned"] = {n: back[t] for n, t in plan(fields, topo, headroom).assignment.items()}
+    except CapacityError:
+        pass
+    return out
+
+
+def sweep(
+    workload: str,
+    sizes: list[int],
+    fields_at: Callable[[int], list[Field]],
+    setup: Callable[[int, dict[str, str]], Callable[[], None]],
+    topo: Topology,
+    usable: dict[str, str],
+    iters: int,
+    rng: random.Random,
+) -> list[dict[str, Any]]:
+    rows = []
+    for size in sizes:
+        fields = fields_at(size)
+        steps: dict[str, Callable[[], None]] = {}
+        predicted: dict[str, float] = {}
+        for name, tiers in placements(fields, topo, usable).items():
+            try:
+                predicted[name] = price(fields, topo, {f: usable[t] for f, t in tiers.items()}).predicted_s
+            except CapacityError as e:
+                rows.append(
+                    {
+                        "workload": workload,
+                        "system": name,
+                        "size": size,
+                        "oom": True,
+                        "seconds": None,
+                        "error": str(e)[:160],
+                    }
+                )
+                print(f"   {workload} size {size}: {name} out of memory (simulated budget)", flush=True)
+                continue
+            steps[name] = setup(size, tiers)
+            steps[name]()  # warm-up
+        times: dict[str, list[float]] = {n: [] for n in steps}
+        for _ in range(iters):  # interleaved, a fresh random order every round
+            order = list(steps)
+            rng.shuffle(order)
+            for name in order:
+                t0 = time.perf_counter()
+                steps[name]()
+                times[name].append(time.perf_counter() - t0)
+        for name in steps:
+            med = statistics.median(times[name])
+            rows.append(
+                {
+                    "workload": workload,
+                    "system": name,
+                    "size": size,
+                    "oom": False,
+                    "seconds": med,
+                    "iteration_s": times[name],
+                    "predicted_s": predicted[name],
+                    "placement": placements(fields, topo, usable)[name],
+                }
+            )
+            print(
+                f"   {workload} size {size:>6}: {name:<18} {med * 1e3:9.3f} ms/iter measured, "
+                f"{predicted[name] * 1e3:9.3f} ms predicted",
+                flush=True,
+            )
+        del steps
+    return rows
+
+
+def gpu_predictions(dims: list[int], capacity: int, tokens: list[int], samples: int) -> list[dict[str, Any]]:
+    """Named GPU placements and the planner priced on the described 8×H200 node (predictions only)."""
+    topo = Topology.load(ROOT / "topologies" / "h200x8.toml")
+    gpu, host = "node0/cuda:0", "node0/host"
+    rows = []
+    cases: list[tuple[str, int, list[Field]]] = []
+    for dim in dims:  # DQN: env runners write from host; the learner reads on cuda:0
+        fields = [
+            Field(
+                c.name,
+                f.bytes_per_item,
+                f.items,
+                (Access(host, 32 / capacity),),
+                (Access(gpu, 256 / capacity),),
+            )
+            for c, f in zip(dqn_schema(dim), dqn_fields(dim, capacity, {"host": "h"}), strict=True)
+        ]
+        cases.append(("dqn_replay", dim, fields))
+    for n in tokens:  # GRPO: rollout writes from host; 8 data-parallel ranks each read one shard
+        ranks = [f"node0/cuda:{g}" for g in range(8)]
+        fields = [
+            Field(name, samples * n * torch.empty((), dtype=dt).element_size(), 1, (Access(host, 1),),
+                  tuple(Access(r, GRPO_READS[name] / 8) for r in ranks))
+            for name, dt in GRPO_DTYPES.items()
+        ]  # fmt: skip
+        cases.append(("grpo_tq", n, fields))
+    for workload, size, fields in cases:
+        named: dict[str, Any] = {**{n: f for n, f in BASELINES.items()}, "planned": lambda fs, t: plan(fs, t)}
+        for name, fn in named.items():
+            try:
+                p = fn(fields, topo)
+                rows.append(
+                    {
+                        "workload": workload,
+                        "system": name,
+                        "size": size,
+                        "predicted_s": p.predicted_s,
+                        "prediction": "described 8xH200 topology (not measured)",
+                    }
+                )
+            except CapacityError as e:
+                rows.append(
+                    {
+                        "workload": workload,
+                        "system": name,
+                        "size": size,
+                        "predicted_s": None,
+                        "oom": True,
+                        "error": str(e)[:160],
+                        "prediction": "described 8xH200 topology",
+                    }
+                )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="two sizes per workload, fewer iterations")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument(
+        "--host-mb",
+        type=int,
+        default=None,
+        help="simulated host budget (default: 60%% of the largest DQN buffer)",
+    )
+    args = ap.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    prov = provenance.start()
+    largest = sum(f.nbytes for f in dqn_fields(cfg["dims"][-1], cfg["capacity"], {"host": "h"}))
+    host = (args.host_mb << 20) if args.host_mb else int(0.6 * largest)
+    topo = budgeted(local_topology(), host)
+    usable = {k: v for k, v in usable_tiers(topo).items() if k in TIERS}
+    print(f"== {topo.source}", flush=True)
+    rng = random.Random(0)
+    rows = sweep("dqn_replay", cfg["dims"], lambda d: dqn_fields(d, cfg["capacity"], usable),
+                 lambda d, t: dqn_setup(d, cfg["capacity"], t), topo, usable, cfg["iters"], rng)  # fmt: skip
+    rows += sweep("grpo_tq", cfg["tokens"], lambda n: grpo_fields(n, cfg["samples"], usable),
+                  lambda n, t: grpo_setup(n, cfg["samples"], t), topo, usable, cfg["iters"], rng)  # fmt: skip
+    summary: dict[str, Any] = {}
+    for workload in ("dqn_replay", "grpo_tq"):
+        pts = [r for r in rows if r["workload"] == workload and not r["oom"]]
+        per_size = {}
+        for size in sorted({r["size"] for r in pts}):
+            here = {r["system"]: r["seconds"] for r in pts if r["size"] == size}
+            best = min(here, key=here.__getitem__)
+            per_size[str(size)] = {
+                "best_measured": best,
+                "planned_over_best": round(here["planned"] / here[best], 3) if "planned" in here else None,
+                "spearman": spearman([r["predicted_s"] for r in pts if r["size"] == size],
+                                     [r["seconds"] for r in pts if r["size"] == size]),
+            }  # fmt: skip
+        summary[workload] = {
+            "spearman_all_points": spearman([r["predicted_s"] for r in pts], [r["seconds"] for r in pts]),
+            "per_size": per_size,
+            "oom": [(r["system"], r["size"]) for r in rows if r["workload"] == workload and r["oom"]],
+        }
+    predictions = gpu_predictions(cfg["dims"], cfg["capacity"], cfg["tokens"], cfg["samples"])
+    result = {"benchmark": "placement_ablation", "quick": args.quick, "host_budget": host, "rows": rows,
+              "gpu_predictions": predictions, "summary": summary, "topology": topo.source,
+              **provenance.finish(prov)}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    plot(rows, predictions, args.out.with_suffix(".png"))
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+def plot(rows: list[dict[str, Any]], predictions: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    for ax, workload, xlabel in (
+        (axes[0], "dqn_replay", "observation floats"),
+        (axes[1], "grpo_tq", "tokens per response"),
+    ):
+        systems = sorted({r["system"] for r in rows if r["workload"] == workload})
+        for name in systems:
+            pts = [
+                (r["size"], r["seconds"])
+                for r in rows
+                if r["workload"] == workload and r["system"] == name and not r["oom"]
+            ]
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] * 1e3 for p in pts],
+                "o-" if name != "planned" else "D-",
+                label=name,
+                lw=2.5 if name == "planned" else 1,
+            )
+            for r in rows:
+                if r["workload"] == workload and r["system"] == name and r["oom"]:
+                    ax.annotate(f"{name}: OOM", (r["size"], ax.get_ylim()[1] * 0.8), fontsize=7, color="red")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel=xlabel,
+            ylabel="ms per iteration (measured)",
+            title=f"{workload} (this machine)",
+        )
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    for workload, marker in (("dqn_replay", "o"), ("grpo_tq", "s")):
+        pts = [r for r in rows if r["workload"] == workload and not r["oom"]]
+        ax.scatter(
+            [r["predicted_s"] * 1e3 for r in pts],
+            [r["seconds"] * 1e3 for r in pts],
+            marker=marker,
+            label=workload,
+        )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="predicted ms/iter",
+        ylabel="measured ms/iter",
+        title="planner accuracy",
+    )
+    ax.legend(fontsize=7)
+    ax = axes[3]
+    gp = [r for r in predictions if r["workload"] == "grpo_tq" and r.get("predicted_s")]
+    for name in sorted({r["system"] for r in gp}):
+        pts = [(r["size"], r["predicted_s"]) for r in gp if r["system"] == name]
+        ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], "o--", label=name)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="tokens per response",
+        ylabel="ms/iter (PREDICTED)",
+        title="grpo_tq on 8xH200: prediction only",
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

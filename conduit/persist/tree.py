@@ -1,0 +1,74 @@
+"""A framework's experience state on disk: its conduits as Conduit checkpoints, the rest as one safe record.
+
+``save_tree(state, conduits, directory)`` writes ``directory/buffers/<name>/`` (a checkpoint root per
+conduit, incremental against ``previous``) and ``directory/state.cdr`` (everything else in ``state``,
+without its ``"conduits"`` entry). ``load_tree`` returns ``state`` with ``"conduits"`` as a lazy mapping
+that reads each conduit's checkpoint when the framework asks for it — by then it has built the conduit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from conduit.api import Conduit
+from conduit.errors import CheckpointError
+from conduit.persist import atomic
+from conduit.persist.checkpoint import read_checkpoint, save_checkpoint
+from conduit.persist.format import decode, encode, frame, parse_record
+
+BUFFERS, STATE = "buffers", "state.cdr"
+
+
+def save_tree(
+    state: dict[str, Any], conduits: Mapping[str, Conduit], directory: Path, previous: Path | None = None
+) -> None:
+    """Write ``state`` (its ``"conduits"`` entry replaced by ``conduits``' checkpoints) to the new ``directory``."""
+    directory.mkdir(parents=True)
+    rest = {k: v for k, v in state.items() if k != "conduits"}
+    names = sorted(conduits) if "conduits" in state else []
+    for name in names:
+        root = atomic.inside(directory / BUFFERS, str(name))
+        old = previous / BUFFERS / str(name) if previous is not None else None
+        if old is not None and old.is_dir():
+            atomic.link_tree(old, root)  # unchanged segments are reused, the previous checkpoint kept
+        save_checkpoint(conduits[name], root)
+    tensors: list[Any] = []
+    tree = encode({"rest": rest, "conduits": names}, tensors)
+    atomic.write_file(atomic.inside(directory, STATE), frame({"tree": tree}, tensors))
+
+
+def load_tree(directory: Path, conduit: Callable[[str], Conduit]) -> dict[str, Any]:
+    """The state :func:`save_tree` wrote; ``conduit(name)`` gives the conduit a saved buffer is read for."""
+    try:
+        data = bytearray(atomic.inside(directory, STATE).read_bytes())
+    except OSError as e:
+        raise CheckpointError(f"cannot read {directory / STATE}: {e}") from e
+    meta, tensors, _ = parse_record(data, 0)
+    tree = decode(meta.get("tree"), tensors)
+    if not isinstance(tree, dict) or not isinstance(tree.get("rest"), dict):
+        raise CheckpointError(f"{directory / STATE}: not a saved experience state")
+    state = dict(tree["rest"])
+    if tree.get("conduits"):
+        state["conduits"] = _Lazy(directory / BUFFERS, list(tree["conduits"]), conduit)
+    return state
+
+
+class _Lazy(Mapping[str, Any]):
+    def __init__(self, root: Path, names: list[str], conduit: Callable[[str], Conduit]) -> None:
+        self.root, self.names, self.conduit = root, names, conduit
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.names:
+            raise KeyError(name)
+        return read_checkpoint(self.conduit(name), atomic.inside(self.root, str(name)))[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+__all__ = ["load_tree", "save_tree"]

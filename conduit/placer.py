@@ -1,0 +1,250 @@
+"""Planned placement of a running buffer: plan its columns onto tiers, and re-plan as it changes.
+
+A :class:`Placer` turns the buffer's columns into the planner's fields (bytes per item as stored,
+padding included; ``capacity`` items each), the :class:`Workload` into their accesses (items written
+from the producers' tier and read into each consumer's tier per iteration), and plans them on this
+node's tiers of a :class:`~conduit.topology.Topology`. :meth:`Placer.place` migrates the columns whose
+tier changes (``ExperienceBuffer.migrate``: online, pauses reported). Hysteresis: a new plan is
+adopted only when the current placement no longer fits or the new one predicts more than
+``threshold`` less time (``should_replan``). :meth:`Placer.grow` widens a ragged column (e.g. longer
+responses) and re-plans in the same copy. Every adopted plan is logged with ``Plan.explain()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from conduit.buffer.buffer import ExperienceBuffer
+from conduit.buffer.migration import MigrationReport
+from conduit.buffer.tiers import check_tier_available
+from conduit.errors import ConduitError, ConfigError
+from conduit.placement import Access, Field, PlacementCapacityError, Plan, plan, price, should_replan
+from conduit.schema import Column, Schema
+from conduit.topology import Topology
+
+logger = logging.getLogger("conduit.placement")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Per iteration: ``items_written`` from the ``writer`` tier and ``items_read`` into the
+    ``readers`` tiers (split evenly among them). Tiers are buffer tier strings: ``host``, ``cuda:0``."""
+
+    items_written: int
+    items_read: int
+    writer: str = "host"
+    readers: tuple[str, ...] = ("host",)
+
+    def __post_init__(self) -> None:
+        if self.items_written < 0 or self.items_read < 0 or not self.readers:
+            raise ConfigError(f"workload needs counts >= 0 and at least one reader, got {self}")
+
+
+@dataclass
+class Replan:
+    """One adopted plan: why, the plan, and the migration that applied it."""
+
+    reason: str
+    plan: Plan
+    migration: MigrationReport
+    previous_s: float | None = None
+
+
+@dataclass
+class Placer:
+    """Keeps ``buffer``'s columns on the tiers a plan for ``workload`` on ``topology`` chooses
+    (it becomes ``buffer.placer``, so ``buffer.grow_column`` re-plans through it).
+
+    ``pins`` (column → buffer tier) are kept by hand; ``headroom`` (topology tier name → bytes) is
+    kept free on a tier; ``node`` defaults to the topology's first node.
+    """
+
+    buffer: ExperienceBuffer
+    topology: Topology
+    workload: Workload
+    pins: Mapping[str, str] = field(default_factory=dict)
+    headroom: Mapping[str, int] = field(default_factory=dict)
+    threshold: float = 0.1
+    node: str | None = None
+    history: list[Replan] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.node = self.node or self.topology.nodes[0]
+        self._tiers = usable_tiers(self.topology, self.node)  # buffer tier string -> topology tier
+        names = self.buffer.schema.names
+        for col, tier in self.pins.items():
+            if col not in names:
+                raise ConfigError(f"pin for unknown column {col!r}; the buffer stores {list(names)}")
+            self._topo(tier, f"pin {col!r}")
+        for tier in (self.workload.writer, *self.workload.readers):
+            self._topo(tier, "workload")
+        self.buffer.placer = self  # the buffer's growth re-plans through this placer
+
+    def _topo(self, tier: str, what: str) -> str:
+        if tier not in self._tiers:
+            raise ConfigError(
+                f"{what}: tier {tier!r} is not usable on {self.node} (usable: {sorted(self._tiers)})"
+            )
+        return self._tiers[tier]
+
+    @property
+    def usable(self) -> dict[str, str]:
+        """Buffer tier string → topology tier name, for the tiers this placer may use."""
+        return dict(self._tiers)
+
+    def fields(self, max_lens: Mapping[str, int] | None = None) -> list[Field]:
+        """The planner's fields for the buffer's columns (ragged ones widened to ``max_lens``)."""
+        return column_fields(self.buffer.schema, self.buffer.capacity, self.workload, self._tiers, max_lens)
+
+    def _current(self) -> dict[str, str]:
+        return {n: self._tiers.get(t, t) for n, t in self.buffer.storage.tiers.items()}  # type: ignore[attr-defined]
+
+    def _pins(self) -> dict[str, str]:
+        return {c: self._tiers[t] for c, t in self.pins.items()}
+
+    def candidate(self, max_lens: Mapping[str, int] | None = None) -> Plan:
+        """The plan for the buffer as it is (or with ``max_lens`` applied)."""
+        return plan(self.fields(max_lens), self.topology, self.headroom, pins=self._pins())
+
+    def priced_current(self, max_lens: Mapping[str, int] | None = None) -> Plan | None:
+        """The current placement priced at the current (or ``max_lens``) sizes; None if it no longer fits."""
+        try:
+            return price(self.fields(max_lens), self.topology, self._current(), self.headroom)
+        except (PlacementCapacityError, ConfigError):
+            return None
+
+    def place(self, reason: str = "start", force: bool = False) -> Replan | None:
+        """Plan, and migrate if the plan is adopted (see the module docstring); None when kept."""
+        return self._apply(reason, None, force)
+
+    def grow(self, column: str, max_len: int) -> Replan | None:
+        """Widen ragged ``column`` to ``max_len`` and re-plan in the same copy."""
+        return self._apply(f"{column} grows to max_len {max_len}", {column: max_len}, False)
+
+    def _apply(self, reason: str, max_lens: dict[str, int] | None, force: bool) -> Replan | None:
+        cand = self.candidate(max_lens)
+        cur = self.priced_current(max_lens)
+        if not force and cur is not None and not should_replan(cur, cand, self.threshold):
+            if max_lens:
+                self.buffer.migrate({}, max_lens)
+            return None
+        target = cand
+        moves = self._ordered_moves(target, max_lens)
+        report = self.buffer.migrate(moves, max_lens)
+        done = Replan(reason, target, report, None if cur is None else cur.predicted_s)
+        self.history.append(done)
+        before = "did not fit" if cur is None else f"predicted {cur.predicted_s:.3g} s/iter"
+        logger.info(
+            "conduit placement (%s; current placement %s; moved %d column(s), %.3g MB, max pause %.3g ms)\n%s",
+            reason,
+            before,
+            len(report.moves),
+            report.nbytes / 1e6,
+            report.max_pause_s * 1e3,
+            target.explain(),
+        )
+        return done
+
+    def _ordered_moves(self, target: Plan, max_lens: Mapping[str, int] | None) -> dict[str, str]:
+        """Moves ordered so that columns leave a tier before others arrive (the lowest transient peak)."""
+        back = {v: k for k, v in self._tiers.items()}
+        current = self._current()
+        sizes = {f.name: f.nbytes for f in self.fields(max_lens)}
+        pending = {
+            n: t for n, t in target.assignment.items() if t != current[n] or (max_lens and n in max_lens)
+        }
+        free = {t: target.budgets.get(t, 0) for t in self._tiers.values()}
+        for n, t in current.items():
+            if t in free:
+                free[t] -= column_nbytes(self.buffer.schema[n], self.buffer.capacity)
+        order: dict[str, str] = {}
+        while pending:
+            fits = [n for n, t in pending.items() if sizes[n] <= free.get(t, 0)] or list(pending)
+            n = min(fits, key=lambda k: sizes[k])
+            t = pending.pop(n)
+            free[t] = free.get(t, 0) - sizes[n]
+            free[current[n]] = free.get(current[n], 0) + column_nbytes(
+                self.buffer.schema[n], self.buffer.capacity
+            )
+            order[n] = back[t]
+        return order
+
+
+def column_nbytes(col: Column, capacity: int, max_len: int | None = None) -> int:
+    """Bytes ``capacity`` slots of ``col`` take in a ring (ragged: padded rows plus an int64 length)."""
+    per = math.prod(col.shape) * torch.empty((), dtype=col.dtype).element_size()
+    if not col.ragged:
+        return per * capacity
+    return (per * int(max_len or col.max_len or 0) + 8) * capacity
+
+
+def column_fields(
+    schema: Schema,
+    capacity: int,
+    workload: Workload,
+    tiers: Mapping[str, str],
+    max_lens: Mapping[str, int] | None = None,
+) -> list[Field]:
+    """The planner's fields for ``schema``'s columns in a ring of ``capacity`` under ``workload``;
+    ``tiers`` maps buffer tier strings to the topology's tier names."""
+
+    def topo(tier: str) -> str:
+        if tier not in tiers:
+            raise ConfigError(f"workload: tier {tier!r} is not usable here (usable: {sorted(tiers)})")
+        return tiers[tier]
+
+    writers = (Access(topo(workload.writer), workload.items_written / capacity),)
+    share = workload.items_read / capacity / len(workload.readers)
+    readers = tuple(Access(topo(r), share) for r in workload.readers)
+    out = []
+    for col in schema:
+        nbytes = column_nbytes(col, capacity, (max_lens or {}).get(col.name))
+        out.append(Field(col.name, math.ceil(nbytes / capacity), capacity, writers, readers))
+    return out
+
+
+def usable_tiers(topology: Topology, node: str | None = None) -> dict[str, str]:
+    """Buffer tier string → topology tier name for ``node``'s tiers this machine can allocate."""
+    found: dict[str, str] = {}
+    for t in topology.tiers_on(node or topology.nodes[0]):
+        try:
+            check_tier_available(t.buffer_tier)
+        except ConduitError:
+            continue  # described (e.g. a GPU) but not on this machine: not a candidate
+        found.setdefault(t.buffer_tier, t.name)
+    return found
+
+
+def initial_tiers(
+    schema: Schema,
+    capacity: int,
+    topology: Topology,
+    workload: Workload,
+    pins: Mapping[str, str] | None = None,
+    headroom: Mapping[str, int] | None = None,
+) -> tuple[dict[str, str], Plan]:
+    """The tier (buffer tier string) per column for a new buffer, and the plan that chose it."""
+    tiers = usable_tiers(topology)
+    back = {v: k for k, v in tiers.items()}
+    for col, tier in (pins or {}).items():
+        if tier not in tiers:
+            raise ConfigError(f"pin {col!r}: tier {tier!r} is not usable here (usable: {sorted(tiers)})")
+    fields = column_fields(schema, capacity, workload, tiers)
+    chosen = plan(fields, topology, headroom, pins={c: tiers[t] for c, t in (pins or {}).items()})
+    return {c: back[t] for c, t in chosen.assignment.items()}, chosen
+
+
+def explain_history(history: Sequence[Replan]) -> str:
+    """A short text of every adopted plan: reason, columns moved, bytes, longest pause."""
+    lines = []
+    for h in history:
+        moved = ", ".join(f"{m.column} {m.src}->{m.dst}" for m in h.migration.moves) or "nothing moved"
+        lines.append(
+            f"{h.reason}: {moved} ({h.migration.nbytes / 1e6:.3g} MB, max pause {h.migration.max_pause_s * 1e3:.3g} ms)"
+        )
+    return "\n".join(lines)
