@@ -330,7 +330,7 @@ def test_close_without_drain_is_prompt():
             "disk_path",
         ),
         ({"capacity": 2**50}, CapacityError, "fit on no tier"),
-            ({"capacity": 2**50, "tier": "host"}, CapacityError, "cannot allocate"),
+        ({"capacity": 2**50, "tier": "host"}, CapacityError, "cannot allocate"),
         ({"sampler": "uniform", "rate_limit": {"max_staleness": 1}}, ConfigError, "sampler='fifo'"),
     ],
 )

@@ -106,7 +106,9 @@ def test_a_dead_storage_actor_gives_a_clear_error_not_a_hang(one_node):
     for actor in storage_actors():
         ray.kill(actor, no_restart=True)
     t0 = time.monotonic()
-    with pytest.raises(Exception, match="Conduit storage actor .* (died|not reachable|did not answer)") as err:
+    with pytest.raises(
+        Exception, match="Conduit storage actor .* (died|not reachable|did not answer)"
+    ) as err:
         tq.kv_batch_get(keys=["x"], partition_id="train")
     assert time.monotonic() - t0 < 30
     if "died" in str(err.value):  # the lost samples are named by id
