@@ -2,7 +2,8 @@
 
 Exposed time (DESIGN.md §4), same definition for every system, from verl's ``timing_s/*`` and the
 CPU rollout server's generation log (``gen_events.jsonl``: wall-clock start/end of every request,
-by weight version; step ``s`` generates with version ``s``):
+by weight version; step ``s`` generates with version ``s``; with the paced rollout the end is the
+response's release at its modelled time):
 
 * every system: ``max(0, gen - gen_busy)``: the part of verl's ``gen`` stage (step start → the
   trainer holds the last group) not spent generating (``gen_busy`` = first request start → last
@@ -28,16 +29,24 @@ INGEST = ("old_log_prob", "ref", "values", "adv")
 STAGES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
 
 
-def gen_windows(path: Path) -> dict[int, tuple[float, float]]:
-    """Weight version → (first request start, last request end), wall clock."""
-    out: dict[int, tuple[float, float]] = {}
+def gen_stats(path: Path) -> dict[int, dict[str, float]]:
+    """Weight version -> the rollout server's log for that step: ``start`` / ``end`` (first request
+    start, last request end, wall clock), ``responses``, ``response_tokens`` (the work counters),
+    and for a paced rollout ``model_gen_s`` (unscaled modelled time of the step's generation) and
+    ``late_s`` (most a response came after its modelled time)."""
+    out: dict[int, dict[str, float]] = {}
     if not path.exists():
         return out
     for line in path.read_text().splitlines():
         e = json.loads(line)
         v, t0, t1 = int(e["version"]), float(e["t0"]), float(e["t1"])
-        a, b = out.get(v, (t0, t1))
-        out[v] = (min(a, t0), max(b, t1))
+        s = out.setdefault(v, {"start": t0, "end": t1, "responses": 0, "response_tokens": 0})
+        s["start"], s["end"] = min(s["start"], t0), max(s["end"], t1)
+        s["responses"] += 1
+        s["response_tokens"] += int(e.get("length", 0))
+        if "model_s" in e:
+            s["model_gen_s"] = max(s.get("model_gen_s", 0.0), float(e["model_s"]))
+            s["late_s"] = max(s.get("late_s", 0.0), float(e["late_s"]))
     return out
 
 
@@ -45,7 +54,7 @@ def rows_for_run(
     work: Path, algo: str, system: str, skip: int, extra: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """One row per measured iteration (the first ``skip`` iterations are warm-up)."""
-    windows = gen_windows(work / "gen_events.jsonl")
+    gen = gen_stats(work / "gen_events.jsonl")
     rows = []
     for line in (work / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -53,8 +62,8 @@ def rows_for_run(
         if step <= skip:
             continue
         t = {k.removeprefix("timing_s/"): float(v) for k, v in m.items() if k.startswith("timing_s/")}
-        start, end = windows.get(step, (0.0, 0.0))
-        gen_busy = end - start
+        g = gen.get(step, {})
+        gen_busy = g.get("end", 0.0) - g.get("start", 0.0)
         stages = {k: round(t.get(k, 0.0), 4) for k in STAGES}
         wait = max(0.0, t.get("gen", 0.0) - gen_busy)
         if system.startswith("conduit"):
@@ -75,6 +84,10 @@ def rows_for_run(
                 "actor_loss": m.get("actor/pg_loss"),
                 "g_ing": m.get("conduit/g_ing"),
                 "score": m.get("critic/score/mean"),
+                "work": {k: int(g.get(k, 0)) for k in ("responses", "response_tokens")},
+                "ingest_s": round(sum(t.get(k, 0.0) for k in INGEST), 4),
+                "model_gen_s": g.get("model_gen_s"),
+                "late_s": g.get("late_s"),
                 "stages": stages,
                 **extra,
             }
@@ -87,26 +100,98 @@ def median(rows: list[dict[str, Any]], system: str, key: str, first: int = 0) ->
     return statistics.median(vals) if vals else None
 
 
+def work_differs(rows: list[dict[str, Any]], a: str, b: str) -> str | None:
+    """Why systems ``a`` and ``b`` did different work (responses and response tokens per
+    iteration, by iteration number, over the iterations both have), or None if the same."""
+    wa = {r["iteration"]: r.get("work") for r in rows if r["system"] == a}
+    wb = {r["iteration"]: r.get("work") for r in rows if r["system"] == b}
+    for it in sorted(set(wa) & set(wb)):
+        if wa[it] != wb[it]:
+            return f"iteration {it}: {a} did {wa[it]}, {b} did {wb[it]}"
+    return None
+
+
+def losses_equal(rows: list[dict[str, Any]], a: str, b: str, rel: float = 1e-4) -> bool | None:
+    """Whether ``a`` and ``b`` have the same actor loss at every iteration both ran (None: no
+    common iteration). Rounds of one system repeat the same iterations: each must match."""
+    la = [(r["iteration"], r["actor_loss"]) for r in rows if r["system"] == a]
+    lb = {(r["iteration"]): r["actor_loss"] for r in rows if r["system"] == b}
+    pairs = [(x, lb[it]) for it, x in la if it in lb and x is not None and lb[it] is not None]
+    if not pairs:
+        return None
+    return all(abs(x - y) <= rel * max(abs(x), abs(y)) + 1e-6 for x, y in pairs)
+
+
 def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 0) -> dict[str, Any]:
     """Each conduit system ÷ each baseline, medians, for wall and exposed time.
 
-    ``steady_from``: also ``<key>/conduit_steady_over_<base>``, conduit's iterations from that one
-    on (after ``g_ing=auto`` has measured its options).
+    A ratio is refused (``refused/<system>_over_<base>``: the reason) when the two did different
+    work (``work_differs``). ``steady_from``: also ``<key>/conduit_steady_over_<base>``, conduit's
+    iterations from that one on (after ``g_ing=auto`` has measured its options).
     """
     out: dict[str, Any] = {}
     systems = sorted({r["system"] for r in rows})
     mine = [s for s in systems if s.startswith("conduit")]
     for base in baselines:
+        allowed = []
+        for system in mine:
+            if why := work_differs(rows, system, base):
+                out[f"refused/{system}_over_{base}"] = why
+            else:
+                allowed.append(system)
         for key in ("wall_s", "exposed_s"):
             b = median(rows, base, key)
-            for system in mine:
+            for system in allowed:
                 c = median(rows, system, key)
                 if c is not None and b:
                     out[f"{key.removesuffix('_s')}/{system}_over_{base}"] = round(c / b, 3)
-            c = median(rows, "conduit", key, steady_from) if steady_from else None
+            c = median(rows, "conduit", key, steady_from) if steady_from and "conduit" in allowed else None
             if c is not None and b:
                 out[f"{key.removesuffix('_s')}/conduit_steady_over_{base}"] = round(c / b, 3)
+        for system in mine:
+            out[f"losses_equal/{system}_vs_{base}"] = losses_equal(rows, system, base)
     for system in systems:
         out[f"median_wall_s/{system}"] = median(rows, system, "wall_s")
         out[f"median_exposed_s/{system}"] = median(rows, system, "exposed_s")
     return out
+
+
+def calibration(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The paced rollout's time scale per unit of ``R`` from a calibration run (paced with scale 0,
+    so nothing waits): medians of the measured ingestion stages and of the unscaled modelled
+    generation per iteration. ``time_scale = R * time_scale_per_R`` makes a step's modelled
+    generation ``R`` times its ingestion."""
+    ingest = statistics.median(row["ingest_s"] for row in rows)
+    model = statistics.median(row["model_gen_s"] for row in rows)
+    return {"ingest_s": round(ingest, 4), "model_gen_s": round(model, 4), "time_scale_per_R": ingest / model}
+
+
+def targets(ratio: dict[str, Any], sweep_ratios: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets against ``verl_sync_tuned`` (paced): met or not, from the measured ratios."""
+    # conduit's steady state (after g_ing=auto's probes) where the run was long enough to have one
+    base = "conduit_steady_over_verl_sync_tuned"
+    if f"wall/{base}" not in ratio:
+        base = "conduit_over_verl_sync_tuned"
+    wall, exposed = ratio.get(f"wall/{base}"), ratio.get(f"exposed/{base}")
+    out: dict[str, Any] = {
+        "ratios_used": base,
+        "exposed<=0.3x": exposed is not None and exposed <= 0.3,
+        "wall<=0.85x": wall is not None and wall <= 0.85,
+        "losses_equal": ratio.get("losses_equal/conduit_vs_verl_sync_tuned") is True,
+    }
+    if sweep_ratios:
+        walls = {k: r.get("wall/conduit_over_verl_sync_tuned") for k, r in sweep_ratios.items()}
+        out["never_slower_in_sweep"] = all(w is not None and w <= 1.0 for w in walls.values())
+    return out
+
+
+def sweep_table(sweep_ratios: dict[str, dict[str, Any]]) -> str:
+    """The paced sweep: conduit / verl_sync_tuned per (tail, R)."""
+    lines = [f"{'point (paced)':<16} {'wall':>6} {'exposed':>8} {'losses_equal':>13}"]
+    for point, r in sweep_ratios.items():
+        wall = r.get("wall/conduit_over_verl_sync_tuned")
+        exposed = r.get("exposed/conduit_over_verl_sync_tuned")
+        eq = r.get("losses_equal/conduit_vs_verl_sync_tuned")
+        cells = [f"{v:.3f}" if v is not None else "-" for v in (wall, exposed)]
+        lines.append(f"{point:<16} {cells[0]:>6} {cells[1]:>8} {eq!s:>13}")
+    return "\n".join(lines)

@@ -1,12 +1,23 @@
 """verl 0.9.1 on CPU: one iteration of GRPO/PPO, verl's trainers vs Conduit's ``conduit`` mode.
 
     python benchmarks/verl_iteration.py [--quick] [--algo grpo|ppo] [--systems a,b,...] [--out FILE]
+    python benchmarks/verl_iteration.py --rollout paced [--tail 4] [--R 4] [--sweep] [--quick] ...
 
 Systems, same seed and data, run one after another in this invocation (each start costs ~75 s
 of Ray/verl start-up, so iterations cannot alternate between systems): ``verl_sync`` (as shipped,
 2 s replay-buffer poll), ``verl_sync_tuned`` (the poll period a sweep found best; the sweep is one
 run with a per-step period schedule and is recorded), ``verl_colocate_async``, ``conduit``. The first
 iteration of each run is warm-up. Exposed time: see ``verl_analysis.py``.
+
+``--rollout paced`` (16 prompts x n=8, responses up to 256 tokens, lognormal lengths with median
+64 and p99/median ``--tail``): the tiny model generates every token, but each response is released
+when a modelled inference server on separate hardware would finish it (``conduit_verl_cpu/pace.py``).
+A calibration run (paced sync, nothing waits) measures the ingestion time; the time scale then makes
+a step's modelled generation ``--R`` times it. ``--sweep`` adds tails 1-8 x R 1-8 for
+``verl_sync_tuned`` and ``conduit`` and plots the speed-up against the tail, one line per R. Every
+row carries ``rollout``, ``tail`` and ``R``: a paced row is a model of separate hardware, not a GPU
+measurement. The tuned poll period: each period repeated, in random order, the smallest one not
+slower than the fastest (``sweep``).
 
 TransferQueue's storage backend is a second dimension. A system runs on its mode's default: verl's
 SimpleStorage for verl's modes, Conduit's backend for ``conduit``; the suffix ``+tq_conduit`` or
@@ -21,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -30,11 +42,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from verl_analysis import ratios, rows_for_run  # noqa: E402
-from verl_plots import reward_curve, stage_bars  # noqa: E402
+from verl_analysis import calibration, ratios, rows_for_run, sweep_table, targets  # noqa: E402
+from verl_plots import paced_sweep, reward_curve, stage_bars  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SWEEP = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005)
+QUICK_SWEEP = (0.5, 0.1, 0.02, 0.005)
+#: a poll period is "not slower" than the fastest when its median wall is within this fraction
+NOT_SLOWER = 0.03
+#: the paced rollout's sweep: response-length tail (p99 / median) and R (generation / ingestion)
+SWEEP_TAILS, SWEEP_RS = (1.0, 2.0, 4.0, 8.0), (1.0, 2.0, 4.0, 8.0)
+QUICK_TAILS, QUICK_RS = (1.0, 8.0), (1.0, 4.0)
+#: systems of the paced defaults, and of every other point of the paced sweep
+PACED_SYSTEMS = "verl_sync,verl_sync_tuned,verl_colocate_async,conduit,conduit_stream"
+QUICK_PACED_SYSTEMS = "verl_sync_tuned,conduit"
+SWEEP_SYSTEMS = ("verl_sync_tuned", "conduit")
 #: the harness's ``--tq-backend`` choices -> TransferQueue's backend names
 TQ_BACKENDS = {"conduit": "Conduit", "simple": "SimpleStorage"}
 TQ_SUFFIX = "+tq_"
@@ -76,22 +98,32 @@ def run(work: Path, mode: str, steps: int, args: argparse.Namespace, extra: list
     return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
 
 
-def sweep(root: Path, args: argparse.Namespace, per: int) -> tuple[float, dict[str, Any]]:
-    """One sync run whose poll period changes every ``per`` steps; the fastest period wins."""
-    schedule = [2.0] + [p for p in SWEEP for _ in range(per)]
-    rc, tail = run(
-        root / "sweep", "sync", len(schedule), args, ["--poll-interval", ",".join(map(str, schedule))]
-    )
+def sweep(
+    root: Path, args: argparse.Namespace, reps: int, harness: list[str]
+) -> tuple[float, dict[str, Any]]:
+    """The tuned baseline's poll period: one sync run whose period changes every step. Each period
+    runs ``reps`` times, every repetition in a new random order (seeded), so drift in the machine's
+    load does not favour one period; the smallest period whose median is not slower than the
+    fastest (within ``NOT_SLOWER``) wins: the most favourable poll for verl."""
+    periods = QUICK_SWEEP if args.quick else SWEEP
+    rng = random.Random(args.seed)
+    order = [p for _ in range(reps) for p in rng.sample(periods, len(periods))]
+    schedule = [2.0, *order]
+    extra = ["--poll-interval", ",".join(map(str, schedule)), *harness]
+    rc, tail = run(root / "sweep", "sync", len(schedule), args, extra)
     if rc:
         return 0.05, {"error": tail}
     rows = rows_for_run(root / "sweep", args.algo, "verl_sync", 1, {})
-    by = {p: [r["wall_s"] for r in rows if schedule[r["iteration"] - 1] == p] for p in SWEEP}
+    by = {p: [r["wall_s"] for r in rows if schedule[r["iteration"] - 1] == p] for p in periods}
     med = {p: statistics.median(v) for p, v in by.items() if v}
     best = min(med.values())
-    # the smallest period within 3 % of the fastest (a shorter poll costs driver CPU for nothing)
-    chosen = max(p for p, w in med.items() if w <= best * 1.03)
+    chosen = min(p for p, w in med.items() if w <= best * (1 + NOT_SLOWER))
     return chosen, {
+        "order": order,
+        "repetitions": reps,
+        "wall_s_by_poll_s": {str(p): v for p, v in by.items()},
         "median_wall_s_by_poll_s": {str(p): round(w, 4) for p, w in med.items()},
+        "rule": f"smallest period with median wall <= (1 + {NOT_SLOWER}) x the fastest period's",
         "chosen": chosen,
     }
 
@@ -171,14 +203,14 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def main() -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations and a shorter sweep")
     p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
     p.add_argument(
         "--out",
         default=None,
-        help="JSON path (default benchmarks/results/verl_iteration[_quick]_<algo>.json)",
+        help="JSON path (default benchmarks/results/verl_iteration[_quick][_paced][_sweep]_<algo>.json)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="measured iterations per system")
@@ -191,20 +223,113 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=None, help="rounds of all systems (default 2, quick 1)")
     p.add_argument(
         "--systems",
-        default=DEFAULT_SYSTEMS,
+        default=None,
         help=f"comma list; a suffix {TQ_SUFFIX}conduit / {TQ_SUFFIX}simple sets the TransferQueue backend",
     )
     p.add_argument("--poll", type=float, default=None, help="skip the sweep; tuned poll period (s)")
+    p.add_argument(
+        "--rollout",
+        choices=("hf", "paced"),
+        default="hf",
+        help="hf: CPU generation as fast as it goes; paced: real tokens released at a modelled "
+        "inference server's times (conduit_verl_cpu/pace.py), a model of separate rollout hardware",
+    )
+    p.add_argument("--R", type=float, default=4.0, help="paced: generation time / measured ingestion time")
+    p.add_argument("--tail", type=float, default=4.0, help="paced: p99 / median response length")
+    p.add_argument(
+        "--sweep", action="store_true", help=f"paced: also tails {SWEEP_TAILS} x R {SWEEP_RS} (quick: fewer)"
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per step (paced default 16)")
+    p.add_argument("--n", type=int, default=None, help="responses per prompt (paced default 8)")
+    p.add_argument("--response-length", type=int, default=256, help="paced: max response tokens")
+    p.add_argument("--pace-median", type=int, default=64, help="paced: median response tokens")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
     p.add_argument(
         "--reuse", action="store_true", help="with --work: re-analyse runs already there instead of rerunning"
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    paced = args.rollout == "paced"
+    if args.sweep and not paced:
+        p.error("--sweep needs --rollout paced")
+    if args.reward_steps and paced:
+        p.error("--reward-steps runs the hf rollout; leave out --rollout paced")
+    if not args.systems:  # a quick paced run: the headline pair only
+        args.systems = (QUICK_PACED_SYSTEMS if args.quick else PACED_SYSTEMS) if paced else DEFAULT_SYSTEMS
+    if paced:
+        args.batch_size, args.n = args.batch_size or 16, args.n or 8
+    return args
+
+
+def harness_args(
+    args: argparse.Namespace, tail: float | None = None, scale: float | None = None
+) -> list[str]:
+    """The harness flags every run of this invocation shares (shape; the paced rollout's model)."""
+    out = ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    out += ["--n", str(args.n)] if args.n else []
+    if args.rollout == "paced":
+        out += ["--rollout", "paced", "--response-length", str(args.response_length)]
+        out += [
+            "--pace-median",
+            str(args.pace_median),
+            "--pace-tail",
+            str(tail),
+            "--pace-scale",
+            f"{scale:.6g}",
+        ]
+    return out
+
+
+def calibrate(root: Path, args: argparse.Namespace, tail: float) -> list[dict[str, Any]]:
+    """Rows of a short paced sync run with scale 0 (nothing waits): its measured ingestion time and
+    the unscaled modelled generation time per step, for ``verl_analysis.calibration``."""
+    work = root / f"calibrate_tail{tail:g}"
+    extra = ["--poll-interval", "0.05", *harness_args(args, tail, 0.0)]
+    rc, log = run(work, "sync", 3 if args.quick else 4, args, extra)
+    if rc or not (work / "metrics.jsonl").exists():
+        raise SystemExit(f"[bench] calibration run failed:\n{log}")
+    return rows_for_run(work, args.algo, "verl_sync", 1, {})
+
+
+def run_systems(
+    root: Path, args: argparse.Namespace, systems: list[str], plan: dict[str, Any], result: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every system ``plan["rounds"]`` times (rounds interleave the systems against drift in the
+    machine's load); rows tagged with the plan's ``info`` (rollout, tail, R, ...)."""
+    poll = plan["poll"]
+    modes = {
+        "verl_sync": ("sync", []),
+        "verl_sync_tuned": ("sync", ["--poll-interval", str(poll)]),
+        "verl_colocate_async": ("colocate_async", []),
+        "conduit": ("conduit", []),
+        "conduit_stream": ("conduit", []),
+    }
+    rows: list[dict[str, Any]] = []
+    for k in range(plan["rounds"]):
+        for system in systems:
+            plain, backend = split_system(system)
+            mode, extra = modes[plain]
+            work = root / f"{plan['label']}{system}_r{k}"
+            extra = [*extra, "--tq-backend", backend, *conduit_knobs(args, system), *plan["harness"]]
+            rc, tail = run(work, mode, plan["steps"] + 1, args, extra)
+            if rc or not (work / "metrics.jsonl").exists():
+                result["errors"][f"{plan['label']}{system}_r{k}"] = tail
+                continue
+            info = {"round": k, "poll_s": poll if "tuned" in plain else None, **plan["info"]}
+            info["tq_backend"] = backend_ran(work, backend)
+            info.update(tq_seconds_per_iteration(work))
+            rows += rows_for_run(work, args.algo, system, 1, info)
+    return rows
+
+
+def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """Run every point and system; write the JSON (and PNGs); return the result and its path."""
     prov = provenance.start()
+    paced = args.rollout == "paced"
     steps = args.steps or (4 if args.quick else 14)
     rounds = args.rounds or (1 if args.quick else 2)
-    name = f"verl_iteration{'_quick' if args.quick else ''}_{args.algo}"
+    name = "verl_iteration" + "_quick" * args.quick + "_paced" * paced + "_sweep" * args.sweep
+    name += f"_{args.algo}"
     out = Path(args.out) if args.out else RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     import tempfile
@@ -213,35 +338,95 @@ def main() -> int:
     systems = args.systems.split(",")
     for system in systems:
         split_system(system)  # a bad suffix fails before any run
-    result: dict[str, Any] = {"rows": [], "machine": machine(), "errors": {}}
+    result: dict[str, Any] = {"rows": [], "machine": machine(), "errors": {}, "rollout": args.rollout}
+    # (tail, R) points: the defaults first; with --sweep, the rest of the grid
+    points: list[tuple[float | None, float | None]] = [(args.tail, args.R) if paced else (None, None)]
+    if args.sweep:
+        grid = [
+            (t, r)
+            for t in (QUICK_TAILS if args.quick else SWEEP_TAILS)
+            for r in (QUICK_RS if args.quick else SWEEP_RS)
+        ]
+        points += [pt for pt in grid if pt != points[0]]
+    calibrated: dict[float, dict[str, float]] = {}
+    harness: dict[tuple[float | None, float | None], list[str]] = {}
+    for tail, r in points:
+        if paced and tail is not None and r is not None:
+            if tail not in calibrated:
+                calibrated[tail] = calibration(calibrate(root, args, tail))
+            harness[tail, r] = harness_args(args, tail, r * calibrated[tail]["time_scale_per_R"])
+        else:
+            harness[tail, r] = harness_args(args)
+    if paced:
+        result["calibration"] = {f"tail={t:g}": c for t, c in calibrated.items()}
     poll = args.poll
     if any(split_system(s)[0] == "verl_sync_tuned" for s in systems) and poll is None:
-        poll, result["sweep"] = sweep(root, args, 1 if args.quick else 2)
-    modes = {
-        "verl_sync": ("sync", []),
-        "verl_sync_tuned": ("sync", ["--poll-interval", str(poll)]),
-        "verl_colocate_async": ("colocate_async", []),
-        "conduit": ("conduit", []),
-        "conduit_stream": ("conduit", []),
-    }
-    for k in range(rounds):  # rounds interleave the systems against drift in the machine's load
-        for system in systems:
-            plain, backend = split_system(system)
-            mode, extra = modes[plain]
-            work = root / f"{system}_r{k}"
-            extra = [*extra, "--tq-backend", backend, *conduit_knobs(args, system)]
-            rc, tail = run(work, mode, steps + 1, args, extra)
-            if rc or not (work / "metrics.jsonl").exists():
-                result["errors"][f"{system}_r{k}"] = tail
-                continue
-            info = {"round": k, "poll_s": poll if "tuned" in plain else None}
-            info["tq_backend"] = backend_ran(work, backend)
-            info.update(tq_seconds_per_iteration(work))
-            result["rows"] += rows_for_run(work, args.algo, system, 1, info)
-    base = [s for s in systems if not s.startswith("conduit")]
-    # g_ing=auto measures 3 iterations with and 3 without streaming after the warm-up one
-    result["ratios"] = ratios(result["rows"], base, steady_from=8 if steps + 1 > 8 else 0)
-    result["method"] = {
+        poll, result["sweep"] = sweep(root, args, 2 if args.quick else 3, harness[points[0]])
+    sweep_ratios: dict[str, dict[str, Any]] = {}
+    for i, (tail, r) in enumerate(points):
+        label = "" if not paced else f"paced_t{tail:g}_R{r:g}_"
+        info = {"rollout": args.rollout, "tail": tail, "R": r}
+        plan = {"poll": poll, "rounds": rounds if i == 0 else 1, "steps": steps, "label": label}
+        plan.update(harness=harness[tail, r], info=info)
+        mine = systems if i == 0 else [s for s in SWEEP_SYSTEMS if s in systems]
+        rows = run_systems(root, args, mine, plan, result)
+        result["rows"] += rows
+        base = [s for s in mine if not s.startswith("conduit")]
+        # g_ing=auto measures 3 iterations with and 3 without streaming after the warm-up one
+        found = ratios(rows, base, steady_from=8 if steps + 1 > 8 else 0)
+        if i == 0:
+            result["ratios"] = found
+        if args.sweep:
+            sweep_ratios[f"tail={tail:g},R={r:g}"] = found
+    if args.sweep:
+        result["sweep_ratios"] = sweep_ratios
+    if paced:
+        result["targets"] = targets(result["ratios"], sweep_ratios)
+    result["method"] = method(args, rounds, steps)
+    label = (
+        f"\nPACED rollout (modelled generation), tail {args.tail:g}, R {args.R:g}" if paced else "hf rollout"
+    )
+    first = [
+        row for row in result["rows"] if row.get("tail") == points[0][0] and row.get("R") == points[0][1]
+    ]
+    if first:
+        title = f"verl 0.9.1 CPU {args.algo}, {label}: stages per iteration"
+        stage_bars(first, out.with_suffix(".png"), title)
+    if args.sweep and sweep_ratios:
+        paced_sweep(sweep_ratios, out.with_name(f"{name}_speedup.png"), args.algo)
+    if args.reward_steps:
+        result["reward_curve"] = reward_runs(
+            root, args, out.with_name(f"{name}_reward.png"), result["errors"]
+        )
+    result["machine"].update(provenance.finish(prov))  # after the reward runs: the run's real end
+    out.write_text(json.dumps(result, indent=1))
+    return result, out
+
+
+def main() -> int:
+    args = parse()
+    result, out = bench(args)
+    paced = args.rollout == "paced"
+    note = " (paced: modelled separate rollout hardware, not a GPU measurement)" if paced else ""
+    print(f"rollout={args.rollout}{note}")
+    first = [
+        r
+        for r in result["rows"]
+        if (r.get("tail"), r.get("R")) == ((args.tail, args.R) if paced else (None, None))
+    ]
+    print(table(first, args.systems.split(",")))
+    print(json.dumps(result["ratios"], indent=1))
+    if args.sweep:
+        print(sweep_table(result["sweep_ratios"]))
+    if paced:
+        print("targets vs verl_sync_tuned:", json.dumps(result["targets"]))
+    print(f"[bench] wrote {out}")
+    return 0
+
+
+def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
+    """How the rows were made (goes into the JSON)."""
+    out = {
         "order": f"{rounds} round(s); in each, the systems run one after another (each start ~35-75 s), "
         "same seed/data; iteration 1 of each run is warm-up and dropped",
         "conduit_stream": f"conduit with g_ing={args.stream_g_ing} fixed (always streams)",
@@ -250,24 +435,25 @@ def main() -> int:
         "each row's tq_backend is what the run reported",
         "conduit_steady": "conduit (g_ing=auto) iterations 8 and later, after its measurement phase",
         "exposed": (sys.modules["verl_analysis"].__doc__ or "").strip(),
+        "work": "each row's work counters (responses, response tokens of its iteration); a ratio is "
+        "refused (refused/...) when two systems did different work",
         "steps_per_system_per_round": steps,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine_load": "2 shared cores; other jobs may run concurrently (noisy)",
     }
-    if result["rows"]:
-        stage_bars(
-            result["rows"], out.with_suffix(".png"), f"verl 0.9.1 CPU {args.algo}: stages per iteration"
+    if args.rollout == "paced":
+        out["paced"] = (
+            "PACED: the tiny model generates every token, but each response is released at the time a "
+            "modelled continuous-batching inference server on separate hardware would finish it "
+            "(tools/verl_cpu/conduit_verl_cpu/pace.py); the rollout sleeps meanwhile. Time-scaled so "
+            "that a step's modelled generation is R x the ingestion time measured in a calibration run "
+            "(paced sync, scale 0). A model of separate rollout hardware, not a GPU measurement."
         )
-    if args.reward_steps:
-        result["reward_curve"] = reward_runs(
-            root, args, out.with_name(f"{name}_reward.png"), result["errors"]
+        out["shape"] = (
+            f"{args.batch_size} prompts x n={args.n}, responses up to {args.response_length} tokens, "
+            f"median {args.pace_median}; lognormal lengths with p99/median = tail"
         )
-    result["machine"].update(provenance.finish(prov))  # after the reward runs: the run's real end
-    out.write_text(json.dumps(result, indent=1))
-    print(table(result["rows"], systems))
-    print(json.dumps(result["ratios"], indent=1))
-    print(f"[bench] wrote {out}")
-    return 0
+    return out
 
 
 if __name__ == "__main__":

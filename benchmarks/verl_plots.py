@@ -1,4 +1,4 @@
-"""PNGs of the verl CPU benchmark: stage breakdown per system, and a reward curve."""
+"""PNGs of the verl CPU benchmark: stage breakdown per system, a reward curve, the paced sweep."""
 
 from __future__ import annotations
 
@@ -32,6 +32,33 @@ def stage_bars(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     ax.set_xticks(range(len(systems)), systems, rotation=15)
     ax.set_ylabel("seconds per iteration (median)")
     _finish(fig, ax, out, title, legend_size=7)
+
+
+def paced_sweep(sweep_ratios: dict[str, dict[str, Any]], out: Path, algo: str) -> None:
+    """Speed-up of conduit over verl_sync_tuned (median wall ratio, inverted) against the response
+    length tail, one line per R; paced rollout (modelled generation), labelled as such."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[float, list[tuple[float, float]]] = {}
+    for point, ratios in sweep_ratios.items():
+        tail, r = (float(kv.split("=")[1]) for kv in point.split(","))
+        if wall := ratios.get("wall/conduit_over_verl_sync_tuned"):
+            lines.setdefault(r, []).append((tail, 1.0 / wall))
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, (r, pts) in enumerate(sorted(lines.items())):
+        pts.sort()
+        ax.plot([t for t, _ in pts], [v for _, v in pts], marker="o", color=f"C{i}", label=f"R = {r:g}")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xscale("log", base=2)
+    tails = sorted({t for pts in lines.values() for t, _ in pts})
+    ax.set_xticks(tails, [f"{t:g}" for t in tails])
+    ax.set_xlabel("response length tail (p99 / median)")
+    ax.set_ylabel("speed-up, wall (verl_sync_tuned / conduit)")
+    title = f"verl 0.9.1 CPU {algo}: conduit vs verl sync (poll-tuned)\nPACED rollout: modelled separate generation hardware"
+    _finish(fig, ax, out, title, legend_size=8)
 
 
 def reward_curve(curves: dict[str, list[tuple[int, float]]], out: Path, title: str, window: int = 10) -> None:

@@ -9,6 +9,9 @@ TransferQueue's storage backend is a second dimension: verl's ``sync`` always ru
 SimpleStorage (the reference); the ``conduit`` mode runs on Conduit's backend (``tq_conduit``, its
 default) and on SimpleStorage (``tq_simple``). The backend only stores data, so both must match the
 reference. The reference run is made once per algorithm and shared by both backends' cases.
+
+The paced rollout (``--rollout paced``: long-tail response lengths, responses released at a
+modelled inference server's times, so groups complete far apart) must match too.
 """
 
 from __future__ import annotations
@@ -153,3 +156,36 @@ def test_conduit_matches_sync_two_ranks(sync_runs: SyncRuns, tmp_path: Path) -> 
     for _, _, rs, rc in _run_both(sync_runs, tmp_path, "grpo", two_ranks):
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
             assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
+
+
+#: a short paced rollout: lengths 12 tokens median, p99 4x that, capped at 48; modelled times x 0.2
+PACED = (
+    "--rollout",
+    "paced",
+    "--response-length",
+    "48",
+    "--pace-median",
+    "12",
+    "--pace-tail",
+    "4",
+    "--pace-scale",
+    "0.2",
+)
+
+
+def test_conduit_matches_sync_paced(sync_runs: SyncRuns, tmp_path: Path) -> None:
+    """Paced rollout: same samples (long-tail lengths), advantages and losses as verl's sync."""
+    steps = _run_both(sync_runs, tmp_path, "grpo", PACED)
+    for a, b, rs, rc in steps:
+        # responses come padded; EOS (id 1) is held back to the drawn length, so it ends each one
+        lengths = {x["response"].index(1) + 1 if 1 in x["response"] else -1 for x in a["samples"]}
+        assert len(lengths) > 3, lengths  # the drawn lengths, not a fixed one
+        for x, y in zip(a["samples"], b["samples"], strict=True):
+            assert x["adv"] == pytest.approx(y["adv"], abs=1e-5)
+            assert x["old_log_prob"] == pytest.approx(y["old_log_prob"], abs=1e-4)
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+            assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
+    for work in (sync_runs("grpo", PACED), tmp_path / "conduit"):
+        assert json.loads((work / "summary.json").read_text())["rollout"] == "paced"
+        events = [json.loads(x) for x in (work / "gen_events.jsonl").read_text().splitlines()]
+        assert events and all(e["model_s"] > 0 for e in events)  # released by the pacer

@@ -19,7 +19,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-#: If set, every generate call appends ``{"version", "t0", "t1"}`` (wall clock) to this JSONL file.
+#: If set, every generate call appends ``{"version", "t0", "t1", "length"}`` (wall clock; response
+#: tokens) to this JSONL file.
 GEN_LOG_ENV = "CONDUIT_VERL_GEN_LOG"
 
 
@@ -123,7 +124,7 @@ class HFGenerationServer:
             t0 = time.time()
             tokens, log_probs = await asyncio.to_thread(self._generate_sync, ids, params)
             steps = self.global_steps
-            self._log_event(t0, time.time())
+            self._log_event(t0, time.time(), len(tokens))
         stop = "completed" if tokens and tokens[-1] == self.eos_token_id else "length"
         return TokenOutput(
             token_ids=tokens,
@@ -132,11 +133,12 @@ class HFGenerationServer:
             extra_fields={"global_steps": steps, "weight_version": self.weight_version},
         )
 
-    def _log_event(self, t0: float, t1: float) -> None:
+    def _log_event(self, t0: float, t1: float, length: int) -> None:
         if self._gen_log is None:
             return
+        event = {"version": self.weight_version, "t0": t0, "t1": t1, "length": length}
         with open(self._gen_log, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"version": self.weight_version, "t0": t0, "t1": t1}) + "\n")
+            f.write(json.dumps(event) + "\n")
 
     # ------------------------------------------------------------------ weights
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:

@@ -9,8 +9,13 @@ import torch
 from conduit_verl_cpu.tokenizer import build_tokenizer
 
 
-def build_model_dir(out_dir: str | Path, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
-    """Write config, weights (float32, seeded init) and tokenizer to ``out_dir``; return it."""
+def build_model_dir(
+    out_dir: str | Path, seed: int = 0, hidden: int = 64, layers: int = 2, max_positions: int = 256
+) -> Path:
+    """Write config, weights (float32, seeded init) and tokenizer to ``out_dir``; return it.
+
+    ``max_positions``: prompt + response tokens the model must take (its rotary embedding does not
+    depend on it, so the weights are the same for any value)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
@@ -23,7 +28,7 @@ def build_model_dir(out_dir: str | Path, seed: int = 0, hidden: int = 64, layers
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,

@@ -32,6 +32,7 @@ class CPURunSpec:
     algo: str = "grpo"  # "grpo" (group advantage, no critic) or "ppo" (GAE with a critic)
     tq_backend: str = "simple"  # a TQ_BACKENDS key: TransferQueue's storage backend
     tq_placement: tuple[tuple[str, str], ...] = ()  # Conduit backend: (field, tier) pairs
+    pace: tuple[tuple[str, float], ...] = ()  # paced rollout: pace.PaceModel fields; () = plain "hf"
 
 
 def critic_overrides(spec: CPURunSpec) -> list[str]:
@@ -116,6 +117,8 @@ def cpu_overrides(spec: CPURunSpec) -> list[str]:
         f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={spec.n}",
         f"{arr}.rollout.agent.num_workers=1",
         f"{arr}.rollout.seed={spec.seed}",
+        # the paced rollout (pace.py): real tokens, released at a modelled inference server's times
+        *(f"+{arr}.rollout.engine_kwargs.hf.paced.{k}={v}" for k, v in spec.pace),
         # devices and Ray: 1 fake GPU (2), enough CPU slots for TQ (1), loopback only
         "trainer.device=cpu",
         "trainer.n_gpus_per_node=1",

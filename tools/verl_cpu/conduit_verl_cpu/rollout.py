@@ -1,6 +1,7 @@
 """The "hf" rollout for verl: a replica (``RolloutReplicaRegistry``) and an in-worker adapter.
 
-- ``HFReplica`` launches one ``HFGenerationServer`` actor per replica; verl's load balancer and
+- ``HFReplica`` launches one ``HFGenerationServer`` actor per replica (a ``PacedGenerationServer``
+  when ``rollout.engine_kwargs.hf.paced`` is set: ``paced_server.py``); verl's load balancer and
   agent loop talk to it like to a vLLM server.
 - ``HFRolloutAdapter`` is the ``BaseRollout`` built inside the actor worker (hybrid engine). On
   ``update_weights`` (sync trainer: after every step) it ships the actor's full weights to the server.
@@ -35,6 +36,13 @@ def _model_path(model_config: Any) -> str:
     return str(getattr(model_config, "local_path", None) or model_config.path)
 
 
+def paced_settings(rollout_config: Any) -> dict[str, Any]:
+    """``actor_rollout_ref.rollout.engine_kwargs.hf.paced`` as a dict (empty: not paced)."""
+    engine = rollout_config.get("engine_kwargs") or {}
+    paced = (engine.get("hf") or {}).get("paced") or {}
+    return {str(k): v for k, v in paced.items()}
+
+
 class HFReplica(RolloutReplica):
     """One CPU generation server per replica (hybrid mode: colocated with the actor worker)."""
 
@@ -42,14 +50,19 @@ class HFReplica(RolloutReplica):
         name = server_actor_name(self.replica_rank)
         if self.is_reward_model or self.is_teacher_model:
             name = f"{name}{'_reward' if self.is_reward_model else '_teacher'}{self.name_suffix}"
-        server_cls: Any = ray.remote(HFGenerationServer)
-        options = {"name": name, "num_cpus": 0.1, "max_concurrency": self.max_concurrency}
-        server: ray.actor.ActorHandle = server_cls.options(**options).remote(
+        kwargs: dict[str, Any] = dict(
             model_path=_model_path(self.model_config),
             response_length=self.config.response_length,
             prompt_length=self.config.prompt_length,
             seed=int(self.config.get("seed", 0) or 0),
         )
+        server_cls: Any = ray.remote(HFGenerationServer)
+        if pace := paced_settings(self.config):
+            from conduit_verl_cpu.paced_server import PacedGenerationServer
+
+            server_cls, kwargs["pace"] = ray.remote(PacedGenerationServer), pace
+        options = {"name": name, "num_cpus": 0.1, "max_concurrency": self.max_concurrency}
+        server: ray.actor.ActorHandle = server_cls.options(**options).remote(**kwargs)
         self.servers = [server]
         self._server_handle = server
         self._server_address = f"{name}.local"  # a routing key; there is no HTTP server

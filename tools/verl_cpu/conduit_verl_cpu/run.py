@@ -52,6 +52,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         default="",
         help="Conduit backend: field=tier,... (tiers shm, host, disk; pinned, cuda on GPUs)",
     )
+    p.add_argument(
+        "--rollout",
+        choices=("hf", "paced"),
+        default="hf",
+        help="hf: generate on the CPU as fast as it goes; paced: real tokens released at a modelled "
+        "inference server's times (pace.py), a model of separate rollout hardware",
+    )
+    p.add_argument("--response-length", type=int, default=None, help="max response tokens (hf 16, paced 256)")
+    p.add_argument("--pace-median", type=int, default=64, help="paced: median response length (tokens)")
+    p.add_argument("--pace-tail", type=float, default=4.0, help="paced: p99 / median of the response length")
+    p.add_argument(
+        "--pace-scale", type=float, default=1.0, help="paced: multiplies every modelled time (0: no waiting)"
+    )
     p.add_argument("--dump-samples", action="store_true", help="write <work-dir>/samples.jsonl per step")
     p.add_argument("--work-dir", default=None, help="default: a new temp dir")
     args, extra = p.parse_known_args(argv)
@@ -63,7 +76,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         p.error(str(e))
     if args.tq_placement and args.tq_backend != "conduit":
         p.error("--tq-placement needs --tq-backend conduit")
+    if args.response_length is None:
+        args.response_length = 256 if args.rollout == "paced" else 16
+    args.pace = pace_settings(args)
     return args, extra
+
+
+def pace_settings(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
+    """The paced rollout's ``PaceModel`` fields set from the flags (checked here: ``ConfigError``)."""
+    if args.rollout != "paced":
+        return ()
+    from conduit_verl_cpu.pace import PaceModel
+
+    pace = {"median_len": args.pace_median, "tail": args.pace_tail, "time_scale": args.pace_scale}
+    PaceModel(max_len=args.response_length, **pace)  # type: ignore[arg-type]
+    return tuple(pace.items())
 
 
 def parse_placement(raw: str) -> tuple[tuple[str, str], ...]:
@@ -94,7 +121,10 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="conduit_verl_cpu_")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = build_model_dir(work / "model", seed=args.seed)
+    max_prompt = 32
+    model_dir = build_model_dir(
+        work / "model", seed=args.seed, max_positions=max(256, max_prompt + args.response_length)
+    )
     train, val = write_dataset(work / "data", seed=args.seed)
     spec = CPURunSpec(
         model_dir=model_dir,
@@ -110,6 +140,9 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
         algo=args.algo,
         tq_backend=args.tq_backend,
         tq_placement=args.tq_placement,
+        max_prompt_length=max_prompt,
+        max_response_length=args.response_length,
+        pace=args.pace,
     )
     return cpu_overrides(spec), work / "metrics.jsonl"
 
@@ -212,6 +245,9 @@ def write_summary(args: argparse.Namespace, metrics_path: Path, wall_s: float) -
         "steps": args.steps,
         "iterations": len(read_metrics(metrics_path)),
         "wall_s": round(wall_s, 2),
+        "rollout": args.rollout,  # "paced": generation times modelled (pace.py), not measured
+        "pace": dict(args.pace),
+        "response_length": args.response_length,
         "tq_backend": TQ_BACKENDS[args.tq_backend],  # what was asked for
         "tq_placement": dict(args.tq_placement),
         "tq_backend_ran": stats.get("backend"),  # what verl's TransferQueue storage was (None: unknown)

@@ -61,6 +61,13 @@ SEAMS: tuple[Seam, ...] = (
         params=("token_ids", "log_probs", "stop_reason", "extra_fields"),
     ),
     Seam("module global `rollout.base._ROLLOUT_REGISTRY`", _BASE, "_ROLLOUT_REGISTRY"),
+    # the paced rollout's settings ride in rollout.engine_kwargs.hf.paced (rollout.paced_settings)
+    Seam(
+        "rollout config field `engine_kwargs`",
+        "verl.workers.config.rollout",
+        "RolloutConfig",
+        source="engine_kwargs: dict",
+    ),
     Seam("class `BaseRollout`", _BASE, "BaseRollout", params=("config", "model_config", "device_mesh")),
     Seam("rollout method `update_weights`", _BASE, "BaseRollout.update_weights"),
     # PPO's critic on CPU (patches._patch_valuehead_model)

@@ -1,0 +1,130 @@
+"""The paced generation server: real tokens from the tiny model, released at modelled times.
+
+``PacedGenerationServer`` is the ``HFGenerationServer`` with another ``generate``. A request draws
+its response length from its sampling seed and its prompt's (``pace.PaceModel.draw_length``), registers with the
+``Pacer`` as it arrives, and joins the next *wave*: requests that arrive together (no new one for
+``GATHER_S``) are generated in one batch (``batch_sampler.sample_batch``), each finishing after its
+own length's steps. The response is then held until its modelled finish and released; the server
+sleeps meanwhile, leaving the cores to the rest of the pipeline, as separate rollout GPUs would.
+A response whose real tokens come later than its modelled finish is released when they come; the
+generation log records that lateness (``late_s``), so a run can tell whether the model held.
+
+The generation log (``GEN_LOG_ENV``) gets, per request, ``t0`` (arrival) and ``t1`` (release) like
+the plain server, plus ``length``, ``model_s`` (unscaled modelled finish after the busy period's
+first arrival: the benchmark's calibration reads it) and ``late_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from conduit_verl_cpu.batch_sampler import Request, sample_batch
+from conduit_verl_cpu.hf_server import HFGenerationServer, request_seed
+from conduit_verl_cpu.pace import PaceModel, Pacer
+
+#: a wave closes when no request has arrived for this long (verl's agent loop sends a step's
+#: requests in one burst)
+GATHER_S = 0.02
+
+
+class PacedGenerationServer(HFGenerationServer):
+    """Generates every token for real; releases each response when the modelled server would."""
+
+    def __init__(self, *args: Any, pace: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pace = PaceModel(**{"max_len": self.response_length, **pace})
+        self.pacer = Pacer(self.pace)
+        self._pending: list[tuple[Request, float, asyncio.Future]] = []
+        self._waves: asyncio.Task | None = None
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        **_kwargs: Any,
+    ) -> Any:
+        """verl's server ``generate``: token ids in, ``TokenOutput`` out, at the modelled time."""
+        from verl.workers.rollout.replica import TokenOutput
+
+        from conduit.errors import ConfigError
+
+        params = dict(sampling_params)
+        if float(params.get("top_p", 1.0) or 1.0) < 1.0 or int(params.get("top_k", -1) or -1) > 0:
+            raise ConfigError(f"paced rollout samples the full distribution; got top_p/top_k in {params}")
+        ids = list(prompt_ids)
+        key = (self.weight_version, tuple(ids))
+        occurrence = self._occurrences.get(key, 0)
+        self._occurrences[key] = occurrence + 1
+        seed = request_seed(self.seed, self.weight_version, ids, occurrence)
+        cap = int(params.get("max_tokens", params.get("max_new_tokens", self.response_length)))
+        prompt_seed = request_seed(self.seed, self.weight_version, ids, -1)  # common to the group
+        length = min(self.pace.draw_length(seed, prompt_seed), max(1, min(cap, self.response_length)))
+        t0 = time.time()
+        ticket = self.pacer.arrive(len(ids), length)
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.append((Request(ids, length, seed), float(params.get("temperature", 1.0) or 0.0), done))
+        if self._waves is None or self._waves.done():
+            self._waves = asyncio.create_task(self._run_waves())
+        tokens, log_probs, steps, version = await done
+        released = await self.pacer.release(ticket)
+        late_s = released - self.pacer.finish_at(ticket)  # > 0: the real tokens came after the model's time
+        self._log(t0, time.time(), version, length, self.pacer.model_finish_s(ticket), late_s)
+        stop = "completed" if tokens and tokens[-1] == self.eos_token_id else "length"
+        return TokenOutput(
+            token_ids=tokens,
+            log_probs=log_probs if params.get("logprobs") else None,
+            stop_reason=stop,
+            extra_fields={"global_steps": steps, "weight_version": version},
+        )
+
+    async def _run_waves(self) -> None:
+        """Gather the requests that arrive together and generate them as one batch, until none wait."""
+        while self._pending:
+            seen = -1
+            while seen != len(self._pending):  # wait for the burst to end
+                seen = len(self._pending)
+                await asyncio.sleep(GATHER_S)
+            wave, self._pending = self._pending, []
+            for temperature in sorted({t for _, t, _ in wave}):
+                part = [(r, f) for r, t, f in wave if t == temperature]
+                try:
+                    await self._generate_wave(part, temperature)
+                except Exception as e:  # never leave a request waiting forever
+                    for _, f in part:
+                        if not f.done():
+                            f.set_exception(e)
+
+    async def _generate_wave(self, part: list[tuple[Request, asyncio.Future]], temperature: float) -> None:
+        """One batch through the model; each request's future is set as its response completes."""
+        loop = asyncio.get_running_loop()
+        async with self._lock:  # no weight update in the middle of a wave
+            tag = (self.global_steps, self.weight_version)
+
+            def deliver(i: int, tokens: list[int], logps: list[float]) -> None:
+                loop.call_soon_threadsafe(part[i][1].set_result, (tokens, logps, *tag))
+
+            reqs = [r for r, _ in part]
+            await asyncio.to_thread(
+                sample_batch,
+                self.model,
+                reqs,
+                temperature,
+                self.eos_token_id,
+                self.pad_token_id,
+                self.response_length,
+                deliver,
+            )
+
+    def _log(self, t0: float, t1: float, version: int, length: int, model_s: float, late_s: float) -> None:
+        if self._gen_log is None:
+            return
+        event = {"version": version, "t0": t0, "t1": t1, "length": length, "model_s": model_s}
+        event["late_s"] = round(max(0.0, late_s), 6)
+        with open(self._gen_log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(event) + "\n")
