@@ -6,6 +6,7 @@ the learner update, target-network updates and weight sync are RLlib's own calls
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from conduit import BufferConfig
@@ -77,14 +78,17 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
 
     def training_step(self) -> None:
         store_weight, train_weight = calculate_rr_weights(self.config)
+        sampling_s, learning_s, env_steps = 0.0, 0.0, 0  # the producer's and consumer's compute (auto)
         for _ in range(store_weight):
+            t0 = time.perf_counter()
             with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
                 episodes, env_runner_results = sample_episodes(
                     self.env_runner_group, sample_timeout_s=self.config.sample_timeout_s
                 )
+            sampling_s += time.perf_counter() - t0
             self.metrics.aggregate(env_runner_results, key=ENV_RUNNER_RESULTS)
             with self.metrics.log_time((TIMERS, REPLAY_BUFFER_ADD_DATA_TIMER)):
-                self._replay.add(episodes, version=self._policy_version)
+                env_steps += self._replay.add(episodes, version=self._policy_version)
 
         if self._sampled_ts() < self.config.num_steps_sampled_before_learning_starts:
             return
@@ -93,11 +97,13 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
         for _ in range(train_weight):
             with self.metrics.log_time((TIMERS, REPLAY_BUFFER_SAMPLE_TIMER)):
                 train = self._replay.sample(self.config.total_train_batch_size)
+            t0 = time.perf_counter()
             with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
                 learner_results = self.learner_group.update(**train.kwargs, timesteps=self._timesteps())
                 self._policy_version += 1
                 td_errors = pop_td_errors(learner_results)
                 self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+            learning_s += time.perf_counter() - t0
             with self.metrics.log_time((TIMERS, REPLAY_BUFFER_UPDATE_PRIOS_TIMER)):
                 self._replay.update_priorities(train, td_errors)
 
@@ -108,6 +114,9 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
                 global_vars=None,
                 inference_only=True,
             )
+        self._replay.end_step(
+            sampling_s, learning_s, env_steps, train_weight, self.config.total_train_batch_size
+        )
 
     def _sampled_ts(self) -> int:
         if self.config.count_steps_by == "agent_steps":

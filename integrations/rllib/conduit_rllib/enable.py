@@ -11,7 +11,7 @@ from conduit_rllib.validate import algorithm_name, check_dqn_config, check_ppo_c
 def enable(
     config: Any,
     *,
-    overlap: str = "sync",
+    overlap: str = "auto",
     depth: int | None = None,
     g_ing: int = 1,
     g_del: int | None = None,
@@ -19,6 +19,11 @@ def enable(
     stage_steps: int | None = None,
 ) -> Any:
     """Return ``config`` set up to run its algorithm with Conduit's experience path.
+
+    ``overlap="auto"`` (the default) lets the core's cost model and tuner choose DQN's overlap,
+    ``stage_steps``, ``g_del`` and ``depth`` after a short measured warm-up (any of them passed here
+    stays pinned); the choice, its reason and its staleness are logged (``conduit.tuner``). See
+    :class:`~conduit_rllib.settings.ConduitSettings` for every knob.
 
     Example:
         >>> config = DQNConfig().environment("CartPole-v1")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from conduit import BufferConfig, Column, Conduit, Delivery, Metrics, Schema
+from conduit import BufferConfig, Column, ColumnBatch, Conduit, Delivery, Metrics, SchedulerConfig, Schema
+from conduit.costmodel import OperatorCost
+from conduit_rllib.dqn_tuning import DQNTuning, probe_costs
 from conduit_rllib.fragments import TransitionPacker, by_module
 from conduit_rllib.nstep import nstep_operator
 from conduit_rllib.settings import ConduitSettings
@@ -46,6 +50,9 @@ def transition_schema(obs_dtype: torch.dtype, obs_shape: tuple[int, ...]) -> Sch
 class ConduitReplay:
     """Replaces RLlib's episode replay buffer, sampling and learner connector for DQN.
 
+    Under ``overlap="auto"`` it starts on the tuner's probe settings and moves its buffers to new
+    Conduits (``reconfigure``) when the tuner switches (``dqn_tuning.py``, driven by ``end_step``).
+
     Args:
         settings: the plugin's knobs; buffer: capacity, sampler, alpha, beta.
         n_step, gamma: DQN's n-step target settings, applied once per transition at ingestion.
@@ -73,7 +80,11 @@ class ConduitReplay:
         self.packers: dict[str, TransitionPacker] = {}
         self.obs_specs: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
         self._ones: dict[tuple[str, int], torch.Tensor] = {}
-        self.stage_steps = settings.stage_steps_for("dqn")
+        self.tuning = DQNTuning(settings) if settings.overlap == "auto" else None
+        if self.tuning is not None:
+            self.settings = self.tuning.probe
+        self.stage_steps = self.settings.stage_steps_for("dqn")
+        self._last_put: dict[str, ColumnBatch] = {}
         self._prios: dict[str, list[tuple[Delivery, np.ndarray]]] = {}
         self._prio_calls = 0
         self._version = 0
@@ -120,6 +131,8 @@ class ConduitReplay:
     def _put(self, mid: str, packer: TransitionPacker, version: int) -> None:
         batch = packer.pack()
         if batch is not None:
+            if bool(batch["emit"].any()):  # the calibration probe's rows (auto): some transitions in them
+                self._last_put[mid] = batch
             obs = batch["obs"]
             self._conduit(mid, obs.dtype, tuple(obs.shape[1:])).put(batch, version=version)
 
@@ -203,6 +216,49 @@ class ConduitReplay:
             )
             pending.clear()
             self.conduits[mid].update_priorities_at(slots, gens, prio)
+
+    # -- auto-tuning (overlap="auto") -------------------------------------------------------------
+
+    def end_step(
+        self, producer_s: float, consumer_s: float, env_steps: int, updates: int, batch_size: int
+    ) -> None:
+        """A learning step ended (seconds sampling and learning); under ``auto``, maybe switch knobs."""
+        if self.tuning is None or not self._last_put:
+            return
+        mid = sorted(self._last_put)[0]
+
+        def calibrate() -> tuple[OperatorCost, OperatorCost, int, int]:
+            rows = self._last_put[mid]
+            ingest, deliver = probe_costs(lambda g: self._scratch(mid, g), rows, batch_size)
+            return ingest, deliver, batch_size, round(rows.nbytes / rows.size)
+
+        chosen = self.tuning.end_step(producer_s, consumer_s, env_steps, updates, calibrate)
+        if chosen is not None and chosen != self.settings:
+            t0 = time.perf_counter()
+            self.reconfigure(chosen)
+            self.tuning.switched(time.perf_counter() - t0)
+
+    def _scratch(self, mid: str, g_del: int) -> Conduit:
+        """A throw-away sync Conduit shaped like ``mid``'s, for the calibration probe."""
+        dtype, shape = self.obs_specs[mid]
+        return Conduit(
+            step_schema(dtype, shape),
+            dataclasses.replace(self.buffer_config, capacity=4096, capacity_bytes=None, journal=None),
+            SchedulerConfig("sync", depth=max(2, g_del), g_del=g_del),
+            ingest=[nstep_operator(self.n_step, self.gamma)],
+            device=self.device,
+            ranks=max(1, self.num_learners),
+            stored_schema=transition_schema(dtype, shape),
+            metrics=Metrics(trace=False),
+        )
+
+    def reconfigure(self, settings: ConduitSettings) -> None:
+        """Run on under ``settings``: every module's buffer moves to new Conduits through ``state_dict``."""
+        state = self.state_dict()
+        self.close()
+        self.conduits = {}
+        self.settings, self.stage_steps = settings, settings.stage_steps_for("dqn")
+        self.load_state_dict(state)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 

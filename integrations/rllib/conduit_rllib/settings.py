@@ -6,11 +6,15 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from conduit import SchedulerConfig
 from conduit.errors import ConfigError
+
+log = logging.getLogger("conduit_rllib")
+OVERLAPS = ("sync", "async", "auto")
 
 
 @dataclass(frozen=True)
@@ -18,9 +22,12 @@ class ConduitSettings:
     """How the plugin drives Conduit.
 
     Args:
-        overlap: ``sync`` (inline, RLlib's behaviour) or ``async`` (ingestion and delivery on
-            background workers, deliveries prepared ``depth`` ahead). PPO's GAE runs on the ingestion
-            worker and its epochs of minibatches are laid out by the delivery worker.
+        overlap: ``sync`` (inline, RLlib's behaviour), ``async`` (ingestion and delivery on
+            background workers, deliveries prepared ``depth`` ahead; PPO's GAE runs on the ingestion
+            worker and its epochs of minibatches are laid out by the delivery worker) or ``auto``:
+            for DQN the core's cost model and tuner choose overlap, ``stage_steps``, ``g_del`` and
+            ``depth`` after a measured warm-up (``dqn_tuning.py``; knobs set here stay pinned); PPO
+            runs ``sync`` under ``auto`` (not tuned yet). ``auto`` is the default.
         depth: deliveries (and queued fragments) kept ready in async mode (``None``: ``2 * g_del``).
         g_ing: fragments per ingestion-operator call.
         g_del: mini-batches sampled and gathered per delivery call (``None``: 8 for async DQN, whose
@@ -31,7 +38,7 @@ class ConduitSettings:
             it, as in RLlib) and 32 in async mode (one put and one priority update per 32 steps).
     """
 
-    overlap: str = "sync"
+    overlap: str = "auto"
     depth: int | None = None
     g_ing: int = 1
     g_del: int | None = None
@@ -39,6 +46,8 @@ class ConduitSettings:
     stage_steps: int | None = None
 
     def __post_init__(self) -> None:
+        if self.overlap not in OVERLAPS:
+            raise ConfigError(f"conduit setting overlap must be one of {OVERLAPS}, got {self.overlap!r}")
         self.scheduler()  # validates the knobs, naming a bad one
         if self.stage_steps is not None and self.stage_steps < 1:
             raise ConfigError(f"stage_steps must be >= 1, got {self.stage_steps}")
@@ -61,7 +70,12 @@ class ConduitSettings:
         if g_del is None:
             g_del = 8 if self.overlap == "async" and algo == "dqn" else 1
         depth = self.depth if self.depth is not None else 2 * g_del
-        return SchedulerConfig(overlap=self.overlap, depth=depth, g_ing=self.g_ing, g_del=g_del)
+        overlap = self.overlap
+        if overlap == "auto":  # DQN: the warm-up probe before the tuner chooses (dqn_tuning.py)
+            overlap = "sync"
+            if algo == "ppo":
+                log.info("conduit overlap='auto' runs PPO sync: the tuner covers DQN's knobs so far")
+        return SchedulerConfig(overlap=overlap, depth=depth, g_ing=self.g_ing, g_del=g_del)
 
     @classmethod
     def of(cls, config: Any) -> ConduitSettings:

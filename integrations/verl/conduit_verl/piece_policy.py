@@ -2,30 +2,34 @@
 
 ``auto`` has two parts.
 
-The cost model picks how to stream. It keeps ``seconds = a + b * groups`` for one piece's
-ingestion (least squares over recent pieces: ``a`` is the per-call cost of the worker calls and TQ
-round trips, ``b`` the per-group compute) and the finish times of the last step's groups (from the
-completion channel; all groups are submitted at once, so they finish in clusters, not at a rate).
-For each candidate ``g`` it replays the streaming schedule on those finish times (wait for ``g``
-groups, take every finished one, ingest, repeat) and keeps the ``g`` whose last piece is ingested
-first — the exposed tail. Ties go to the larger ``g`` (fewer pieces, less work); the current ``g``
-is kept unless another is predicted ``HYSTERESIS`` faster (timings are noisy). Until a step has
-been measured: two pieces (half the groups each).
+The core's cost model (``conduit.costmodel``) picks how to stream. It keeps
+``seconds = a + b * groups`` for one piece's ingestion (an ``OperatorCost`` fitted by least squares
+over recent pieces: ``a`` is the per-call cost of the worker calls and TQ round trips, ``b`` the
+per-group compute) and the finish times of the last step's groups (from the completion channel; all
+groups are submitted at once, so they finish in clusters, not at a rate). For each candidate ``g`` it
+replays the streaming schedule on those finish times (the model's streaming composition,
+``stream_end``: wait for ``g`` groups, take every finished one, ingest, repeat) and keeps the ``g``
+whose last piece is ingested first — the exposed tail. Ties go to the larger ``g`` (fewer pieces,
+less work); the current ``g`` is kept unless another is predicted ``HYSTERESIS`` faster (timings
+are noisy). Until a step has been measured: two pieces (half the groups each).
 
 The model cannot see what overlap costs generation when both share the same cores or device
 (ingestion during generation slows it). So the step time decides whether to stream at all: the
 policy measures whole iterations (start of one step to the start of the next) under the model's
 ``g`` ("stream") and under one whole-batch piece ("whole", verl's schedule), ``PROBES`` of each
 after the warm-up step, then runs the arm with the lower median and re-measures the other every
-``REPROBE_EVERY`` steps. Any ``g`` gives the same samples and losses; only time differs.
+``REPROBE_EVERY`` steps (medians over the last ``PROBES`` steps of each arm, so a drifting step time,
+e.g. longer responses, moves the choice within a few steps). Any ``g`` gives the same samples and
+losses; only time differs.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections import deque
+
+from conduit.costmodel import CostWindow, OperatorCost, stream_end
 
 #: pieces remembered for the cost fit
 WINDOW = 32
@@ -41,15 +45,7 @@ def simulate(finish: list[float], g: int, a: float, b: float, unit: int) -> floa
 
     Pieces are whole multiples of ``unit`` groups, at least ``g`` (never over what is left).
     """
-    total, taken, t = len(finish), 0, 0.0
-    while taken < total:
-        want = min(g, total - taken)
-        t = max(t, finish[taken + want - 1])
-        ready = bisect.bisect_right(finish, t) - taken
-        k = min(total - taken, max(want, ready // unit * unit))
-        t += a + b * k
-        taken += k
-    return t
+    return stream_end(finish, g, OperatorCost(a, b), unit)
 
 
 class PiecePolicy:
@@ -59,7 +55,7 @@ class PiecePolicy:
         self.setting = g_ing
         self.groups = groups
         self.unit = unit
-        self.pieces: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self.pieces = CostWindow(WINDOW)
         self.finish: list[float] | None = None
         self.chosen = self._round(math.ceil(groups / 2))
         self.periods: dict[str, deque[float]] = {
@@ -101,25 +97,19 @@ class PiecePolicy:
 
     def record_piece(self, groups: int, seconds: float) -> None:
         """One piece of ``groups`` took ``seconds`` of ingestion."""
-        self.pieces.append((groups, seconds))
+        self.pieces.record(1, groups, seconds)
 
     def record_step(self, finish: list[float]) -> None:
         """The step's group finish times (seconds from its start); re-choose ``g`` for ``auto``."""
         self.finish = sorted(finish)
-        if self.setting == "auto" and len(self.finish) == self.groups and self.pieces:
+        if self.setting == "auto" and len(self.finish) == self.groups and len(self.pieces):
             a, b = self.cost()
             self.chosen = self.best(a, b)
 
     def cost(self) -> tuple[float, float]:
-        """``(a, b)`` of ``seconds = a + b * groups`` (least squares; one size only: split evenly)."""
-        xs = [float(k) for k, _ in self.pieces]
-        ys = [s for _, s in self.pieces]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        var = sum((x - mx) ** 2 for x in xs)
-        if var > 0:
-            b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var)
-            return max(0.0, my - b * mx), b
-        return my / 2, my / 2 / mx
+        """``(a, b)`` of ``seconds = a + b * groups`` (the core's least-squares fit over the window)."""
+        fit = self.pieces.fit()
+        return fit.a, fit.b
 
     def best(self, a: float, b: float) -> int:
         """The candidate ``g`` with the earliest predicted end of the last piece."""

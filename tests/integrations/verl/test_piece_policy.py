@@ -79,3 +79,15 @@ def test_auto_measures_both_schedules_then_keeps_the_faster() -> None:
     ]
     fixed = PiecePolicy(1, groups=4, unit=1)
     assert set(_run_steps(fixed, {"stream": 5.0, "whole": 1.0}, 12)) == {1}  # a fixed g_ing never changes
+
+
+def test_the_policy_fit_is_the_core_cost_model() -> None:
+    from conduit.costmodel import OperatorCost, Sample
+
+    policy = PiecePolicy("auto", groups=8, unit=1)
+    pieces = [(1, 0.31), (2, 0.33), (4, 0.46), (8, 0.62)]  # noisy: not on one line
+    for k, s in pieces:
+        policy.record_piece(k, s)
+    core = OperatorCost.fit([Sample(1, k, 0, s) for k, s in pieces])
+    assert policy.cost() == pytest.approx((core.a, core.b))
+    assert simulate([1.0, 2.0], 1, core.a, core.b, 1) == pytest.approx(2.0 + core.a + core.b)

@@ -1,0 +1,402 @@
+"""Does the cost model rank configurations the way they measure, and does the auto-tuner pick the best?
+
+    python benchmarks/autotune.py [--quick] [--device cpu|cuda] [--out FILE]
+
+The workload is a real loop on the core (:class:`SyntheticLoop`): per iteration a producer does torch
+work (an MLP layer) and puts ``PUTS`` fragments of ``FRAG`` items, each item ``dim`` float32 features
+and a reward; an ingestion operator normalises the features and discounts the rewards (vectorised);
+the consumer gets ``GETS`` batches of ``batch`` items and does torch work on each (a layer over the
+delivered features, then an MLP layer). Nothing is a stub: every configuration runs a real
+``Conduit``.
+
+Calibration (sizes ``CALIB_DIMS``, never evaluated): four runs per size (:data:`CALIB_CONFIGS`: sync
+``g_del`` 1 and 8, async ``g_ing`` 8 with ``g_del`` 4, async ``g_ing`` 1 with ``g_del`` 1) give the
+ingestion and delivery costs (``OperatorCost.fit`` over per-iteration totals; delivery's per-byte term
+from the measured host link of ``conduit.discovery.local_topology()``), the fixed cost per put/get
+call, the interference ``sigma`` and the wake-up cost per background call (``calibrate_overlap``). At
+each evaluated size the workload's own compute (producer, consumer) is timed alone, without Conduit:
+that is the workload, not the data path.
+
+For each of 5 evaluated sizes, all 32 configurations of :data:`SPACE` are measured (median seconds
+per iteration over 3 rounds, each in a fresh random order), the model predicts each, and an
+:class:`~conduit.tuner.AutoTuner` (fresh cache) measures up to its top 3 (no more once its time
+passes their iterations at the predicted best plus 2% of a 100-iteration run; the first is always
+measured) and picks. Printed and written per size: best measured, predicted best, the top-8 order
+(same set? same order?), Kendall's tau over all 32 (and over the 28 configurations not used in
+calibration), the auto pick's gap to the best measured configuration and the tuning overhead (tuning
+time beyond running the same iterations at the best configuration: set-up and worse candidates) as a
+share of a 100-iteration run. JSON and a PNG (measured against predicted, manual configurations
+grey, the pick highlighted) under ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+
+from conduit import BufferConfig, Column, ColumnBatch, Conduit, Operator, SchedulerConfig, Schema  # noqa: E402
+from conduit.costmodel import (  # noqa: E402
+    IterationModel,
+    Knobs,
+    OperatorCost,
+    Sample,
+    Workload,
+    calibrate_overlap,
+    link_bandwidth,
+)
+from conduit.discovery import fingerprint, local_topology  # noqa: E402
+from conduit.tuner import AutoTuner, Signature, describe  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PUTS, GETS, FRAG, CAPACITY, HIDDEN = 8, 16, 32, 2048, 256
+PREFILL = 256  # items put before a run is timed (sampling needs data; the ring fills as it runs)
+EVAL_DIMS = (8, 64, 512, 2048, 8192)
+CALIB_DIMS = (32, 1024)
+CALIB_CONFIGS = (
+    Knobs("sync", g_del=1),
+    Knobs("sync", g_del=8),
+    Knobs("async", 8, 8, 4),
+    Knobs("async", 2, 1, 1),
+)
+TUNING_SHARE = 0.02  # tuning overhead allowed, as a share of a 100-iteration run
+TOP_K = 3  # candidates the tuner measures
+SPACE: list[Knobs] = (
+    [Knobs("sync", g_del=g) for g in (1, 2, 4, 8)]
+    + [Knobs("async", 2 * d, i, d) for i in (1, 2, 4, 8) for d in (1, 2, 4, 8)]
+    + [Knobs("async", d, i, d) for i in (1, 4, 8) for d in (1, 2, 4, 8)]
+)
+assert len(SPACE) == 32
+
+
+def normalise(batch: ColumnBatch) -> ColumnBatch:
+    """The ingestion operator: per-fragment feature normalisation and discounted rewards."""
+    obs = batch["obs"]
+    obs = (obs - obs.mean(0)) / (obs.std(0) + 1e-6)
+    rew = batch["reward"]
+    disc = torch.cumsum(rew.flip(0), 0).flip(0) * 0.99
+    return ColumnBatch({"obs": obs, "reward": disc})
+
+
+class SyntheticLoop:
+    """One workload size: ``dim`` features per item, ``batch`` items per get, on ``device``."""
+
+    def __init__(self, dim: int, batch: int, device: str, frag: int = FRAG) -> None:
+        self.dim, self.batch, self.frag, self.device = dim, batch, frag, torch.device(device)
+        g = torch.Generator().manual_seed(dim)
+        self.x_prod = torch.randn(frag, HIDDEN, generator=g)
+        self.w_prod = torch.randn(HIDDEN, HIDDEN, generator=g) / HIDDEN**0.5
+        self.w_in = (torch.randn(dim, HIDDEN, generator=g) / dim**0.5).to(self.device)
+        self.w_out = (torch.randn(HIDDEN, HIDDEN, generator=g) / HIDDEN**0.5).to(self.device)
+        self.fragment = ColumnBatch(
+            {"obs": torch.randn(frag, dim, generator=g), "reward": torch.randn(frag, generator=g)}
+        )
+        self.schema = Schema([Column("obs", torch.float32, (dim,)), Column("reward", torch.float32)])
+
+    @property
+    def item_bytes(self) -> int:
+        return 4 * self.dim + 4
+
+    def produce(self) -> ColumnBatch:
+        """The producer's compute for one fragment (a real layer), then the fragment."""
+        torch.tanh(self.x_prod @ self.w_prod)
+        return ColumnBatch({"obs": self.fragment["obs"] * 1.0, "reward": self.fragment["reward"] * 1.0})
+
+    def consume(self, obs: torch.Tensor) -> None:
+        """The consumer's compute on one delivered batch."""
+        h = torch.relu(obs @ self.w_in)
+        torch.relu(h @ self.w_out).sum().item()
+
+    def compute_only(self, iters: int) -> tuple[float, float]:
+        """Median producer and consumer seconds per iteration, without Conduit."""
+        fake = torch.randn(self.batch, self.dim).to(self.device)
+        prod, cons = [], []
+        for _ in range(iters + 1):
+            t0 = time.perf_counter()
+            for _ in range(PUTS):
+                self.produce()
+            t1 = time.perf_counter()
+            for _ in range(GETS):
+                self.consume(fake)
+            t2 = time.perf_counter()
+            prod.append(t1 - t0)
+            cons.append(t2 - t1)
+        return statistics.median(prod[1:]), statistics.median(cons[1:])
+
+    def run(self, knobs: Knobs, iters: int, warmup: int) -> tuple[float, list[dict[str, float]]]:
+        """Median seconds per iteration under ``knobs`` and the measured iterations' Conduit metrics."""
+        sched = SchedulerConfig(knobs.overlap, knobs.depth, knobs.g_ing, knobs.g_del)
+        buf = BufferConfig.uniform_replay(CAPACITY, timeout_s=60.0, tier=knobs.placement)
+        conduit = Conduit(
+            self.schema, buf, sched, ingest=[Operator("normalise", normalise)], device=self.device
+        )
+        try:
+            conduit.put(ColumnBatch({"obs": torch.randn(PREFILL, self.dim), "reward": torch.randn(PREFILL)}))
+            conduit.flush()
+            walls, metrics = [], []
+            for i in range(warmup + iters):
+                conduit.end_iteration()
+                t0 = time.perf_counter()
+                for _ in range(PUTS):
+                    conduit.put(self.produce(), version=0)
+                for _ in range(GETS):
+                    self.consume(conduit.get(self.batch).batch["obs"])
+                wall = time.perf_counter() - t0
+                if i >= warmup:
+                    walls.append(wall)
+                    metrics.append(conduit.end_iteration())
+        finally:
+            conduit.close(drain=False)
+        return statistics.median(walls), metrics
+
+
+def _op(metrics: list[dict[str, float]], name: str) -> tuple[float, float]:
+    """Median seconds and calls per iteration of span ``name``."""
+    return (
+        statistics.median(m.get(f"op/{name}_s", 0.0) for m in metrics),
+        statistics.median(m.get(f"op/{name}_calls", 0.0) for m in metrics),
+    )
+
+
+@dataclasses.dataclass
+class Calibration:
+    ingest: OperatorCost
+    deliver: OperatorCost
+    call_s: float
+    interference: float
+    wake_s: float
+    bandwidth: float
+
+    def model(self, loop: SyntheticLoop, producer_s: float, consumer_s: float) -> IterationModel:
+        work = Workload(producer_s, consumer_s, PUTS, loop.frag, GETS, loop.batch, loop.item_bytes)
+        return IterationModel(
+            work,
+            self.ingest,
+            self.deliver,
+            self.call_s,
+            self.interference,
+            self.wake_s,
+            {"host": self.bandwidth},
+        )
+
+
+def calibrate(batch: int, device: str, iters: int, warmup: int, bandwidth: float) -> Calibration:
+    """Operator costs, call cost and overlap costs from runs at ``CALIB_DIMS`` (module docstring)."""
+    ingest, deliver, calls, runs = [], [], [], []
+    items_in, items_out = PUTS * FRAG, GETS * batch
+    for dim in CALIB_DIMS:
+        loop = SyntheticLoop(dim, batch, device)
+        for knobs in CALIB_CONFIGS[2:]:  # async: ingestion calls of g_ing fragments, the put's own cost
+            wall, m = loop.run(knobs, iters, warmup)
+            put_s, put_calls = _op(m, "put")
+            calls.append(put_s / max(put_calls, 1))
+            s, c = _op(m, "ingest/batch")
+            ingest.append(Sample(max(c, 1), items_in, items_in * loop.item_bytes, s))
+            runs.append((loop, knobs, wall))
+        for knobs in CALIB_CONFIGS[:2]:  # sync: delivery calls of g_del batches; ingestion inside put
+            _, m = loop.run(knobs, iters, warmup)
+            s, c = _op(m, "deliver/batch")
+            deliver.append(Sample(max(c, 1), items_out, items_out * loop.item_bytes, s))
+            put_s, put_calls = _op(m, "put")
+            inline = max(0.0, put_s - statistics.median(calls) * put_calls)
+            ingest.append(Sample(put_calls, items_in, items_in * loop.item_bytes, inline))
+    cal = Calibration(
+        OperatorCost.fit(ingest),
+        OperatorCost.fit(deliver, bandwidth),
+        statistics.median(calls),
+        0.0,
+        0.0,
+        bandwidth,
+    )
+    compute = {id(loop): loop.compute_only(iters) for loop, _, _ in runs}
+    cal.interference, cal.wake_s = calibrate_overlap(
+        [(cal.model(loop, *compute[id(loop)]), knobs, wall) for loop, knobs, wall in runs]
+    )
+    return cal
+
+
+def kendall(xs: list[float], ys: list[float]) -> float:
+    from scipy.stats import kendalltau
+
+    return float(kendalltau(xs, ys).statistic)
+
+
+def measure_grid(loop: SyntheticLoop, iters: int, warmup: int, rounds: int) -> list[float]:
+    """Seconds per iteration of every configuration: the median over ``rounds`` rounds, each round in
+    a fresh random order (so a change of machine load spreads over all configurations)."""
+    runs: list[list[float]] = [[] for _ in SPACE]
+    order = list(range(len(SPACE)))
+    rng = random.Random(loop.dim)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for i in order:
+            runs[i].append(loop.run(SPACE[i], iters, warmup)[0])
+    return [statistics.median(r) for r in runs]
+
+
+def evaluate(
+    dim: int, batch: int, device: str, cal: Calibration, iters: int, warmup: int, rounds: int, cache: Path
+) -> dict[str, Any]:
+    """All of ``SPACE`` measured and predicted at one size, and the tuner's pick."""
+    loop = SyntheticLoop(dim, batch, device)
+    producer_s, consumer_s = loop.compute_only(iters)
+    model = cal.model(loop, producer_s, consumer_s)
+    measured = measure_grid(loop, iters, warmup, rounds)
+    predicted = [model.predict(k).wall_s for k in SPACE]
+    # the candidates' own iterations at the predicted best, plus 2% of a 100-iteration run of overhead
+    budget = (TUNING_SHARE * 100 + TOP_K * (iters + warmup)) * min(predicted)
+    tuner = AutoTuner(
+        SPACE,
+        model.predict,
+        lambda k: loop.run(k, iters, warmup)[0],
+        cache_dir=cache,
+        top_k=3,
+        budget_s=budget,
+    )
+    choice = tuner.tune(Signature("synthetic", batch, float(loop.item_bytes), fingerprint()))
+    pick = SPACE.index(choice.config)
+    best = min(range(len(SPACE)), key=measured.__getitem__)
+    order_m = sorted(range(len(SPACE)), key=measured.__getitem__)[:8]
+    order_p = sorted(range(len(SPACE)), key=predicted.__getitem__)[:8]
+    auto_s = choice.measured_s[describe(choice.config)]
+    return {
+        "dim": dim,
+        "item_bytes": loop.item_bytes,
+        "batch": batch,
+        "producer_s": producer_s,
+        "consumer_s": consumer_s,
+        "configs": [dataclasses.asdict(k) for k in SPACE],
+        "measured_s": measured,
+        "predicted_s": predicted,
+        "best_measured": {"config": describe(SPACE[best]), "seconds": measured[best]},
+        "predicted_best": {"config": describe(SPACE[order_p[0]]), "measured_seconds": measured[order_p[0]]},
+        "top8_same_set": set(order_m) == set(order_p),
+        "top8_same_order": order_m == order_p,
+        "top8_overlap": len(set(order_m) & set(order_p)),
+        "kendall_tau": kendall(predicted, measured),
+        "kendall_tau_unseen_configs": kendall(
+            [p for p, k in zip(predicted, SPACE, strict=True) if k not in CALIB_CONFIGS],
+            [m for m, k in zip(measured, SPACE, strict=True) if k not in CALIB_CONFIGS],
+        ),
+        "auto": {
+            "config": describe(choice.config),
+            "reason": choice.reason,
+            "staleness": choice.prediction.staleness.describe(),
+            "seconds_in_tuning": auto_s,
+            "seconds_in_grid": measured[pick],
+            "gap_to_best_grid": measured[pick] / measured[best] - 1,
+            "tuning_s": choice.tuning_s,
+            "tuning_budget_s": budget,
+            "measured_by_tuner": len(choice.measured_s),
+            # the tuner's candidates ran real iterations; what tuning cost the run is the time beyond
+            # running as many iterations at the best configuration (set-up, worse candidates)
+            "tuning_iterations": len(choice.measured_s) * (iters + warmup),
+            "tuning_overhead_s": choice.tuning_s - len(choice.measured_s) * (iters + warmup) * measured[best],
+            "tuning_share_of_100_iterations": (
+                choice.tuning_s - len(choice.measured_s) * (iters + warmup) * measured[best]
+            )
+            / (100 * measured[best]),
+            # the work counters of the pick's measurement (same loop, same items, every config)
+            "work": {"puts": PUTS, "gets": GETS, "items_in": PUTS * FRAG, "items_out": GETS * batch},
+        },
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 4), squeeze=False)
+    for ax, row in zip(axes[0], rows, strict=True):
+        pred = [p * 1e3 for p in row["predicted_s"]]
+        meas = [m * 1e3 for m in row["measured_s"]]
+        ax.scatter(pred, meas, c="0.6", s=18, label="manual (32)")
+        pick = [describe(Knobs(**c)) for c in row["configs"]].index(row["auto"]["config"])
+        ax.scatter([pred[pick]], [meas[pick]], c="tab:red", marker="*", s=160, label="auto")
+        lo, hi = min(pred + meas), max(pred + meas)
+        ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+        gap = row["auto"]["gap_to_best_grid"]
+        ax.set_title(f"{row['item_bytes']} B/item: tau={row['kendall_tau']:.2f}, auto {gap:+.1%}", fontsize=9)
+        ax.set_xlabel("predicted ms/iter")
+        ax.set_ylabel("measured ms/iter")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few iterations per configuration (a check)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    token = provenance.start()
+    torch.set_num_threads(1)
+    iters, warmup, rounds = (4, 1, 1) if args.quick else (10, 2, 3)
+    topo = local_topology()
+    consumer_tier = "node0/host" if args.device == "cpu" else f"node0/{args.device}"
+    bandwidth = link_bandwidth(topo, "node0/host", consumer_tier)
+    t0 = time.perf_counter()
+    cal = calibrate(args.batch, args.device, iters, warmup, bandwidth)
+    print(
+        f"calibration ({time.perf_counter() - t0:.1f} s): ingest {cal.ingest}, deliver {cal.deliver}, "
+        f"call {cal.call_s * 1e6:.1f} us, sigma {cal.interference:.2f}, wake-up {cal.wake_s * 1e6:.1f} us"
+    )
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        for dim in EVAL_DIMS:
+            row = evaluate(dim, args.batch, args.device, cal, iters, warmup, rounds, Path(cache))
+            rows.append(row)
+            a = row["auto"]
+            print(
+                f"{row['item_bytes']:>6} B/item  best {row['best_measured']['seconds'] * 1e3:6.2f} ms "
+                f"({row['best_measured']['config']})  predicted best {row['predicted_best']['config']}  "
+                f"tau {row['kendall_tau']:.2f} (unseen configs {row['kendall_tau_unseen_configs']:.2f})  top8 overlap {row['top8_overlap']}/8 "
+                f"order {'same' if row['top8_same_order'] else 'differs'}  auto {a['config']}: "
+                f"gap {a['gap_to_best_grid']:+.1%} (ratio auto/best {1 + a['gap_to_best_grid']:.3f}), "
+                f"tuning {a['tuning_share_of_100_iterations']:.1%} of 100 iterations"
+            )
+    machine = {"device": args.device, "torch_threads": 1, "bandwidth_host_to_consumer": bandwidth}
+    machine.update(provenance.finish(token))
+    out = args.out or RESULTS / ("autotune_quick.json" if args.quick else "autotune.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": "autotune",
+        "quick": args.quick,
+        "iterations_per_config": iters,
+        "rounds": rounds,
+        "warmup": warmup,
+        "calibration": {
+            "dims": CALIB_DIMS,
+            "ingest": dataclasses.asdict(cal.ingest),
+            "deliver": dataclasses.asdict(cal.deliver),
+            "call_s": cal.call_s,
+            "interference": cal.interference,
+            "wake_s": cal.wake_s,
+            "configs": [dataclasses.asdict(k) for k in CALIB_CONFIGS],
+        },
+        "rows": rows,
+        "machine": machine,
+    }
+    out.write_text(json.dumps(record, indent=1))
+    plot(rows, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')} ({time.perf_counter() - t0:.0f} s in all)")
+
+
+if __name__ == "__main__":
+    main()

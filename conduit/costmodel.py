@@ -1,0 +1,360 @@
+"""The cost model: one iteration's time for a configuration, from costs calibrated on the workload.
+
+**Operator costs.** One call of an operator (ingestion, delivery) on ``n`` items moving ``m`` bytes
+takes::
+
+    t(n, m) = a + b * n + m / W
+
+``a`` is the fixed cost per call (Python, locks, kernel launches), ``b`` the cost per item and ``W``
+the bandwidth of the link the bytes cross (measured by ``conduit.discovery``; see
+:func:`link_bandwidth`), or fitted where no link applies. :meth:`OperatorCost.fit` solves for them by
+least squares over measured calls (one row per sample: ``calls``, ``items``, ``bytes``, ``seconds``;
+per-iteration totals are fine: ``seconds = a * calls + b * items + bytes / W``). Coefficients are
+kept >= 0 (a negative per-item or per-byte term is dropped and the rest refitted; a negative ``a``
+becomes 0). When the samples cannot separate ``a`` from ``b`` (one call size only) the mean per-call
+time is split evenly between them.
+
+**One iteration** (:class:`Workload`): the caller's thread runs the producer's compute ``P`` and the
+consumer's compute ``C``; it puts ``F`` fragments of ``f`` items and gets ``K`` batches of ``B`` items
+(``s`` bytes per item). With knobs ``(overlap, depth, g_ing, g_del, placement)`` and ``h`` seconds
+per put/get call (``placement`` picks the measured bandwidth ``W`` of delivery's copy to the
+consumer)::
+
+    sync:   I = F * t_ing(f)                              (ingestion inline in each put)
+            D = ceil(K / g_del) * t_del(g_del * B)        (g_del batches drawn per call)
+            wall = P + C + I + D + h * (F + K)
+
+    async:  I = ceil(F / g_ing) * t_ing(g_ing * f)        (a background thread, g_ing fragments per call)
+            T = (P + C) / K                               (compute between two gets)
+            k = smallest k <= g_del with t_del(k*B) <= k * T (the delivery thread keeps up), else g_del
+            D = K / k * t_del(k * B)                      (a background thread)
+            N = ceil(F / g_ing) + K / k                   (background calls)
+            stall = K / k * max(0, t_del(k*B) - (max(depth, g_del) - k + 1) * T)
+            wall = max(P + C + h * (F + K) + sigma * (I + D) + w * N + stall,  I,  D)
+
+``exposed = wall - P - C`` in both modes: what does not fit under the compute it overlaps with
+(``stall``, and ``I`` or ``D`` beyond the iteration when a thread cannot keep up), plus what overlap
+slows down on shared cores or devices: ``sigma * (I + D)`` and ``w * N``. ``sigma`` (the
+*interference*) is the fraction of background work that lands on the caller's critical path: 0 where
+the background runs on hardware of its own, up to 1 where it competes for the only core; ``w`` (the
+*wake-up cost*) is what each background call costs the caller (thread hand-offs, the interpreter
+lock). Both are fitted by least squares to measured async iterations (:func:`calibrate_overlap`).
+
+**Streaming** (verl's pieces, :func:`stream_end`): groups finish at known times; a piece waits for
+``g`` groups, takes every finished one and ingests them at ``t_ing``; the end of the last piece is the
+exposed tail.
+
+**Staleness** is declared with every prediction (:class:`Staleness`): async ingestion may hold up to
+``depth * g_ing`` puts not yet sampleable; a delivery drawn ahead has not seen the priority updates of
+the batches consumed after it was drawn (sync: ``g_del - 1`` batches, async: ``max(depth, g_del)``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from conduit.config import OVERLAPS
+from conduit.errors import ConfigError
+from conduit.topology import Topology
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Measured work: ``calls`` operator calls on ``items`` items moving ``nbytes`` took ``seconds``."""
+
+    calls: float
+    items: float
+    nbytes: float
+    seconds: float
+
+    def __post_init__(self) -> None:
+        for name in ("calls", "items", "nbytes", "seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(f"measurement {name} must be a finite number, got {value!r}")
+            if value < 0:
+                raise ConfigError(f"measurement {name} must be >= 0, got {value!r}")
+        if self.calls <= 0:
+            raise ConfigError(f"measurement calls must be > 0, got {self.calls!r}")
+
+
+@dataclass(frozen=True)
+class OperatorCost:
+    """``seconds = a + b * items + per_byte * bytes`` for one call (``per_byte = 1 / bandwidth``)."""
+
+    a: float
+    b: float
+    per_byte: float = 0.0
+
+    def seconds(self, items: float, nbytes: float = 0.0, calls: float = 1.0) -> float:
+        """Predicted seconds of ``calls`` calls moving ``items`` items and ``nbytes`` bytes in all."""
+        return self.a * calls + self.b * items + self.per_byte * nbytes
+
+    @classmethod
+    def fit(cls, samples: Sequence[Sample], bandwidth: float | None = None) -> OperatorCost:
+        """Least squares over ``samples``; ``bandwidth`` (bytes/s, measured) fixes the per-byte term,
+        ``None`` fits it too."""
+        if not samples:
+            raise ConfigError("cannot fit an operator cost from no measurements")
+        if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0):
+            raise ConfigError(f"bandwidth must be a finite number > 0 (bytes/s), got {bandwidth!r}")
+        per_byte = 0.0 if bandwidth is None else 1.0 / bandwidth
+        x = np.array([[s.calls, s.items, s.nbytes] for s in samples], dtype=np.float64)
+        y = np.array([s.seconds for s in samples], dtype=np.float64) - per_byte * x[:, 2]
+        cols = [0, 1] if bandwidth is not None else [0, 1, 2]
+        while True:
+            design = x[:, cols]
+            if np.linalg.matrix_rank(design) < len(cols):
+                if 2 in cols:  # bytes move with items: no separate per-byte term
+                    cols.remove(2)
+                    continue
+                return cls(*_split_evenly(x, y), per_byte=per_byte)
+            coef = np.linalg.lstsq(design, y, rcond=None)[0]
+            negative = [(c, col) for c, col in zip(coef, cols, strict=True) if col > 0 and c < 0]
+            if not negative:
+                break
+            cols.remove(min(negative)[1])  # the most negative per-item/per-byte term goes
+        got = dict(zip(cols, (float(c) for c in coef), strict=True))
+        fitted_byte = got.get(2, 0.0) if bandwidth is None else per_byte
+        return cls(max(0.0, got[0]), got.get(1, 0.0), fitted_byte)
+
+
+def _split_evenly(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``(a, b)`` when one call size cannot separate them: half the mean per-call time each."""
+    per_call = max(0.0, float(y.sum() / x[:, 0].sum()))
+    items_per_call = float(x[:, 1].sum() / x[:, 0].sum())
+    if items_per_call <= 0:
+        return per_call, 0.0
+    return per_call / 2, per_call / 2 / items_per_call
+
+
+class CostWindow:
+    """The last ``size`` samples of one operator, refitted on demand (:meth:`OperatorCost.fit`)."""
+
+    def __init__(self, size: int, bandwidth: float | None = None) -> None:
+        if size < 1:
+            raise ConfigError(f"cost window size must be >= 1, got {size!r}")
+        self.samples: deque[Sample] = deque(maxlen=size)
+        self.bandwidth = bandwidth
+
+    def record(self, calls: float, items: float, seconds: float, nbytes: float = 0.0) -> None:
+        self.samples.append(Sample(calls, items, nbytes, seconds))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def fit(self) -> OperatorCost:
+        return OperatorCost.fit(list(self.samples), self.bandwidth)
+
+
+def link_bandwidth(topology: Topology, src: str, dst: str) -> float:
+    """Measured bandwidth (bytes/s) of the link from tier ``src`` to tier ``dst``."""
+    link = topology.link(src, dst)
+    if link is None:
+        raise ConfigError(f"topology {topology.source!r} has no link {src!r} -> {dst!r}")
+    return link.gb_per_s * 1e9
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """One configuration: the scheduler's knobs (``SchedulerConfig``) and the buffer's tier."""
+
+    overlap: str = "sync"
+    depth: int = 2
+    g_ing: int = 1
+    g_del: int = 1
+    placement: str = "host"
+
+    def __post_init__(self) -> None:
+        if self.overlap not in OVERLAPS:
+            raise ConfigError(f"overlap must be one of {OVERLAPS}, got {self.overlap!r}")
+        for name in ("depth", "g_ing", "g_del"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One iteration of the caller's loop (seconds, counts, sizes); see the module docstring."""
+
+    producer_s: float
+    consumer_s: float
+    fragments: int
+    fragment_items: int
+    batches: int
+    batch_size: int
+    item_bytes: int
+
+    def __post_init__(self) -> None:
+        for name in ("producer_s", "consumer_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"workload {name} must be a finite number >= 0, got {value!r}")
+        for name in ("fragments", "fragment_items", "batches", "batch_size", "item_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"workload {name} must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """How far a configuration delays data and priorities (all 0: as fresh as inline).
+
+    Args:
+        data_lag_puts: puts that may be queued, not yet sampleable, when a batch is drawn.
+        sample_ahead_batches: batches drawn before their use (they miss those batches' priority updates).
+        staged_items: items the producer holds back before one put (an integration's staging).
+        held_priority_updates: priority updates queued by the caller before they are sent.
+    """
+
+    data_lag_puts: int
+    sample_ahead_batches: int
+    staged_items: int = 0
+    held_priority_updates: int = 0
+
+    def describe(self) -> str:
+        parts = []
+        if self.staged_items:
+            parts.append(f"items staged up to {self.staged_items} before a put")
+        if self.data_lag_puts:
+            parts.append(f"data sampleable up to {self.data_lag_puts} puts late")
+        if self.sample_ahead_batches:
+            parts.append(f"batches drawn up to {self.sample_ahead_batches} ahead of use")
+        if self.held_priority_updates:
+            parts.append(f"priorities sent up to {self.held_priority_updates} updates late")
+        return "; ".join(parts) or "none: data sampleable at once, priorities applied before the next draw"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted seconds per iteration: ``wall_s`` in all, ``exposed_s`` of it on the data path."""
+
+    exposed_s: float
+    wall_s: float
+    staleness: Staleness
+    terms: dict[str, float] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class IterationModel:
+    """Predicts one iteration of ``workload`` under any :class:`Knobs` (equations: module docstring).
+
+    Args:
+        ingest, deliver: calibrated operator costs (per-byte terms from the measured links).
+        call_s: fixed cost of one put or get call on the caller's thread (validation, hand-off).
+        interference: ``sigma``, the share of background work the caller's compute pays for.
+        wake_s: ``w``, the caller's cost of one background call (async only).
+        bandwidths: bytes/s from each placement tier to the consumer (:func:`link_bandwidth`); the
+            delivery's per-byte term for ``knobs.placement`` (empty: ``deliver.per_byte`` everywhere).
+    """
+
+    workload: Workload
+    ingest: OperatorCost
+    deliver: OperatorCost
+    call_s: float = 0.0
+    interference: float = 0.0
+    wake_s: float = 0.0
+    bandwidths: dict[str, float] = field(default_factory=dict)
+
+    def predict(self, knobs: Knobs) -> Prediction:
+        """Seconds per iteration under ``knobs``, and the staleness they imply."""
+        w = self.workload
+        per_byte = self._per_byte(knobs.placement)
+
+        def t_del(batches: int) -> float:
+            items = batches * w.batch_size
+            return self.deliver.seconds(items) + items * w.item_bytes * per_byte
+
+        compute = w.producer_s + w.consumer_s
+        calls = self.call_s * (w.fragments + w.batches)
+        if knobs.overlap == "sync":
+            ing = w.fragments * self._ing(w.fragment_items)
+            dels = math.ceil(w.batches / knobs.g_del) * t_del(knobs.g_del)
+            wall = compute + calls + ing + dels
+            terms = {"ingest_s": ing, "deliver_s": dels, "calls_s": calls}
+            staleness = Staleness(0, knobs.g_del - 1)
+        else:
+            ing = math.ceil(w.fragments / knobs.g_ing) * self._ing(knobs.g_ing * w.fragment_items)
+            between = compute / w.batches
+            k = next((k for k in range(1, knobs.g_del + 1) if t_del(k) <= k * between), knobs.g_del)
+            dels = w.batches / k * t_del(k)
+            slack = (max(knobs.depth, knobs.g_del) - k + 1) * between
+            stall = w.batches / k * max(0.0, t_del(k) - slack)
+            background_calls = math.ceil(w.fragments / knobs.g_ing) + w.batches / k
+            shared = self.interference * (ing + dels) + self.wake_s * background_calls
+            wall = max(compute + calls + shared + stall, ing, dels)
+            terms = {
+                "ingest_s": ing,
+                "deliver_s": dels,
+                "calls_s": calls,
+                "stall_s": stall,
+                "shared_s": shared,
+                "background_calls": background_calls,
+            }
+            staleness = Staleness(knobs.depth * knobs.g_ing, max(knobs.depth, knobs.g_del))
+        return Prediction(wall - compute, wall, staleness, terms)
+
+    def _ing(self, fragments_items: int) -> float:
+        return self.ingest.seconds(fragments_items, fragments_items * self.workload.item_bytes)
+
+    def _per_byte(self, placement: str) -> float:
+        if not self.bandwidths:
+            return self.deliver.per_byte
+        if placement not in self.bandwidths:
+            raise ConfigError(
+                f"no measured bandwidth for placement {placement!r} (known: {sorted(self.bandwidths)})"
+            )
+        return 1.0 / self.bandwidths[placement]
+
+    def background(self, knobs: Knobs) -> tuple[float, float]:
+        """Seconds of background work and background calls per iteration under async ``knobs``."""
+        terms = dataclasses.replace(self, interference=0.0, wake_s=0.0).predict(knobs).terms
+        return terms["ingest_s"] + terms["deliver_s"], terms["background_calls"]
+
+
+def calibrate_overlap(runs: Sequence[tuple[IterationModel, Knobs, float]]) -> tuple[float, float]:
+    """``(sigma, w)`` fitted to measured async iterations ``runs`` (each: the model of its workload,
+    its knobs, its measured seconds): least squares of ``measured - predicted_without_sharing =
+    sigma * (I + D) + w * N``, both >= 0, ``sigma <= 1``. One run (or runs that cannot separate them)
+    gives ``sigma`` alone."""
+    if not runs or any(k.overlap != "async" for _, k, _ in runs):
+        raise ConfigError("overlap costs are calibrated on measured async iterations (overlap='async')")
+    rows = []
+    for model, knobs, measured in runs:
+        base = dataclasses.replace(model, interference=0.0, wake_s=0.0).predict(knobs).wall_s
+        rows.append((*model.background(knobs), measured - base))
+    work = np.array([[r[0], r[1]] for r in rows])
+    excess = np.array([r[2] for r in rows])
+    if np.linalg.matrix_rank(work) == 2:
+        sigma, wake = (float(x) for x in np.linalg.lstsq(work, excess, rcond=None)[0])
+        if sigma >= 0 and wake >= 0:
+            return min(1.0, sigma), wake
+        if sigma < 0:  # all of it per call
+            return 0.0, max(0.0, float(excess @ work[:, 1] / (work[:, 1] @ work[:, 1])))
+    total = float(work[:, 0].sum())
+    return (min(1.0, max(0.0, float(excess.sum()) / total)) if total > 0 else 0.0), 0.0
+
+
+def stream_end(finish: Sequence[float], g: int, cost: OperatorCost, unit: int) -> float:
+    """When the last streamed piece's ingestion ends, for groups finishing at ``finish`` (sorted).
+
+    A piece waits for ``g`` groups, then takes every finished one (whole multiples of ``unit``, at
+    least ``g``, never more than is left) and is ingested in ``cost.seconds(groups)``.
+    """
+    total, taken, t = len(finish), 0, 0.0
+    while taken < total:
+        want = min(g, total - taken)
+        t = max(t, finish[taken + want - 1])
+        ready = bisect.bisect_right(finish, t) - taken
+        k = min(total - taken, max(want, ready // unit * unit))
+        t += cost.seconds(k)
+        taken += k
+    return t

@@ -1,0 +1,272 @@
+"""The auto-tuner: rank a configuration space with the cost model, measure the few best, keep the winner.
+
+``AutoTuner.tune(signature)`` returns a :class:`Choice`:
+
+1. **cache**: a choice saved for this workload signature (algorithm, batch size, item size,
+   hardware fingerprint) is reused without measuring, if it is still in the (pinned) space;
+2. **rank**: every configuration is predicted by the model (``model(config) -> Prediction``);
+3. **measure**: the ``top_k`` best predicted are run for real (``measure(config) -> seconds`` per
+   iteration, the caller's); measuring stops early once ``budget_s`` of tuning time is spent (the
+   first candidate is always measured). Without ``measure`` the model's best is taken;
+4. **keep**: the fastest measured wins; a re-tune keeps the current configuration unless the winner
+   is measured ``HYSTERESIS`` faster. The choice is cached (JSON, written atomically) and logged with
+   its reason, the staleness it implies and what tuning cost.
+
+Pins (``pins={"overlap": "async"}``) overwrite a knob in every configuration of the space, so a
+pinned value is honoured even where the space does not list it. :class:`DriftWatch` tells the caller
+when the signature has drifted far enough, for long enough, to tune again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from conduit.costmodel import Prediction
+from conduit.errors import ConfigError
+
+log = logging.getLogger("conduit.tuner")
+
+C = TypeVar("C")
+
+#: relative measured gain a re-tune needs to replace the current configuration
+HYSTERESIS = 0.05
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a tuned choice is valid for; ``item_size`` is bytes per item or a mean sequence length."""
+
+    algorithm: str
+    batch_size: int
+    item_size: float
+    hardware: str
+
+    def key(self) -> str:
+        """A short stable name for the cache file."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Choice(Generic[C]):
+    """A tuned configuration and why it was chosen.
+
+    Args:
+        source: ``"cache"``, ``"measured"`` or ``"model"`` (no measurement possible).
+        measured_s: seconds per iteration of each measured candidate (``describe(config)``: seconds).
+        tuning_s: wall seconds this ``tune`` call took (ranking, measuring, cache I/O).
+    """
+
+    config: C
+    prediction: Prediction
+    source: str
+    reason: str
+    measured_s: dict[str, float]
+    tuning_s: float
+
+
+def describe(config: object) -> str:
+    """``name=value`` for each knob of a dataclass configuration."""
+    return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(config).items())  # type: ignore[call-overload]
+
+
+class AutoTuner(Generic[C]):
+    """Chooses a configuration (a frozen dataclass) from ``space``; see the module docstring.
+
+    Args:
+        space: candidate configurations, all of one dataclass type.
+        model: predicts one configuration (typically ``IterationModel.predict`` or a wrapper of it).
+        measure: runs one configuration for real and returns its seconds per iteration (or ``None``).
+        cache_dir: where choices are kept per signature (default ``~/.cache/conduit/tuner``).
+        top_k: how many of the best predicted configurations are measured.
+        pins: knob values the user fixed; they overwrite the space's values.
+        budget_s: tuning time after which no further candidate is measured (``None``: no limit).
+    """
+
+    def __init__(
+        self,
+        space: Sequence[C],
+        model: Callable[[C], Prediction],
+        measure: Callable[[C], float] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        top_k: int = 3,
+        pins: Mapping[str, Any] | None = None,
+        budget_s: float | None = None,
+    ) -> None:
+        if not space:
+            raise ConfigError("the tuner needs a non-empty configuration space")
+        kind = type(space[0])
+        if not dataclasses.is_dataclass(kind) or any(type(c) is not kind for c in space):
+            raise ConfigError(
+                f"the configuration space must hold instances of one dataclass, got {kind.__name__}"
+            )
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ConfigError(f"top_k must be an int >= 1, got {top_k!r}")
+        if budget_s is not None and not budget_s > 0:
+            raise ConfigError(f"budget_s must be > 0 or None, got {budget_s!r}")
+        self.pins = dict(pins or {})
+        known = {f.name for f in dataclasses.fields(kind)}
+        unknown = sorted(set(self.pins) - known)
+        if unknown:
+            raise ConfigError(f"unknown pinned knob(s) {unknown}; knobs: {sorted(known)}")
+        pinned = [dataclasses.replace(c, **self.pins) for c in space]  # type: ignore[type-var]
+        self.space: list[C] = list(dict.fromkeys(pinned))
+        self.model, self.measure = model, measure
+        self.cache_dir = (
+            Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "conduit" / "tuner"
+        )
+        self.top_k, self.budget_s = top_k, budget_s
+        self.current: Choice[C] | None = None
+        self.history: list[Choice[C]] = []
+
+    def ranked(self) -> list[tuple[C, Prediction]]:
+        """Every configuration with its prediction, fastest predicted first (ties: space order)."""
+        predicted = [(c, self.model(c)) for c in self.space]
+        return sorted(predicted, key=lambda cp: cp[1].wall_s)
+
+    def tune(
+        self, signature: Signature, model: Callable[[C], Prediction] | None = None, fresh: bool = False
+    ) -> Choice[C]:
+        """The configuration for ``signature`` (cached, or ranked and measured); ``model`` replaces the
+        tuner's model first (re-calibrated for a drifted workload); ``fresh`` skips the cache (a
+        re-tune after drift; the new choice replaces the cached one)."""
+        t0 = time.perf_counter()
+        if model is not None:
+            self.model = model
+        cached = None if fresh else self._load(signature)
+        if cached is not None:
+            config, reason = cached
+            choice = Choice(config, self.model(config), "cache", reason, {}, time.perf_counter() - t0)
+            return self._keep(choice)
+        ranked = self.ranked()
+        rank = {describe(c): i for i, (c, _) in enumerate(ranked)}
+        if self.measure is None:
+            config, pred = ranked[0]
+            reason = f"model only (no measurement): predicted {pred.wall_s * 1e3:.3g} ms/iter, best of {len(ranked)}"
+            choice = Choice(config, pred, "model", reason, {}, time.perf_counter() - t0)
+            return self._keep(self.save(signature, choice))
+        measured: dict[str, float] = {}
+        configs: dict[str, tuple[C, Prediction]] = {}
+        candidates = ranked[: self.top_k]
+        if self.current is not None and self.current.config in self.space:
+            candidates = [*candidates, (self.current.config, self.model(self.current.config))]
+        for config, pred in candidates:
+            name = describe(config)
+            if name in measured:
+                continue
+            if measured and self.budget_s is not None and time.perf_counter() - t0 >= self.budget_s:
+                break
+            measured[name] = float(self.measure(config))
+            configs[name] = (config, pred)
+        best = min(measured, key=measured.__getitem__)
+        why = "fastest measured"
+        if self.current is not None:
+            now = describe(self.current.config)
+            if now in measured and measured[best] > measured[now] * (1 - HYSTERESIS):
+                best, why = now, f"kept (the fastest was not {HYSTERESIS:.0%} faster)"
+        config, pred = configs[best]
+        others = sorted(v for k, v in measured.items() if k != best)
+        reason = (
+            f"{why} of {len(measured)}: {measured[best] * 1e3:.3g} ms/iter"
+            + (f" (next {others[0] * 1e3:.3g} ms)" if others else "")
+            + f"; model ranked it {rank[best] + 1} of {len(ranked)}, predicted {pred.wall_s * 1e3:.3g} ms"
+        )
+        choice = Choice(config, pred, "measured", reason, measured, time.perf_counter() - t0)
+        return self._keep(self.save(signature, choice))
+
+    def _keep(self, choice: Choice[C]) -> Choice[C]:
+        self.current = choice
+        self.history.append(choice)
+        pins = f"; pinned {self.pins}" if self.pins else ""
+        log.info(
+            "conduit tuner chose %s: %s%s; staleness: %s; tuning took %.3g s",
+            describe(choice.config),
+            choice.reason,
+            pins,
+            choice.prediction.staleness.describe(),
+            choice.tuning_s,
+        )
+        return choice
+
+    def _path(self, signature: Signature) -> Path:
+        return self.cache_dir / f"{signature.key()}.json"
+
+    def _load(self, signature: Signature) -> tuple[C, str] | None:
+        path = self._path(signature)
+        try:
+            record = json.loads(path.read_text())
+            config = type(self.space[0])(**record["config"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:  # ConfigError is a ValueError
+            log.warning("ignoring the unreadable tuner cache %s (%s); tuning again", path, e)
+            return None
+        if config not in self.space:
+            log.info("the cached choice in %s is outside the (pinned) space; tuning again", path)
+            return None
+        return config, f"cached in {path} ({record.get('reason', 'no reason recorded')})"
+
+    def save(self, signature: Signature, choice: Choice[C]) -> Choice[C]:
+        """Cache ``choice`` for ``signature`` (atomically; a failed write is logged, not raised).
+
+        A caller that measures candidates in its own loop (not through ``measure``) saves its result here.
+        """
+        path = self._path(signature)
+        record = {
+            "signature": dataclasses.asdict(signature),
+            "config": dataclasses.asdict(choice.config),  # type: ignore[call-overload]
+            "reason": choice.reason,
+            "measured_s": choice.measured_s,
+            "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        }
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("could not write the tuner cache %s: %s", path, e)
+        return choice
+
+
+class DriftWatch:
+    """Says when a workload measure (e.g. mean response length) has drifted enough to tune again.
+
+    Hysteresis: the value must stay more than ``tolerance`` (relative) away from the reference for
+    ``patience`` consecutive observations; then the reference moves to the new value.
+    """
+
+    def __init__(self, reference: float, tolerance: float = 0.25, patience: int = 3) -> None:
+        if not reference > 0:
+            raise ConfigError(f"drift reference must be > 0, got {reference!r}")
+        if not tolerance > 0:
+            raise ConfigError(f"drift tolerance must be > 0, got {tolerance!r}")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ConfigError(f"drift patience must be an int >= 1, got {patience!r}")
+        self.reference, self.tolerance, self.patience = float(reference), tolerance, patience
+        self._outside = 0
+
+    def observe(self, value: float) -> bool:
+        """Record ``value``; True when it is time to re-tune (the reference is then ``value``)."""
+        if abs(value - self.reference) <= self.tolerance * self.reference:
+            self._outside = 0
+            return False
+        self._outside += 1
+        if self._outside < self.patience:
+            return False
+        log.info("conduit tuner: workload drifted from %.4g to %.4g; tuning again", self.reference, value)
+        self.reference, self._outside = float(value), 0
+        return True

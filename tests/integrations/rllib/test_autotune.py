@@ -1,0 +1,140 @@
+"""``overlap="auto"`` for DQN: settings, the tuning state machine, and a real RLlib run that switches."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+pytest.importorskip("ray.rllib")
+
+import conduit_rllib  # noqa: E402
+import numpy as np  # noqa: E402
+from conduit_rllib import dqn_tuning  # noqa: E402
+from conduit_rllib.dqn_tuning import SPACE, DQNTuning, Observed, dqn_model  # noqa: E402
+from conduit_rllib.settings import ConduitSettings  # noqa: E402
+
+from conduit.costmodel import OperatorCost  # noqa: E402
+from conduit.errors import ConfigError  # noqa: E402
+
+COSTS = (OperatorCost(2e-4, 1e-6), OperatorCost(5e-4, 2e-6), 32, 100)
+
+
+def test_auto_is_a_setting_and_runs_the_sync_probe_first() -> None:
+    s = ConduitSettings(overlap="auto")
+    assert s.scheduler("dqn").overlap == "sync" and s.stage_steps_for("dqn") == 1
+    assert s.scheduler("ppo").overlap == "sync"
+    with pytest.raises(ConfigError, match="auto"):
+        ConduitSettings(overlap="sometimes")
+
+
+def test_model_declares_the_staleness_of_staging() -> None:
+    obs = Observed(producer_s=0.004, consumer_s=0.006, wall_s=0.012, env_steps=4, updates=1)
+    model = dqn_model(obs, COSTS[0], COSTS[1], 32, 100, sigma=0.5)
+    staged = model(ConduitSettings("async", depth=8, g_del=4, stage_steps=32))
+    assert staged.staleness.staged_items == 31 and staged.staleness.held_priority_updates == 31
+    assert "31" in staged.staleness.describe()
+    fresh = model(ConduitSettings("sync", depth=2, g_del=1, stage_steps=1))
+    assert fresh.staleness.staged_items == 0 and fresh.staleness.sample_ahead_batches == 0
+    assert fresh.wall_s > obs.producer_s + obs.consumer_s  # the data path is on top, inline
+
+
+def _drive(
+    tuning: DQNTuning, walls: dict[str, float], steps: int, active: ConduitSettings | None = None
+) -> list[ConduitSettings]:
+    """Feed ``steps`` learning steps (from ``active``, default the probe) whose wall time depends on
+    the active overlap, on a fake clock that runs on across calls; the switches made."""
+    active, switches = active or tuning.probe, []
+    saved, dqn_tuning.clock = dqn_tuning.clock, lambda: _CLOCK[0]
+    try:
+        for _ in range(steps):
+            _CLOCK[0] += walls[active.overlap]
+            chosen = tuning.end_step(0.004, 0.006, 4, 1, lambda: COSTS)
+            if chosen is not None and chosen != active:
+                active = chosen
+                switches.append(chosen)
+                tuning.switched(0.01)
+    finally:
+        dqn_tuning.clock = saved
+    return switches
+
+
+_CLOCK = [0.0]
+
+
+def test_the_pick_is_kept_only_when_measured_faster(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(dqn_tuning, "interference_prior", lambda: 0.1)  # async ranked first
+    monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path / "a")
+    fast = DQNTuning(ConduitSettings(overlap="auto"))
+    switches = _drive(fast, {"sync": 0.020, "async": 0.012}, 12)
+    assert fast.phase == "done" and len(switches) == 1 and switches[0].overlap == "async"
+    assert fast.choice is not None and "kept the pick" in fast.choice.reason
+    assert fast.tuning_s > 0
+    monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path / "b")
+    slow = DQNTuning(ConduitSettings(overlap="auto"))
+    switches = _drive(slow, {"sync": 0.012, "async": 0.020}, 12)
+    assert slow.phase == "done" and [s.overlap for s in switches] == ["async", "sync"]
+    assert slow.choice is not None and "went back" in slow.choice.reason
+    # the measured result is cached: the next run with this signature starts from it, no trial
+    again = DQNTuning(ConduitSettings(overlap="auto"))
+    switches = _drive(again, {"sync": 0.012, "async": 0.020}, 6)
+    assert again.phase == "done" and switches == [] and again.choice.source == "cache"
+
+
+def test_pinned_knobs_hold_in_every_candidate(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path)
+    tuning = DQNTuning(ConduitSettings(overlap="auto", g_del=4, stage_steps=8))
+    assert tuning.probe.g_del == 4 and tuning.probe.stage_steps == 8
+    _drive(tuning, {"sync": 0.020, "async": 0.010}, 12)
+    assert tuning.phase == "done" and tuning._tuner is not None
+    assert all(c.g_del == 4 and c.stage_steps == 8 for c in tuning._tuner.space)
+    assert tuning.choice is not None and (tuning.choice.config.g_del, tuning.choice.config.stage_steps) == (
+        4,
+        8,
+    )
+    assert {s.overlap for s in SPACE} == {"sync", "async"}
+
+
+@pytest.mark.ray
+def test_dqn_auto_tunes_inside_rllibs_loop(ray_local, tmp_path, monkeypatch, caplog) -> None:
+    from test_e2e import dqn_config
+
+    monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path)
+    algo = conduit_rllib.enable(dqn_config(n_step=3), overlap="auto").build_algo()
+    replay = algo.conduit_path
+    try:
+        with caplog.at_level(logging.INFO, logger="conduit.tuner"):
+            for _ in range(6):
+                result = algo.train()
+                if replay.tuning.phase == "done":
+                    break
+        assert replay.tuning.phase == "done", replay.tuning.phase
+        choice = replay.tuning.choice
+        assert "conduit DQN auto chose" in caplog.text and "staleness" in caplog.text
+        assert choice.source == "measured" and len(choice.measured_s) == 2
+        assert replay.settings == choice.config  # the buffer runs the chosen knobs now
+        before = replay.conduits["default_policy"].buffer.inserted
+        result = algo.train()
+        assert replay.conduits["default_policy"].buffer.inserted > before  # the moved buffer grows on
+        assert np.isfinite(result["learners"]["default_policy"]["qf_loss"])
+    finally:
+        algo.stop()
+
+
+def test_a_drifting_step_time_tunes_afresh(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(dqn_tuning, "interference_prior", lambda: 0.1)
+    monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path)
+    tuning = DQNTuning(ConduitSettings(overlap="auto"))
+    walls = {"sync": 0.020, "async": 0.012}
+    (picked,) = _drive(tuning, walls, 12)
+    assert picked.overlap == "async" and tuning.phase == "done"
+    # a blip shorter than PATIENCE steps is not drift
+    walls["async"] = 0.030
+    assert _drive(tuning, walls, dqn_tuning.PATIENCE - 1, picked) == []
+    walls["async"] = 0.012
+    assert _drive(tuning, walls, 3, picked) == [] and tuning.retunes == 0
+    # sustained: back to the probe, a fresh warm-up and trial (not the cached choice); sync kept now
+    walls.update({"sync": 0.010, "async": 0.030})
+    switches = _drive(tuning, walls, 20, picked)
+    assert [s.overlap for s in switches] == ["sync", "async", "sync"] and tuning.retunes == 1
+    assert tuning.phase == "done" and tuning.choice is not None and tuning.choice.config.overlap == "sync"

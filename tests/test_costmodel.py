@@ -1,0 +1,164 @@
+"""The cost model: the fit recovers known costs; predictions compose and move the way they must."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from conduit.costmodel import (
+    CostWindow,
+    IterationModel,
+    Knobs,
+    OperatorCost,
+    Sample,
+    Workload,
+    calibrate_overlap,
+    stream_end,
+)
+from conduit.errors import ConfigError
+
+
+def test_fit_recovers_fixed_per_item_and_per_byte_costs() -> None:
+    truth = OperatorCost(a=2e-4, b=3e-6, per_byte=1e-9)
+    samples = [Sample(1, n, n * s, truth.seconds(n, n * s)) for n in (8, 64, 256) for s in (16, 400)]
+    fit = OperatorCost.fit(samples)
+    assert (
+        fit.a == pytest.approx(2e-4) and fit.b == pytest.approx(3e-6) and fit.per_byte == pytest.approx(1e-9)
+    )
+
+
+def test_fit_with_a_measured_bandwidth_subtracts_the_bytes_and_takes_totals() -> None:
+    truth = OperatorCost(a=1e-3, b=5e-6, per_byte=1 / 2e9)
+    # per-iteration totals: several calls per sample
+    samples = [
+        Sample(c, c * n, c * n * 100, truth.seconds(c * n, c * n * 100, calls=c))
+        for c, n in ((4, 8), (2, 64))
+    ]
+    fit = OperatorCost.fit(samples, bandwidth=2e9)
+    assert fit.a == pytest.approx(1e-3) and fit.b == pytest.approx(5e-6) and fit.per_byte == 1 / 2e9
+
+
+def test_fit_keeps_costs_non_negative_and_splits_one_size_evenly() -> None:
+    noisy = [Sample(1, n, 0, 0.5 - 0.001 * n) for n in (1, 10, 100)]  # falls with size: no per-item term
+    fit = OperatorCost.fit(noisy)
+    assert fit.b == 0.0 and fit.a == pytest.approx(sum(s.seconds for s in noisy) / 3)
+    one_size = [Sample(1, 4, 0, 0.2), Sample(1, 4, 0, 0.4)]
+    fit = OperatorCost.fit(one_size)
+    assert fit.a == pytest.approx(0.15) and fit.b == pytest.approx(0.15 / 4)
+    assert fit.seconds(4) == pytest.approx(0.3)  # the mean is kept
+
+
+def test_bad_measurements_raise_naming_the_value() -> None:
+    with pytest.raises(ConfigError, match="seconds"):
+        Sample(1, 4, 0, math.nan)
+    with pytest.raises(ConfigError, match="calls"):
+        Sample(0, 4, 0, 1.0)
+    with pytest.raises(ConfigError, match="no measurements"):
+        OperatorCost.fit([])
+    with pytest.raises(ConfigError, match="bandwidth"):
+        OperatorCost.fit([Sample(1, 1, 1, 1.0)], bandwidth=0.0)
+    with pytest.raises(ConfigError, match="g_del"):
+        Knobs(g_del=0)
+    with pytest.raises(ConfigError, match="overlap"):
+        Knobs(overlap="auto")
+    with pytest.raises(ConfigError, match="batches"):
+        Workload(0.1, 0.1, 1, 1, 0, 1, 1)
+
+
+def test_window_keeps_the_latest_samples() -> None:
+    window = CostWindow(2)
+    window.record(1, 1, 9.0)  # pushed out
+    window.record(1, 2, 0.3)
+    window.record(1, 4, 0.5)
+    assert len(window) == 2
+    fit = window.fit()
+    assert fit.a == pytest.approx(0.1) and fit.b == pytest.approx(0.1)
+
+
+WORK = Workload(
+    producer_s=0.02, consumer_s=0.03, fragments=8, fragment_items=32, batches=4, batch_size=64, item_bytes=64
+)
+ING = OperatorCost(a=1e-3, b=2e-6)
+DEL = OperatorCost(a=2e-3, b=4e-6)
+
+
+def _model(**kw: object) -> IterationModel:
+    return IterationModel(WORK, ING, DEL, **kw)  # type: ignore[arg-type]
+
+
+def test_sync_composition_adds_every_term_to_the_compute() -> None:
+    p = _model(call_s=1e-5).predict(Knobs("sync", g_del=2))
+    ing = 8 * ING.seconds(32)
+    dels = 2 * DEL.seconds(128)
+    assert p.exposed_s == pytest.approx(ing + dels + 12 * 1e-5)
+    assert p.wall_s == pytest.approx(0.05 + p.exposed_s)
+    assert p.staleness.data_lag_puts == 0 and p.staleness.sample_ahead_batches == 1
+
+
+def test_async_hides_what_fits_under_compute_and_pays_the_interference() -> None:
+    hidden = _model().predict(Knobs("async", depth=4, g_ing=4, g_del=1))
+    assert hidden.wall_s == pytest.approx(0.05) and hidden.exposed_s == pytest.approx(0.0)
+    assert hidden.staleness.data_lag_puts == 16 and hidden.staleness.sample_ahead_batches == 4
+    shared = _model(interference=0.5).predict(Knobs("async", depth=4, g_ing=4, g_del=1))
+    work = 2 * ING.seconds(128) + 4 * DEL.seconds(64)
+    assert shared.exposed_s == pytest.approx(0.5 * work)
+    # background slower than the iteration: the slower thread sets the pace
+    slow = IterationModel(WORK, OperatorCost(a=0.1, b=0.0), DEL).predict(Knobs("async", g_ing=1))
+    assert slow.wall_s == pytest.approx(8 * 0.1)
+
+
+def test_async_delivery_stalls_when_one_call_outlasts_what_is_ready() -> None:
+    heavy = IterationModel(WORK, ING, OperatorCost(a=0.03, b=0.0))  # a call outlasts the 12.5 ms between gets
+    shallow = heavy.predict(Knobs("async", depth=1, g_del=1))
+    deep = heavy.predict(Knobs("async", depth=8, g_del=4))
+    assert shallow.exposed_s > deep.exposed_s
+    assert deep.staleness.sample_ahead_batches > shallow.staleness.sample_ahead_batches
+
+
+def test_predictions_are_monotone_in_costs_and_in_sync_granularity() -> None:
+    knobs = [Knobs("sync", g_del=g) for g in (1, 2, 4)] + [Knobs("async", 2, g, 2) for g in (1, 2, 8)]
+    for k in knobs:
+        base = _model(interference=0.3).predict(k)
+        for bigger in (
+            dataclasses.replace(_model(interference=0.3), ingest=OperatorCost(2e-3, 2e-6)),
+            dataclasses.replace(_model(interference=0.3), deliver=OperatorCost(2e-3, 8e-6)),
+            _model(interference=0.6),
+        ):
+            assert bigger.predict(k).wall_s >= base.wall_s - 1e-12
+    # a fixed cost per call: fewer, larger delivery calls are cheaper inline
+    sync = [_model().predict(Knobs("sync", g_del=g)).wall_s for g in (1, 2, 4)]
+    assert sync[0] > sync[1] > sync[2]
+
+
+def test_placement_uses_its_measured_bandwidth() -> None:
+    model = _model(bandwidths={"host": 1e9, "disk": 1e8})
+    host, disk = model.predict(Knobs(placement="host")), model.predict(Knobs(placement="disk"))
+    assert disk.wall_s - host.wall_s == pytest.approx(4 * 64 * 64 * (1 / 1e8 - 1 / 1e9))
+    with pytest.raises(ConfigError, match="cuda:0"):
+        model.predict(Knobs(placement="cuda:0"))
+
+
+def test_overlap_costs_are_fitted_to_measured_async_iterations() -> None:
+    model = _model()
+    runs = [Knobs("async", depth=4, g_ing=4, g_del=1), Knobs("async", depth=2, g_ing=1, g_del=1)]
+    truth = dataclasses.replace(model, interference=0.25, wake_s=2e-4)
+    measured = [(model, k, truth.predict(k).wall_s) for k in runs]
+    sigma, wake = calibrate_overlap(measured)
+    assert sigma == pytest.approx(0.25) and wake == pytest.approx(2e-4)
+    work, calls = model.background(runs[1])
+    assert calls == 8 + 4 and work == pytest.approx(8 * ING.seconds(32) + 4 * DEL.seconds(64))
+    # one run: sigma alone; faster than predicted: no negative costs
+    sigma, wake = calibrate_overlap(measured[:1])
+    assert wake == 0.0 and sigma > 0.25
+    assert calibrate_overlap([(model, runs[0], 0.01)]) == (0.0, 0.0)
+    with pytest.raises(ConfigError, match="async"):
+        calibrate_overlap([(model, Knobs("sync"), 0.1)])
+
+
+def test_stream_end_replays_the_streaming_schedule() -> None:
+    cost = OperatorCost(1.0, 0.1)
+    finish = [1.0, 2.0, 3.0, 4.0]
+    assert stream_end(finish, 4, cost, 1) == pytest.approx(5.4)
+    assert stream_end(finish, 2, cost, 1) == pytest.approx(5.2)
