@@ -139,10 +139,12 @@ def buffer_tiers(p: Plan, topo: Topology) -> dict[str, str]:
 
 def interleaved(runs: dict[str, Run], length: int, iters: int, rng: random.Random) -> dict[str, list[float]]:
     """``iters`` timed iterations of every run, round-robin in a fresh random order each round, so
-    that every system sees the same machine conditions; one untimed warm-up each first."""
-    data = make_batch(0, next(iter(runs.values())).batch, length)
-    for run in runs.values():
-        run.iteration(data)  # warm-up: page faults of fresh memory
+    that every system sees the same machine conditions; one untimed pass over each ring first."""
+    first = next(iter(runs.values()))
+    data = make_batch(0, first.batch, length)
+    for run in runs.values():  # warm-up: one pass over the ring (page faults of fresh memory)
+        for _ in range(-(-run.buf.capacity // run.batch)):
+            run.iteration(data)
     out: dict[str, list[float]] = {n: [] for n in runs}
     for _ in range(iters):
         order = list(runs)
@@ -219,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                     if name == "conduit":
                         before = len(placer.history)
                         t0 = time.perf_counter()
-                        for col in RAGGED:
-                            placer.grow(col, length)
+                        placer.resize(dict.fromkeys(RAGGED, length))
                         migration_s = time.perf_counter() - t0
                         pause_s = max((h.migration.max_pause_s for h in placer.history[before:]), default=0.0)
                     else:

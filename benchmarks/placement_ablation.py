@@ -200,12 +200,13 @@ def placements(fields: list[Field], topo: Topology, usable: dict[str, str]) -> d
     """Buffer tier per field for each named placement that can exist here, and the planner's."""
     back = {v: k for k, v in usable.items()}
     names = {"host": "all_pageable_host", "cuda:0": "one_gpu"}
-    kinds = TIERS if fields and fields[0].name == "obs" else HOST_TIERS  # the TQ store: host tiers only
+    store = bool(fields) and fields[0].name != "obs"  # the TQ store's fields: host tiers only
+    kinds = HOST_TIERS if store else TIERS
     out = {names.get(t, f"all_{t}"): {f.name: t for f in fields} for t in kinds}
     try:
         # the TQ store plans among the tiers a reader maps (planning.py): no room on host for it
         host = topo.tier(usable["host"])
-        headroom = {} if kinds is TIERS else {host.name: host.capacity_bytes}
+        headroom = {host.name: host.capacity_bytes} if store else {}
         out["planned"] = {n: back[t] for n, t in plan(fields, topo, headroom).assignment.items()}
     except CapacityError:
         pass
@@ -244,7 +245,8 @@ def sweep(
                 print(f"   {workload} size {size}: {name} out of memory (simulated budget)", flush=True)
                 continue
             steps[name] = setup(size, tiers)
-            steps[name]()  # warm-up
+            for _ in range(3):  # warm-up (the setup already wrote every slot once)
+                steps[name]()
         times: dict[str, list[float]] = {n: [] for n in steps}
         for _ in range(iters):  # interleaved, a fresh random order every round
             order = list(steps)

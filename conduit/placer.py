@@ -124,7 +124,12 @@ class Placer:
 
     def grow(self, column: str, max_len: int) -> Replan | None:
         """Widen ragged ``column`` to ``max_len`` and re-plan in the same copy."""
-        return self._apply(f"{column} grows to max_len {max_len}", {column: max_len}, False)
+        return self.resize({column: max_len})
+
+    def resize(self, max_lens: Mapping[str, int]) -> Replan | None:
+        """Widen several ragged columns at once (``{column: max_len}``): one re-plan for all."""
+        what = ", ".join(f"{c} to max_len {n}" for c, n in max_lens.items())
+        return self._apply(f"{what} (growth)", dict(max_lens), False)
 
     def _apply(self, reason: str, max_lens: dict[str, int] | None, force: bool) -> Replan | None:
         cand = self.candidate(max_lens)

@@ -177,7 +177,7 @@ def test_placer_spills_the_growing_column_and_explains(caplog: pytest.LogCapture
     with caplog.at_level(logging.INFO, logger="conduit.placement"):
         buf.grow_column("tok", 64)  # type: ignore[attr-defined]  # 1000 x 520 B = 520 KB: past host's budget
     assert buf.storage.tiers["tok"] == "shm"  # type: ignore[attr-defined]
-    assert "tok grows to max_len 64" in caplog.text and "placement by" in caplog.text
+    assert "tok to max_len 64 (growth)" in caplog.text and "placement by" in caplog.text
     _check_rows(buf.sample(50).batch)  # type: ignore[attr-defined]
     assert placer.history[-1].migration.moves
 
