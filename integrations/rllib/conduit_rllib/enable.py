@@ -17,12 +17,15 @@ def enable(
     g_del: int | None = None,
     seed: int | None = None,
     stage_steps: int | None = None,
+    pins: dict[str, str] | None = None,
 ) -> Any:
     """Return ``config`` set up to run its algorithm with Conduit's experience path.
 
     ``overlap="auto"`` (the default) lets the core's cost model and tuner choose DQN's overlap,
     ``stage_steps``, ``g_del`` and ``depth`` after a short measured warm-up (any of them passed here
-    stays pinned); the choice, its reason and its staleness are logged (``conduit.tuner``). See
+    stays pinned); the choice, its reason and its staleness are logged (``conduit.tuner``). Buffer
+    columns are placed on memory tiers by Conduit's planner; ``pins={"obs": "disk"}`` keeps a column
+    where you put it. See
     :class:`~conduit_rllib.settings.ConduitSettings` for every knob.
 
     Example:
@@ -41,7 +44,13 @@ def enable(
 
     name = algorithm_name(config)
     settings = ConduitSettings(
-        overlap=overlap, depth=depth, g_ing=g_ing, g_del=g_del, seed=seed, stage_steps=stage_steps
+        overlap=overlap,
+        depth=depth,
+        g_ing=g_ing,
+        g_del=g_del,
+        seed=seed,
+        stage_steps=stage_steps,
+        pins={} if pins is None else pins,
     )
     if name == "DQN":
         check_dqn_config(config)

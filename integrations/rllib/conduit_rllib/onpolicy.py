@@ -94,7 +94,7 @@ class ConduitOnPolicy:
             put, stored = _schemas(sample)
             c = Conduit(
                 put,
-                BufferConfig.on_policy(self.capacity, timeout_s=600.0),
+                BufferConfig.on_policy(self.capacity, timeout_s=600.0, pins=self.settings.pins),
                 self.settings.scheduler(algo="ppo"),
                 ingest=[gae_operator(self.value_fns[mid], self.gamma, self.lambda_)],
                 deliver=[Operator("normalize_advantages", normalize_advantages)],

@@ -70,7 +70,8 @@ class ConduitReplay:
         num_learners: int,
         seed: int | None,
     ) -> None:
-        self.settings, self.buffer_config = settings, buffer
+        self.settings = settings
+        self.buffer_config = dataclasses.replace(buffer, pins=settings.pins) if settings.pins else buffer
         self.n_step, self.gamma = n_step, gamma
         self.device = torch.device(device)
         self.num_learners = num_learners

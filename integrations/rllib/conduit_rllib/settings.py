@@ -36,6 +36,8 @@ class ConduitSettings:
         stage_steps: DQN env steps staged before one ``put`` (and priority updates queued before one
             send). ``None``: 1 in sync mode (every transition is sampleable in the step that collected
             it, as in RLlib) and 32 in async mode (one put and one priority update per 32 steps).
+        pins: buffer column → memory tier kept by hand (``{"obs": "disk"}``); the other columns are
+            placed by Conduit's planner (``BufferConfig(tier="auto")``), which is the default.
     """
 
     overlap: str = "auto"
@@ -44,8 +46,11 @@ class ConduitSettings:
     g_del: int | None = None
     seed: int | None = None
     stage_steps: int | None = None
+    pins: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.pins, dict) or not all(isinstance(k, str) for k in self.pins):
+            raise ConfigError(f"conduit setting pins must map column names to tiers, got {self.pins!r}")
         if self.overlap not in OVERLAPS:
             raise ConfigError(f"conduit setting overlap must be one of {OVERLAPS}, got {self.overlap!r}")
         self.scheduler()  # validates the knobs, naming a bad one
