@@ -34,6 +34,15 @@ class FusedSumTree(SumTree):
         self._np_vstart = torch.tensor(self._vstart, dtype=torch.int64).numpy()
         self._np_mstart = torch.tensor(self._mstart, dtype=torch.int64).numpy()
         self._np_rows = torch.tensor(self._rows, dtype=torch.int64).numpy()
+        # what every kernel that writes the tree takes first: sums, mins, level starts, rows, arity
+        self._tree = (
+            self._np_vals,
+            self._np_mins,
+            self._np_vstart,
+            self._np_mstart,
+            self._np_rows,
+            self._arity,
+        )
         self._np_cs = torch.zeros(self._rows[-1] + 1, dtype=torch.float64).numpy()  # top prefix scratch
         self._no_weights = np.empty(0, dtype=np.float32)
 
@@ -41,12 +50,7 @@ class FusedSumTree(SumTree):
         """:meth:`SumTree.update_trusted` in one kernel call (slots int64, values float64, on the CPU)."""
         if slots.numel():
             kernels.update(
-                self._np_vals,
-                self._np_mins,
-                self._np_vstart,
-                self._np_mstart,
-                self._np_rows,
-                self._arity,
+                *self._tree,
                 slots.contiguous().numpy(),
                 values.contiguous().numpy(),
             )
@@ -54,7 +58,7 @@ class FusedSumTree(SumTree):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """:meth:`SumTree.load_state_dict`, with inner nodes recomputed the way :meth:`update_trusted` does."""
         super().load_state_dict(state)
-        args = (self._np_vals, self._np_mins, self._np_vstart, self._np_mstart, self._np_rows, self._arity)
+        args = self._tree
         kernels.rebuild(*args)
 
     def find(self, targets: torch.Tensor) -> torch.Tensor:
@@ -87,12 +91,7 @@ class FusedSumTree(SumTree):
         slots = np.empty(n, dtype=np.int64)
         weights = self._no_weights if beta is None else np.empty(n, dtype=np.float32)
         kernels.sample(
-            self._np_vals,
-            self._np_mins,
-            self._np_vstart,
-            self._np_mstart,
-            self._np_rows,
-            self._arity,
+            *self._tree,
             self._np_cs,
             u.numpy(),
             0.0 if beta is None else float(beta),
@@ -113,12 +112,7 @@ class FusedSumTree(SumTree):
         """:meth:`SumTree.set_priorities` in one kernel call; ``max_priority`` is raised in place."""
         if slots.numel():
             kernels.set_priorities(
-                self._np_vals,
-                self._np_mins,
-                self._np_vstart,
-                self._np_mstart,
-                self._np_rows,
-                self._arity,
+                *self._tree,
                 slots.contiguous().numpy(),
                 priorities.detach().to(torch.float64).contiguous().numpy(),
                 live.contiguous().numpy(),
