@@ -46,7 +46,7 @@ class ConduitSettings:
     g_del: int | None = None
     seed: int | None = None
     stage_steps: int | None = None
-    pins: dict[str, str] = dataclasses.field(default_factory=dict)
+    pins: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.pins, dict) or not all(isinstance(k, str) for k in self.pins):
