@@ -205,10 +205,13 @@ class FieldArray:
         else:
             assert self.data is not None
             ragged: Ragged = column.data
-            padded = _pad_to_longest(ragged, longest)  # the batch's longest, not the field's
             fast = _SAME_WIDTH_FLOAT.get(self.dtype)  # type: ignore[arg-type]
-            target = (self.data.view(fast) if fast is not None else self.data)[:, :longest]
-            target.index_copy_(0, slots.to(self.data.device), padded.to(self.data.device))
+            array = self.data.view(fast) if fast is not None else self.data
+            if ragged.values.shape[0] <= SCATTER_TOKENS:  # small puts (the agent loop's batch 1)
+                _scatter_tokens(array, slots, ragged)
+            else:
+                padded = _pad_to_longest(ragged, longest)  # the batch's longest, not the field's
+                array[:, :longest].index_copy_(0, slots.to(array.device), padded.to(array.device))
             self.lengths.index_copy_(0, slots, ragged.lengths)
         self.present[slots] = True
 
@@ -301,6 +304,21 @@ def _scratch(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 _SAME_WIDTH_FLOAT = {torch.int64: torch.float64, torch.int32: torch.float32, torch.int16: torch.float16}
+
+
+#: a jagged put of at most this many tokens is scattered token by token into its slots (a few small
+#: ops); a larger one is padded to its longest row by torch's kernel and copied row by row
+SCATTER_TOKENS = 1 << 16
+
+
+def _scatter_tokens(array: torch.Tensor, slots: torch.Tensor, ragged: Ragged) -> None:
+    """Write ``ragged``'s row ``i`` into ``array[slots[i], :len_i]`` with one ``index_copy_`` over the
+    flattened ``[capacity * max_len, *rest]`` view (positions built from the offsets, batch-level)."""
+    lengths = ragged.lengths
+    starts = slots.to(torch.int64) * array.shape[1] - ragged.offsets[:-1]
+    pos = torch.arange(ragged.values.shape[0]) + torch.repeat_interleave(starts, lengths)
+    values = ragged.values.view(array.dtype) if ragged.values.dtype != array.dtype else ragged.values
+    array.view(-1, *array.shape[2:]).index_copy_(0, pos.to(array.device), values.to(array.device))
 
 
 def _pad_to_longest(ragged: Ragged, longest: int) -> torch.Tensor:
