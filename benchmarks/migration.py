@@ -50,7 +50,7 @@ from conduit.config import BufferConfig, RateLimit  # noqa: E402
 from conduit.discovery import local_topology  # noqa: E402
 from conduit.errors import CapacityError  # noqa: E402
 from conduit.placement import Plan, greedy_fastest, plan, price  # noqa: E402
-from conduit.placer import Placer, Workload, column_fields, usable_tiers  # noqa: E402
+from conduit.placer import Placer, Traffic, column_fields, usable_tiers  # noqa: E402
 from conduit.topology import Tier, Topology  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "migration.json"
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = QUICK if args.quick else FULL
     prov = provenance.start()
     lengths, capacity, batch, iters = cfg["lengths"], cfg["capacity"], cfg["batch"], cfg["iters"]
-    work = Workload(batch, batch)
+    work = Traffic(batch, batch)
     end_bytes = sum(f.nbytes for f in column_fields(schema(lengths[-1]), capacity, work, {"host": "h"}))
     host = (args.host_mb << 20) if args.host_mb else int(0.4 * end_bytes)
     shm = (args.shm_mb << 20) if args.shm_mb else int(0.7 * end_bytes)

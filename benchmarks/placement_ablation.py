@@ -54,7 +54,7 @@ from conduit.config import BufferConfig  # noqa: E402
 from conduit.discovery import local_topology  # noqa: E402
 from conduit.errors import CapacityError  # noqa: E402
 from conduit.placement import BASELINES, Access, Field, plan, price  # noqa: E402
-from conduit.placer import Workload, column_fields, usable_tiers  # noqa: E402
+from conduit.placer import Traffic, column_fields, usable_tiers  # noqa: E402
 from conduit.topology import Tier, Topology  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "placement_ablation.json"
@@ -146,7 +146,7 @@ def dqn_setup(dim: int, capacity: int, tiers: dict[str, str]) -> Callable[[], No
 
 def dqn_fields(dim: int, capacity: int, usable: dict[str, str]) -> list[Field]:
     reader = "host" if learner_device() == "cpu" else learner_device()
-    return column_fields(dqn_schema(dim), capacity, Workload(32, 256, readers=(reader,)), usable)
+    return column_fields(dqn_schema(dim), capacity, Traffic(32, 256, readers=(reader,)), usable)
 
 
 # ------------------------------------------------------------------------------------ grpo in tq

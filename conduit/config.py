@@ -334,10 +334,10 @@ class BufferConfig(_FromDict):
             raise ConfigError(f"pins name unknown column(s) {unknown}; the schema has {list(schema.names)}")
         if self.tier == "auto":
             from conduit.discovery import local_topology
-            from conduit.placer import Placer, Workload, initial_tiers
+            from conduit.placer import Placer, Traffic, initial_tiers
 
-            topology, workload = local_topology(), Workload(self.capacity, self.capacity, readers=(reader,))
-            tiers, chosen = initial_tiers(schema, self.capacity, topology, workload, self.pins)
+            topology, traffic = local_topology(), Traffic(self.capacity, self.capacity, readers=(reader,))
+            tiers, chosen = initial_tiers(schema, self.capacity, topology, traffic, self.pins)
             log.info("conduit: buffer placement at start\n%s", chosen.explain())
             home = "host"
         else:
@@ -372,7 +372,7 @@ class BufferConfig(_FromDict):
             nonfinite=self.nonfinite,
         )
         if self.tier == "auto":
-            buffer.placer = Placer(buffer, topology, workload, self.pins)
+            buffer.placer = Placer(buffer, topology, traffic, self.pins)
         return buffer
 
 

@@ -1,7 +1,7 @@
 """Planned placement of a running buffer: plan its columns onto tiers, and re-plan as it changes.
 
 A :class:`Placer` turns the buffer's columns into the planner's fields (bytes per item as stored,
-padding included; ``capacity`` items each), the :class:`Workload` into their accesses (items written
+padding included; ``capacity`` items each), the :class:`Traffic` (who writes and reads how much) into their accesses (items written
 from the producers' tier and read into each consumer's tier per iteration), and plans them on this
 node's tiers of a :class:`~conduit.topology.Topology`. :meth:`Placer.place` migrates the columns whose
 tier changes (``ExperienceBuffer.migrate``: online, pauses reported). Hysteresis: a new plan is
@@ -31,7 +31,7 @@ logger = logging.getLogger("conduit.placement")
 
 
 @dataclass(frozen=True)
-class Workload:
+class Traffic:
     """Per iteration: ``items_written`` from the ``writer`` tier and ``items_read`` into the
     ``readers`` tiers (split evenly among them). Tiers are buffer tier strings: ``host``, ``cuda:0``."""
 
@@ -42,7 +42,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.items_written < 0 or self.items_read < 0 or not self.readers:
-            raise ConfigError(f"workload needs counts >= 0 and at least one reader, got {self}")
+            raise ConfigError(f"traffic needs counts >= 0 and at least one reader, got {self}")
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Replan:
 
 @dataclass
 class Placer:
-    """Keeps ``buffer``'s columns on the tiers a plan for ``workload`` on ``topology`` chooses
+    """Keeps ``buffer``'s columns on the tiers a plan for ``traffic`` on ``topology`` chooses
     (it becomes ``buffer.placer``, so ``buffer.grow_column`` re-plans through it).
 
     ``pins`` (column → buffer tier) are kept by hand; ``headroom`` (topology tier name → bytes) is
@@ -66,7 +66,7 @@ class Placer:
 
     buffer: ExperienceBuffer
     topology: Topology
-    workload: Workload
+    traffic: Traffic
     pins: Mapping[str, str] = field(default_factory=dict)
     headroom: Mapping[str, int] = field(default_factory=dict)
     threshold: float = 0.1
@@ -81,8 +81,8 @@ class Placer:
             if col not in names:
                 raise ConfigError(f"pin for unknown column {col!r}; the buffer stores {list(names)}")
             self._topo(tier, f"pin {col!r}")
-        for tier in (self.workload.writer, *self.workload.readers):
-            self._topo(tier, "workload")
+        for tier in (self.traffic.writer, *self.traffic.readers):
+            self._topo(tier, "traffic")
         self.buffer.placer = self  # the buffer's growth re-plans through this placer
 
     def _topo(self, tier: str, what: str) -> str:
@@ -99,7 +99,7 @@ class Placer:
 
     def fields(self, max_lens: Mapping[str, int] | None = None) -> list[Field]:
         """The planner's fields for the buffer's columns (ragged ones widened to ``max_lens``)."""
-        return column_fields(self.buffer.schema, self.buffer.capacity, self.workload, self._tiers, max_lens)
+        return column_fields(self.buffer.schema, self.buffer.capacity, self.traffic, self._tiers, max_lens)
 
     def _current(self) -> dict[str, str]:
         return {n: self._tiers.get(t, t) for n, t in self.buffer.storage.tiers.items()}  # type: ignore[attr-defined]
@@ -120,24 +120,26 @@ class Placer:
 
     def place(self, reason: str = "start", force: bool = False) -> Replan | None:
         """Plan, and migrate if the plan is adopted (see the module docstring); None when kept."""
-        return self._apply(reason, None, force)
+        return self._apply(reason, None, force)[0]
 
-    def grow(self, column: str, max_len: int) -> Replan | None:
+    def grow(self, column: str, max_len: int) -> MigrationReport:
         """Widen ragged ``column`` to ``max_len`` and re-plan in the same copy."""
         return self.resize({column: max_len})
 
-    def resize(self, max_lens: Mapping[str, int]) -> Replan | None:
-        """Widen several ragged columns at once (``{column: max_len}``): one re-plan for all."""
+    def resize(self, max_lens: Mapping[str, int]) -> MigrationReport:
+        """Widen several ragged columns at once (``{column: max_len}``): one re-plan for all, and one
+        copy per column that moves or grows (an adopted plan is also in :attr:`history`)."""
         what = ", ".join(f"{c} to max_len {n}" for c, n in max_lens.items())
-        return self._apply(f"{what} (growth)", dict(max_lens), False)
+        return self._apply(f"{what} (growth)", dict(max_lens), False)[1]
 
-    def _apply(self, reason: str, max_lens: dict[str, int] | None, force: bool) -> Replan | None:
+    def _apply(
+        self, reason: str, max_lens: dict[str, int] | None, force: bool
+    ) -> tuple[Replan | None, MigrationReport]:
+        """The adopted plan (None: the current placement is kept) and the migration that ran."""
         cand = self.candidate(max_lens)
         cur = self.priced_current(max_lens)
         if not force and cur is not None and not should_replan(cur, cand, self.threshold):
-            if max_lens:
-                self.buffer.migrate({}, max_lens)
-            return None
+            return None, self.buffer.migrate({}, max_lens) if max_lens else MigrationReport()
         target = cand
         moves = self._ordered_moves(target, max_lens)
         report = self.buffer.migrate(moves, max_lens)
@@ -153,7 +155,7 @@ class Placer:
             report.max_pause_s * 1e3,
             target.explain(),
         )
-        return done
+        return done, report
 
     def _ordered_moves(self, target: Plan, max_lens: Mapping[str, int] | None) -> dict[str, str]:
         """Moves ordered so that columns leave a tier before others arrive (the lowest transient peak)."""
@@ -191,21 +193,21 @@ def column_nbytes(col: Column, capacity: int, max_len: int | None = None) -> int
 def column_fields(
     schema: Schema,
     capacity: int,
-    workload: Workload,
+    traffic: Traffic,
     tiers: Mapping[str, str],
     max_lens: Mapping[str, int] | None = None,
 ) -> list[Field]:
-    """The planner's fields for ``schema``'s columns in a ring of ``capacity`` under ``workload``;
+    """The planner's fields for ``schema``'s columns in a ring of ``capacity`` under ``traffic``;
     ``tiers`` maps buffer tier strings to the topology's tier names."""
 
     def topo(tier: str) -> str:
         if tier not in tiers:
-            raise ConfigError(f"workload: tier {tier!r} is not usable here (usable: {sorted(tiers)})")
+            raise ConfigError(f"traffic: tier {tier!r} is not usable here (usable: {sorted(tiers)})")
         return tiers[tier]
 
-    writers = (Access(topo(workload.writer), workload.items_written / capacity),)
-    share = workload.items_read / capacity / len(workload.readers)
-    readers = tuple(Access(topo(r), share) for r in workload.readers)
+    writers = (Access(topo(traffic.writer), traffic.items_written / capacity),)
+    share = traffic.items_read / capacity / len(traffic.readers)
+    readers = tuple(Access(topo(r), share) for r in traffic.readers)
     out = []
     for col in schema:
         nbytes = column_nbytes(col, capacity, (max_lens or {}).get(col.name))
@@ -229,7 +231,7 @@ def initial_tiers(
     schema: Schema,
     capacity: int,
     topology: Topology,
-    workload: Workload,
+    traffic: Traffic,
     pins: Mapping[str, str] | None = None,
     headroom: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, str], Plan]:
@@ -239,7 +241,7 @@ def initial_tiers(
     for col, tier in (pins or {}).items():
         if tier not in tiers:
             raise ConfigError(f"pin {col!r}: tier {tier!r} is not usable here (usable: {sorted(tiers)})")
-    fields = column_fields(schema, capacity, workload, tiers)
+    fields = column_fields(schema, capacity, traffic, tiers)
     chosen = plan(fields, topology, headroom, pins={c: tiers[t] for c, t in (pins or {}).items()})
     return {c: back[t] for c, t in chosen.assignment.items()}, chosen
 

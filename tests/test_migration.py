@@ -14,7 +14,7 @@ from conduit.batch import ColumnBatch, Ragged
 from conduit.config import BufferConfig, RateLimit
 from conduit.errors import CapacityError, ConfigError
 from conduit.placement import PlacementCapacityError, conservative, greedy_fastest
-from conduit.placer import Placer, Workload, column_fields, usable_tiers
+from conduit.placer import Placer, Traffic, column_fields, usable_tiers
 from conduit.topology import Link, Tier, Topology
 
 MB = 10**6
@@ -170,7 +170,7 @@ def _placer_buffer(capacity: int = 1000, **kw: object) -> tuple[BufferConfig, ob
 def test_placer_spills_the_growing_column_and_explains(caplog: pytest.LogCaptureFixture) -> None:
     _, buf = _placer_buffer()
     topo = _host_topology(host=300_000, shm=2 * MB)
-    placer = Placer(buf, topo, Workload(100, 100))  # type: ignore[arg-type]
+    placer = Placer(buf, topo, Traffic(100, 100))  # type: ignore[arg-type]
     placer.place(force=True)
     assert set(buf.storage.tiers.values()) == {"host"}  # type: ignore[attr-defined]
     buf.extend(_batch(0, 50))  # type: ignore[attr-defined]
@@ -185,32 +185,36 @@ def test_placer_spills_the_growing_column_and_explains(caplog: pytest.LogCapture
 def test_placer_hysteresis_keeps_a_placement_that_is_nearly_as_good() -> None:
     _, buf = _placer_buffer()
     topo = _host_topology(host=10 * MB, shm=10 * MB)
-    placer = Placer(buf, topo, Workload(100, 100), threshold=0.5)  # type: ignore[arg-type]
+    placer = Placer(buf, topo, Traffic(100, 100), threshold=0.5)  # type: ignore[arg-type]
     buf.migrate({"obs": "shm"})  # type: ignore[attr-defined]  # host is better, by less than half
     assert placer.place("check") is None
     assert buf.storage.tiers["obs"] == "shm"  # type: ignore[attr-defined]
     assert placer.place("forced", force=True) is not None
     assert buf.storage.tiers["obs"] == "host"  # type: ignore[attr-defined]
+    adopted = len(placer.history)
+    report = buf.grow_column("tok", 16)  # type: ignore[attr-defined]  # fits where it is: plan kept
+    assert [(m.column, m.src, m.dst) for m in report.moves] == [("tok", "host", "host")]
+    assert buf.schema["tok"].max_len == 16 and len(placer.history) == adopted  # type: ignore[attr-defined]
 
 
 def test_placer_pins_and_bad_pins() -> None:
     _, buf = _placer_buffer()
     topo = _host_topology(host=10 * MB, shm=10 * MB)
-    Placer(buf, topo, Workload(10, 10), pins={"obs": "disk"}).place(force=True)  # type: ignore[arg-type]
+    Placer(buf, topo, Traffic(10, 10), pins={"obs": "disk"}).place(force=True)  # type: ignore[arg-type]
     assert buf.storage.tiers == {"id": "host", "obs": "disk", "tok": "host"}  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="unknown column"):
-        Placer(buf, topo, Workload(10, 10), pins={"nope": "disk"})  # type: ignore[arg-type]
+        Placer(buf, topo, Traffic(10, 10), pins={"nope": "disk"})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="not usable"):
-        Placer(buf, topo, Workload(10, 10), pins={"obs": "cuda:3"})  # type: ignore[arg-type]
+        Placer(buf, topo, Traffic(10, 10), pins={"obs": "cuda:3"})  # type: ignore[arg-type]
 
 
 def test_a_tier_that_disappears_is_left() -> None:
     _, buf = _placer_buffer()
-    Placer(buf, _host_topology(host=10 * MB, shm=10 * MB), Workload(10, 10), pins={"obs": "shm"}).place(
+    Placer(buf, _host_topology(host=10 * MB, shm=10 * MB), Traffic(10, 10), pins={"obs": "shm"}).place(
         force=True
     )  # type: ignore[arg-type]
     assert buf.storage.tiers["obs"] == "shm"  # type: ignore[attr-defined]
-    gone = Placer(buf, _host_topology(host=10 * MB, shm=0), Workload(10, 10))  # type: ignore[arg-type]
+    gone = Placer(buf, _host_topology(host=10 * MB, shm=0), Traffic(10, 10))  # type: ignore[arg-type]
     assert gone.priced_current() is None  # the current placement no longer fits
     assert gone.place("shm gone") is not None
     assert "shm" not in buf.storage.tiers.values()  # type: ignore[attr-defined]
@@ -218,7 +222,7 @@ def test_a_tier_that_disappears_is_left() -> None:
 
 def test_a_plan_that_cannot_fit_names_the_missing_bytes() -> None:
     _, buf = _placer_buffer()
-    placer = Placer(buf, _host_topology(host=1000, shm=1000, disk=1000), Workload(10, 10))  # type: ignore[arg-type]
+    placer = Placer(buf, _host_topology(host=1000, shm=1000, disk=1000), Traffic(10, 10))  # type: ignore[arg-type]
     with pytest.raises(PlacementCapacityError, match="bytes") as err:
         placer.grow("tok", 1000)
     assert isinstance(err.value, CapacityError) and err.value.missing_bytes > 0
@@ -227,7 +231,7 @@ def test_a_plan_that_cannot_fit_names_the_missing_bytes() -> None:
 
 def test_greedy_and_conservative_policies() -> None:
     topo = _host_topology(host=100_000, shm=10 * MB)
-    fields = column_fields(SCHEMA, 1000, Workload(100, 100), usable_tiers(topo))
+    fields = column_fields(SCHEMA, 1000, Traffic(100, 100), usable_tiers(topo))
     g = greedy_fastest(fields, topo)
     assert g.assignment["id"] == "node0/host" and g.assignment["tok"] != "node0/host"
     c = conservative(fields, topo)

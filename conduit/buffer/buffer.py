@@ -356,9 +356,7 @@ class ExperienceBuffer:
         with a placer, the columns are re-planned for the new size in the same copy."""
         self._check_open()
         if self.placer is not None:
-            done = self.placer.grow(name, max_len)
-            if done is not None:
-                return done.migration
+            return self.placer.grow(name, max_len)
         return migrate_columns(self, {}, {name: max_len})
 
     def migrate(self, moves: Mapping[str, str], max_lens: Mapping[str, int] | None = None) -> MigrationReport:
