@@ -169,7 +169,7 @@ class BackgroundScheduler(Scheduler):
                     f"ingestion queue stayed full ({self.queue_limit} fragments) for {timeout:g}s"
                 )
             if self.error_mode:  # refuse here, as sync does, rather than fail the worker later
-                reason = self.buffer.insert_refusal(self._pending() + batch.size)
+                reason = self.buffer.insert_refusal(self.uncommitted + batch.size, self.ingesting)
                 if reason is not None:
                     raise InsufficientDataError(f"put refused: {reason}")
             self.uncommitted += batch.size
@@ -336,12 +336,6 @@ class BackgroundScheduler(Scheduler):
                 self.busy = 0
                 self.ingesting = (0, 0)
                 self.cond.notify_all()
-
-    def _pending(self) -> int:
-        """Items put and not yet in the buffer: queued, plus the batch in flight until it commits
-        (the buffer's insert count moves past it in one step, so it is never counted twice)."""
-        n, base = self.ingesting
-        return self.uncommitted + (n if n and self.buffer.inserted == base else 0)
 
     def _room(self) -> int:
         """Deliveries the next draw may prepare (0: enough is ready): up to ``g_del``, within ``depth``."""

@@ -189,6 +189,27 @@ def test_a_fast_producer_in_error_mode_is_refused_and_the_runtime_stays_usable(o
     c.close()
 
 
+def test_a_write_committing_during_the_refusal_check_is_counted_once():
+    # CI caught this race: put() read the in-flight count, the ingest worker committed, then the free
+    # slots were read — the 6 in-flight items were counted twice and a put that fits was refused.
+    c = fifo("sync", capacity=8, mode="error")
+    c.put(frag(0, 6))
+    buf = c.buffer
+    assert buf.insert_refusal(2, in_flight=(6, 0)) is None  # taken at count 0, committed: counted once
+    assert buf.insert_refusal(2, in_flight=(6, 6)) is not None  # still in flight: 6 + 6 + 2 > 8
+    c.close()
+
+
+def test_error_mode_accepts_every_put_that_fits_while_the_worker_commits():
+    c = fifo("async", capacity=8, mode="error")
+    for i in range(200):  # each round races put(2) against the commit of the put(6) before it
+        c.put(frag(i * 8, 6))
+        c.put(frag(i * 8 + 6, 2))
+        c.flush()
+        assert c.get(8).batch["id"].tolist() == list(range(i * 8, i * 8 + 8))
+    c.close()
+
+
 @pytest.mark.parametrize("overlap", MODES)
 def test_off_policy_overwrites_the_oldest_and_counts_them(overlap):
     cfg = BufferConfig(capacity=8)

@@ -169,10 +169,15 @@ class ExperienceBuffer:
                 f"extend: policy version went backwards ({self.last_version} -> {version}); versions never decrease"
             )
 
-    def insert_refusal(self, n: int) -> str | None:
-        """Why a write of ``n`` items could not run now (None: it could), without waiting."""
+    def insert_refusal(self, n: int, in_flight: tuple[int, int] = (0, 0)) -> str | None:
+        """Why a write of ``n`` items could not run now (None: it could), without waiting.
+
+        ``in_flight`` is ``(items, insert count when they were taken)`` of a write under way: its items
+        count too unless the insert count has moved past them — decided under the buffer's lock, so a
+        commit landing during the check is never counted twice."""
         with self._cond:
-            return self._insert_blocker(n)
+            k, base = in_flight
+            return self._insert_blocker(n + (k if k and self.writer.inserted == base else 0))
 
     def _insert_blocker(self, n: int) -> str | None:
         return self.sampler.insert_blocker(n) or self.limiter.insert_blocker(
