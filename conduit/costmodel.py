@@ -17,28 +17,38 @@ time is split evenly between them.
 **One iteration** (:class:`Workload`): the caller's thread runs the producer's compute ``P`` and the
 consumer's compute ``C``; it puts ``F`` fragments of ``f`` items and gets ``K`` batches of ``B`` items
 (``s`` bytes per item). With knobs ``(overlap, depth, g_ing, g_del, placement)`` and ``h`` seconds
-per put/get call (``placement`` picks the measured bandwidth ``W`` of delivery's copy to the
-consumer)::
+per put call on the caller's thread (validation, enqueue; ``placement`` picks the measured bandwidth
+``W`` of delivery's copy to the consumer)::
 
     sync:   I = F * t_ing(f)                              (ingestion inline in each put)
             D = ceil(K / g_del) * t_del(g_del * B)        (g_del batches drawn per call)
-            wall = P + C + I + D + h * (F + K)
+            wall = P + C + I + D + h * F
 
     async:  I = ceil(F / g_ing) * t_ing(g_ing * f)        (a background thread, g_ing fragments per call)
             T = (P + C) / K                               (compute between two gets)
-            k = smallest k <= g_del with t_del(k*B) <= k * T (the delivery thread keeps up), else g_del
+            k = smallest k <= g_del with t_del(k*B) + w_d <= k * T (the delivery thread keeps up,
+                woken w_d after a get frees room), else g_del
             D = K / k * t_del(k * B)                      (a background thread)
-            N = ceil(F / g_ing) + K / k                   (background calls)
+            N_i = ceil(F / g_ing),  N_d = K / k           (background ingestion / delivery calls)
             stall = K / k * max(0, t_del(k*B) - (max(depth, g_del) - k + 1) * T)
-            wall = max(P + C + h * (F + K) + sigma * (I + D) + w * N + stall,  I,  D)
+            wall = max(P + C + h * F + w_g * K + sigma * (I + D) + w_i * N_i + w_d * N_d + stall,  I,  D)
 
 ``exposed = wall - P - C`` in both modes: what does not fit under the compute it overlaps with
 (``stall``, and ``I`` or ``D`` beyond the iteration when a thread cannot keep up), plus what overlap
-slows down on shared cores or devices: ``sigma * (I + D)`` and ``w * N``. ``sigma`` (the
+slows down on shared cores or devices: ``sigma * (I + D)`` and the per-call terms. ``sigma`` (the
 *interference*) is the fraction of background work that lands on the caller's critical path: 0 where
-the background runs on hardware of its own, up to 1 where it competes for the only core; ``w`` (the
-*wake-up cost*) is what each background call costs the caller (thread hand-offs, the interpreter
-lock). Both are fitted by least squares to measured async iterations (:func:`calibrate_overlap`).
+the background runs on hardware of its own, up to 1 where it competes for the only core. The
+per-call costs are what a call costs the caller beyond its work (thread wake-ups, the interpreter
+lock), and they differ by kind: ``w_g`` per get handed its batch by the delivery thread (a condition
+wait and a wake-up instead of an inline call: why async loses to sync where there is little work to
+hide); ``w_i`` per ingestion call (the ingestion thread's Python between kernels holds the lock while
+the caller wants it); ``w_d`` per delivery call, also the delay before the delivery thread wakes to
+refill, so on a fast consumer it finds several batches' room free and draws them in one call (``k``
+grows with ``w_d``, up to ``g_del``; measured on 2 CPU cores: 10 calls for 16 batches at ``g_del`` 4,
+16 at ``g_del`` 1). Fitted to the recorded 2-core grid, ``w_i`` came out 2-10x ``w_d``: one shared
+per-call cost cannot order ``g_ing`` against ``g_del``. All four are fitted to measured async
+iterations (:func:`calibrate_overlap`: non-negative least squares for ``w_g``, ``sigma``, ``w_i``, a
+search for ``w_d``).
 
 **Streaming** (verl's pieces, :func:`stream_end`): groups finish at known times; a piece waits for
 ``g`` groups, takes every finished one and ingests them at ``t_ing``; the end of the last piece is the
@@ -249,9 +259,12 @@ class IterationModel:
 
     Args:
         ingest, deliver: calibrated operator costs (per-byte terms from the measured links).
-        call_s: fixed cost of one put or get call on the caller's thread (validation, hand-off).
+        call_s: ``h``, fixed cost of one put call on the caller's thread (validation, enqueue). A get
+            has none of its own: inline it is its delivery, async it is its wait (``stall``, ``w_d``).
         interference: ``sigma``, the share of background work the caller's compute pays for.
-        wake_s: ``w``, the caller's cost of one background call (async only).
+        wake_ingest_s: ``w_i``, the caller's cost of one background ingestion call (async only).
+        wake_deliver_s: ``w_d``, the caller's cost of one background delivery call (async only).
+        handoff_s: ``w_g``, the caller's cost of one get handed a batch by the delivery thread (async only).
         bandwidths: bytes/s from each placement tier to the consumer (:func:`link_bandwidth`); the
             delivery's per-byte term for ``knobs.placement`` (empty: ``deliver.per_byte`` everywhere).
     """
@@ -261,7 +274,9 @@ class IterationModel:
     deliver: OperatorCost
     call_s: float = 0.0
     interference: float = 0.0
-    wake_s: float = 0.0
+    wake_ingest_s: float = 0.0
+    wake_deliver_s: float = 0.0
+    handoff_s: float = 0.0
     bandwidths: dict[str, float] = field(default_factory=dict)
 
     def predict(self, knobs: Knobs) -> Prediction:
@@ -274,7 +289,7 @@ class IterationModel:
             return self.deliver.seconds(items) + items * w.item_bytes * per_byte
 
         compute = w.producer_s + w.consumer_s
-        calls = self.call_s * (w.fragments + w.batches)
+        calls = self.call_s * w.fragments
         if knobs.overlap == "sync":
             ing = w.fragments * self._ing(w.fragment_items)
             dels = math.ceil(w.batches / knobs.g_del) * t_del(knobs.g_del)
@@ -284,12 +299,18 @@ class IterationModel:
         else:
             ing = math.ceil(w.fragments / knobs.g_ing) * self._ing(knobs.g_ing * w.fragment_items)
             between = compute / w.batches
-            k = next((k for k in range(1, knobs.g_del + 1) if t_del(k) <= k * between), knobs.g_del)
+            wake = self.wake_deliver_s
+            k = next((k for k in range(1, knobs.g_del + 1) if t_del(k) + wake <= k * between), knobs.g_del)
             dels = w.batches / k * t_del(k)
             slack = (max(knobs.depth, knobs.g_del) - k + 1) * between
             stall = w.batches / k * max(0.0, t_del(k) - slack)
-            background_calls = math.ceil(w.fragments / knobs.g_ing) + w.batches / k
-            shared = self.interference * (ing + dels) + self.wake_s * background_calls
+            ing_calls, del_calls = math.ceil(w.fragments / knobs.g_ing), w.batches / k
+            shared = (
+                self.handoff_s * w.batches
+                + self.interference * (ing + dels)
+                + self.wake_ingest_s * ing_calls
+                + self.wake_deliver_s * del_calls
+            )
             wall = max(compute + calls + shared + stall, ing, dels)
             terms = {
                 "ingest_s": ing,
@@ -297,10 +318,15 @@ class IterationModel:
                 "calls_s": calls,
                 "stall_s": stall,
                 "shared_s": shared,
-                "background_calls": background_calls,
+                "ingest_calls": ing_calls,
+                "deliver_calls": del_calls,
             }
             staleness = Staleness(knobs.depth * knobs.g_ing, max(knobs.depth, knobs.g_del))
         return Prediction(wall - compute, wall, staleness, terms)
+
+    def with_overlap(self, costs: OverlapCosts) -> IterationModel:
+        """This model with the overlap costs ``costs`` (e.g. from :func:`calibrate_overlap`)."""
+        return dataclasses.replace(self, **dataclasses.asdict(costs))
 
     def _ing(self, fragments_items: int) -> float:
         return self.ingest.seconds(fragments_items, fragments_items * self.workload.item_bytes)
@@ -314,33 +340,79 @@ class IterationModel:
             )
         return 1.0 / self.bandwidths[placement]
 
-    def background(self, knobs: Knobs) -> tuple[float, float]:
-        """Seconds of background work and background calls per iteration under async ``knobs``."""
-        terms = dataclasses.replace(self, interference=0.0, wake_s=0.0).predict(knobs).terms
-        return terms["ingest_s"] + terms["deliver_s"], terms["background_calls"]
+    def background(self, knobs: Knobs) -> tuple[float, float, float]:
+        """Seconds of background work, ingestion calls and delivery calls per iteration (async ``knobs``)."""
+        terms = self.predict(knobs).terms
+        return terms["ingest_s"] + terms["deliver_s"], terms["ingest_calls"], terms["deliver_calls"]
 
 
-def calibrate_overlap(runs: Sequence[tuple[IterationModel, Knobs, float]]) -> tuple[float, float]:
-    """``(sigma, w)`` fitted to measured async iterations ``runs`` (each: the model of its workload,
-    its knobs, its measured seconds): least squares of ``measured - predicted_without_sharing =
-    sigma * (I + D) + w * N``, both >= 0, ``sigma <= 1``. One run (or runs that cannot separate them)
-    gives ``sigma`` alone."""
+@dataclass(frozen=True)
+class OverlapCosts:
+    """What overlap costs the caller (module docstring): ``sigma``, ``w_i``, ``w_d``, ``w_g``."""
+
+    interference: float = 0.0
+    wake_ingest_s: float = 0.0
+    wake_deliver_s: float = 0.0
+    handoff_s: float = 0.0
+
+
+#: the delivery wake-up costs :func:`calibrate_overlap` tries (0, then 1 us .. 10 ms, 12 per decade)
+WAKE_GRID = (0.0, *np.geomspace(1e-6, 1e-2, 49).tolist())
+
+
+def calibrate_overlap(
+    runs: Sequence[tuple[IterationModel, Knobs, float]],
+) -> OverlapCosts:
+    """The overlap costs fitted to measured async iterations ``runs`` (each: the model of its
+    workload, its knobs, its measured seconds).
+
+    For each ``w_d`` of :data:`WAKE_GRID` (``w_d`` also sets how many batches a delivery call takes,
+    so it is not a linear term) least squares of ``measured - predicted_without_sharing = w_g * K +
+    sigma * (I + D) + w_i * N_i``, all >= 0 (a negative one is dropped, the rest refitted; ``sigma <=
+    1``); the ``w_d`` with the smallest squared residual wins (ties: the smaller). A term the runs
+    cannot separate from those before it is dropped (last first): one run gives ``w_g`` alone.
+    """
     if not runs or any(k.overlap != "async" for _, k, _ in runs):
         raise ConfigError("overlap costs are calibrated on measured async iterations (overlap='async')")
-    rows = []
+    best: tuple[float, OverlapCosts] | None = None
+    for wake in WAKE_GRID:
+        x, y = _overlap_rows(runs, wake)
+        coef = _nonnegative_fit(x, y)
+        residual = float(((x @ coef - y) ** 2).sum())
+        if best is None or residual < best[0] * (1 - 1e-9):
+            best = (residual, OverlapCosts(min(1.0, float(coef[1])), float(coef[2]), wake, float(coef[0])))
+    assert best is not None
+    return best[1]
+
+
+def _overlap_rows(
+    runs: Sequence[tuple[IterationModel, Knobs, float]], wake_deliver_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per run: ``(K, I + D, N_i)`` and the excess over the prediction without them (``w_d`` charged)."""
+    work, excess = [], []
     for model, knobs, measured in runs:
-        base = dataclasses.replace(model, interference=0.0, wake_s=0.0).predict(knobs).wall_s
-        rows.append((*model.background(knobs), measured - base))
-    work = np.array([[r[0], r[1]] for r in rows])
-    excess = np.array([r[2] for r in rows])
-    if np.linalg.matrix_rank(work) == 2:
-        sigma, wake = (float(x) for x in np.linalg.lstsq(work, excess, rcond=None)[0])
-        if sigma >= 0 and wake >= 0:
-            return min(1.0, sigma), wake
-        if sigma < 0:  # all of it per call
-            return 0.0, max(0.0, float(excess @ work[:, 1] / (work[:, 1] @ work[:, 1])))
-    total = float(work[:, 0].sum())
-    return (min(1.0, max(0.0, float(excess.sum()) / total)) if total > 0 else 0.0), 0.0
+        p = model.with_overlap(OverlapCosts(wake_deliver_s=wake_deliver_s)).predict(knobs)
+        terms = p.terms
+        work.append((model.workload.batches, terms["ingest_s"] + terms["deliver_s"], terms["ingest_calls"]))
+        excess.append(measured - p.wall_s)
+    return np.array(work, dtype=np.float64), np.array(excess, dtype=np.float64)
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares coefficients >= 0 of ``x``'s columns; a column the rows cannot separate from
+    those before it, or with a negative coefficient, is dropped (0) and the rest refitted."""
+    cols = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while cols:
+        if np.linalg.matrix_rank(x[:, cols]) < len(cols):
+            cols.pop()
+            continue
+        got = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+        if (got >= 0).all():
+            coef[cols] = got
+            return coef
+        cols.remove(cols[int(np.argmin(got))])
+    return coef
 
 
 def stream_end(finish: Sequence[float], g: int, cost: OperatorCost, unit: int) -> float:

@@ -6,8 +6,10 @@
    hardware fingerprint) is reused without measuring, if it is still in the (pinned) space;
 2. **rank**: every configuration is predicted by the model (``model(config) -> Prediction``);
 3. **measure**: the ``top_k`` best predicted are run for real (``measure(config) -> seconds`` per
-   iteration, the caller's); measuring stops early once ``budget_s`` of tuning time is spent (the
-   first candidate is always measured). Without ``measure`` the model's best is taken;
+   iteration, the caller's), but only those predicted within ``margin`` of the best (the model's
+   uncertainty: where it separates the candidates clearly, measuring them would only cost time);
+   measuring stops early once ``budget_s`` of tuning time is spent (the first candidate is always
+   measured). Without ``measure`` the model's best is taken;
 4. **keep**: the fastest measured wins; a re-tune keeps the current configuration unless the winner
    is measured ``HYSTERESIS`` faster. The choice is cached (JSON, written atomically) and logged with
    its reason, the staleness it implies and what tuning cost.
@@ -91,6 +93,8 @@ class AutoTuner(Generic[C]):
         top_k: how many of the best predicted configurations are measured.
         pins: knob values the user fixed; they overwrite the space's values.
         budget_s: tuning time after which no further candidate is measured (``None``: no limit).
+        margin: relative distance from the best prediction within which a top-``k`` candidate is
+            measured (e.g. the model's relative error on its calibration; ``None``: all ``top_k``).
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class AutoTuner(Generic[C]):
         top_k: int = 3,
         pins: Mapping[str, Any] | None = None,
         budget_s: float | None = None,
+        margin: float | None = None,
     ) -> None:
         if not space:
             raise ConfigError("the tuner needs a non-empty configuration space")
@@ -114,6 +119,8 @@ class AutoTuner(Generic[C]):
             raise ConfigError(f"top_k must be an int >= 1, got {top_k!r}")
         if budget_s is not None and not budget_s > 0:
             raise ConfigError(f"budget_s must be > 0 or None, got {budget_s!r}")
+        if margin is not None and not margin >= 0:
+            raise ConfigError(f"margin must be >= 0 (relative) or None, got {margin!r}")
         self.pins = dict(pins or {})
         known = {f.name for f in dataclasses.fields(kind)}
         unknown = sorted(set(self.pins) - known)
@@ -125,7 +132,7 @@ class AutoTuner(Generic[C]):
         self.cache_dir = (
             Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "conduit" / "tuner"
         )
-        self.top_k, self.budget_s = top_k, budget_s
+        self.top_k, self.budget_s, self.margin = top_k, budget_s, margin
         self.current: Choice[C] | None = None
         self.history: list[Choice[C]] = []
 
@@ -157,7 +164,7 @@ class AutoTuner(Generic[C]):
             return self._keep(self.save(signature, choice))
         measured: dict[str, float] = {}
         configs: dict[str, tuple[C, Prediction]] = {}
-        candidates = ranked[: self.top_k]
+        candidates = self._uncertain(ranked)
         if self.current is not None and self.current.config in self.space:
             candidates = [*candidates, (self.current.config, self.model(self.current.config))]
         for config, pred in candidates:
@@ -176,13 +183,27 @@ class AutoTuner(Generic[C]):
                 best, why = now, f"kept (the fastest was not {HYSTERESIS:.0%} faster)"
         config, pred = configs[best]
         others = sorted(v for k, v in measured.items() if k != best)
+        skipped = min(self.top_k, len(ranked)) - sum(rank[n] < self.top_k for n in measured)
         reason = (
             f"{why} of {len(measured)}: {measured[best] * 1e3:.3g} ms/iter"
             + (f" (next {others[0] * 1e3:.3g} ms)" if others else "")
             + f"; model ranked it {rank[best] + 1} of {len(ranked)}, predicted {pred.wall_s * 1e3:.3g} ms"
+            + (
+                f"; {skipped} of the top {self.top_k} not measured (outside the margin or budget)"
+                if skipped
+                else ""
+            )
         )
         choice = Choice(config, pred, "measured", reason, measured, time.perf_counter() - t0)
         return self._keep(self.save(signature, choice))
+
+    def _uncertain(self, ranked: list[tuple[C, Prediction]]) -> list[tuple[C, Prediction]]:
+        """The top ``top_k`` predicted within ``margin`` of the best (the best always)."""
+        top = ranked[: self.top_k]
+        if self.margin is None:
+            return top
+        limit = top[0][1].wall_s * (1 + self.margin)
+        return [top[0], *(cp for cp in top[1:] if cp[1].wall_s <= limit)]
 
     def _keep(self, choice: Choice[C]) -> Choice[C]:
         self.current = choice

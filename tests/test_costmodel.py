@@ -12,6 +12,7 @@ from conduit.costmodel import (
     IterationModel,
     Knobs,
     OperatorCost,
+    OverlapCosts,
     Sample,
     Workload,
     calibrate_overlap,
@@ -92,7 +93,7 @@ def test_sync_composition_adds_every_term_to_the_compute() -> None:
     p = _model(call_s=1e-5).predict(Knobs("sync", g_del=2))
     ing = 8 * ING.seconds(32)
     dels = 2 * DEL.seconds(128)
-    assert p.exposed_s == pytest.approx(ing + dels + 12 * 1e-5)
+    assert p.exposed_s == pytest.approx(ing + dels + 8 * 1e-5)  # a fixed cost per put
     assert p.wall_s == pytest.approx(0.05 + p.exposed_s)
     assert p.staleness.data_lag_puts == 0 and p.staleness.sample_ahead_batches == 1
 
@@ -141,20 +142,49 @@ def test_placement_uses_its_measured_bandwidth() -> None:
 
 
 def test_overlap_costs_are_fitted_to_measured_async_iterations() -> None:
-    model = _model()
-    runs = [Knobs("async", depth=4, g_ing=4, g_del=1), Knobs("async", depth=2, g_ing=1, g_del=1)]
-    truth = dataclasses.replace(model, interference=0.25, wake_s=2e-4)
-    measured = [(model, k, truth.predict(k).wall_s) for k in runs]
-    sigma, wake = calibrate_overlap(measured)
-    assert sigma == pytest.approx(0.25) and wake == pytest.approx(2e-4)
-    work, calls = model.background(runs[1])
-    assert calls == 8 + 4 and work == pytest.approx(8 * ING.seconds(32) + 4 * DEL.seconds(64))
-    # one run: sigma alone; faster than predicted: no negative costs
-    sigma, wake = calibrate_overlap(measured[:1])
-    assert wake == 0.0 and sigma > 0.25
-    assert calibrate_overlap([(model, runs[0], 0.01)]) == (0.0, 0.0)
+    # 16 gets, 3.1 ms apart: a delivery thread woken 1 ms late cannot keep up one batch a call; two
+    # batch sizes, so that the work (sigma) moves apart from the calls (w_i, w_d)
+    work = dataclasses.replace(WORK, batches=16)
+    model = IterationModel(work, ING, DEL)
+    big = IterationModel(dataclasses.replace(work, batch_size=256), ING, DEL)
+    runs = [
+        Knobs("async", depth=4, g_ing=4, g_del=1),
+        Knobs("async", depth=2, g_ing=1, g_del=1),
+        Knobs("async", depth=8, g_ing=1, g_del=8),
+        Knobs("async", depth=8, g_ing=8, g_del=4),
+    ]
+    costs = OverlapCosts(interference=0.25, wake_ingest_s=3e-4, wake_deliver_s=1e-3, handoff_s=5e-5)
+    truth = model.with_overlap(costs)
+    assert [truth.predict(k).terms["deliver_calls"] for k in runs] == [16, 16, 8, 8]
+    measured = [(m, k, m.with_overlap(costs).predict(k).wall_s) for m in (model, big) for k in runs]
+    fitted = calibrate_overlap(measured)
+    for name, value in dataclasses.asdict(costs).items():
+        assert getattr(fitted, name) == pytest.approx(value), name
+    work_s, ing_calls, del_calls = model.background(runs[1])
+    assert (ing_calls, del_calls) == (8, 16)
+    assert work_s == pytest.approx(8 * ING.seconds(32) + 16 * DEL.seconds(64))
+    # one run: the hand-off alone; faster than predicted: no negative costs
+    one = calibrate_overlap(measured[:1])
+    assert one.interference == one.wake_ingest_s == one.wake_deliver_s == 0.0 and one.handoff_s > 5e-5
+    assert calibrate_overlap([(model, runs[0], 0.01)]) == OverlapCosts()
     with pytest.raises(ConfigError, match="async"):
         calibrate_overlap([(model, Knobs("sync"), 0.1)])
+
+
+def test_ingestion_and_delivery_calls_cost_the_caller_separately() -> None:
+    slow_del = OperatorCost(a=0.015, b=0.0)  # outlasts the 12.5 ms between gets: g_del 8 takes 2 a call
+    ing_heavy = IterationModel(WORK, ING, slow_del, wake_ingest_s=1e-3)
+    del_heavy = IterationModel(WORK, ING, slow_del, wake_deliver_s=1e-3)
+    many_ing, many_del = Knobs("async", 8, g_ing=1, g_del=8), Knobs("async", 8, g_ing=8, g_del=1)
+    # each thread's calls are charged at their own rate
+    assert ing_heavy.predict(many_ing).terms["shared_s"] == pytest.approx(8 * 1e-3)
+    assert ing_heavy.predict(many_del).terms["shared_s"] == pytest.approx(1 * 1e-3)
+    assert del_heavy.predict(many_ing).terms["shared_s"] == pytest.approx(2 * 1e-3)
+    assert del_heavy.predict(many_del).terms["shared_s"] == pytest.approx(4 * 1e-3)
+    # a hand-off per get: async pays it on every get, sync (inline) never
+    handoff = _model(handoff_s=1e-3)
+    assert handoff.predict(many_del).exposed_s == pytest.approx(4 * 1e-3)
+    assert handoff.predict(Knobs("sync")).exposed_s == _model().predict(Knobs("sync")).exposed_s
 
 
 def test_stream_end_replays_the_streaming_schedule() -> None:

@@ -111,6 +111,20 @@ def test_retune_keeps_the_current_choice_unless_clearly_faster(tmp_path: Path) -
     assert len(tuner.history) == 2
 
 
+def test_measures_only_the_candidates_the_model_cannot_separate(tmp_path: Path) -> None:
+    # predicted: async g_del 8 0.5125 s, 4 0.525 s (+2.4%), 2 0.55 s (+7.3%)
+    measure = Measure()
+    tuner = AutoTuner(SPACE, _predicted, measure, cache_dir=tmp_path, top_k=3, margin=0.03)
+    choice = tuner.tune(SIG)
+    assert [c.g_del for c in measure.calls] == [8, 4]
+    assert choice.config.g_del == 4 and "1 of the top 3 not measured" in choice.reason
+    sure = Measure()
+    AutoTuner(SPACE, _predicted, sure, cache_dir=tmp_path / "b", top_k=3, margin=0.0).tune(SIG)
+    assert [c.g_del for c in sure.calls] == [8]  # the first is always measured
+    with pytest.raises(ConfigError, match="margin"):
+        AutoTuner(SPACE, _predicted, sure, margin=-0.1)
+
+
 def test_drift_watch_needs_a_sustained_change() -> None:
     watch = DriftWatch(100.0, tolerance=0.25, patience=3)
     assert not any(watch.observe(v) for v in (110, 130, 90, 140, 140))  # a blip, then only two outside
@@ -125,10 +139,15 @@ def test_tunes_with_the_real_cost_model(tmp_path: Path) -> None:
 
     work = Workload(0.02, 0.03, fragments=8, fragment_items=32, batches=16, batch_size=32, item_bytes=256)
     model = IterationModel(
-        work, OperatorCost(2e-4, 1e-6), OperatorCost(3e-4, 2e-6), interference=0.2, wake_s=5e-5
+        work, OperatorCost(2e-4, 1e-6), OperatorCost(3e-4, 2e-6), interference=0.2, wake_ingest_s=5e-5
     )
     truth = IterationModel(
-        work, OperatorCost(3e-4, 1e-6), OperatorCost(3e-4, 3e-6), interference=0.3, wake_s=6e-5
+        work,
+        OperatorCost(3e-4, 1e-6),
+        OperatorCost(3e-4, 3e-6),
+        interference=0.3,
+        wake_ingest_s=6e-5,
+        wake_deliver_s=2e-5,
     )
     space = [Knobs("sync", g_del=g) for g in (1, 2, 4, 8)] + [
         Knobs("async", 2 * d, i, d) for i in (1, 2, 4, 8) for d in (1, 2, 4, 8)

@@ -10,9 +10,11 @@
    :class:`~conduit.costmodel.IterationModel` of one DQN iteration (model only: the candidates are
    measured in RLlib's own loop, below). The interference prior is ``min(1, 2 / cores)``: two
    background threads on this machine's cores.
-4. **Trial**: the model's pick runs ``TRIAL`` iterations and is kept only if measured ``HYSTERESIS``
-   faster than the warm-up configuration (else the plugin goes back to it). A switch moves the buffer
-   through ``state_dict``; its seconds count as tuning cost.
+4. **Trial**: the model's pick runs ``max(TRIAL, stage_steps)`` iterations (one whole staging cycle:
+   a staged put is paid once per ``stage_steps`` steps) after ``SETTLE`` unmeasured ones (its
+   threads start, its deliveries fill), and is kept only if its *mean* step is measured
+   ``HYSTERESIS`` faster than the warm-up configuration's (else the plugin goes back to it). A switch
+   moves the buffer through ``state_dict``; its seconds count as tuning cost.
 
 The choice, its reason and the staleness it implies are logged (logger ``conduit.tuner``) and cached
 per signature (DQN, train batch size, bytes per step row, machine fingerprint): a later run with the
@@ -48,7 +50,8 @@ from conduit_rllib.settings import ConduitSettings
 log = logging.getLogger("conduit.tuner")
 
 WARMUP = 3  # learning iterations measured under the probe configuration
-TRIAL = 3  # learning iterations measured under the model's pick
+TRIAL = 3  # learning iterations measured under the model's pick (at least one staging cycle)
+SETTLE = 2  # learning iterations after a switch that are not measured (threads start, deliveries fill)
 DRIFT, PATIENCE = 0.25, 5  # a re-tune needs the step time this far off, this many steps in a row
 clock = time.perf_counter  # the steps' clock (tests drive it)
 CACHE_DIR: Path | None = None  # None: the tuner's default (~/.cache/conduit/tuner)
@@ -82,6 +85,18 @@ def _median(steps: list[tuple[float, float, float, int, int]]) -> Observed:
         *(statistics.median(c) for c in cols[:3]),  # type: ignore[arg-type]
         max(1, round(statistics.median(cols[3]))),
         max(1, round(statistics.median(cols[4]))),
+    )
+
+
+def _mean(steps: list[tuple[float, float, float, int, int]]) -> Observed:
+    """Mean step (a staged put, paid once per cycle, counts in full), counts as medians."""
+    cols = list(zip(*steps, strict=True))
+    median = _median(steps)
+    return dataclasses.replace(
+        median,
+        **{
+            k: statistics.fmean(c) for k, c in zip(("producer_s", "consumer_s", "wall_s"), cols, strict=False)
+        },
     )
 
 
@@ -178,6 +193,8 @@ class DQNTuning:
         self._t_last: float | None = None
         self._drift: DriftWatch | None = None
         self._walls: list[float] = []  # the chosen configuration's first steps: the drift reference
+        self._settle = 0  # steps still to skip after a switch
+        self._trial_steps = TRIAL
         self.retunes = 0
 
     def end_step(
@@ -196,17 +213,22 @@ class DQNTuning:
             return None
         if self.phase == "done":
             return self._watch(now - last)
+        if self._settle > 0:
+            self._settle -= 1
+            return None
         self.steps.append((producer_s, consumer_s, now - last, env_steps, updates))
         if self.phase == "warmup" and len(self.steps) >= WARMUP:
             return self._rank(calibrate)
-        if self.phase == "trial" and len(self.steps) >= TRIAL:
+        if self.phase == "trial" and len(self.steps) >= self._trial_steps:
             return self._decide()
         return None
 
     def switched(self, seconds: float) -> None:
-        """A switch of configuration took ``seconds`` (buffer moved): tuning cost; restarts the clock."""
+        """A switch of configuration took ``seconds`` (buffer moved): tuning cost; restarts the clock
+        and skips the next ``SETTLE`` steps."""
         self.tuning_s += seconds
         self._t_last = None
+        self._settle = SETTLE
 
     def _rank(
         self, calibrate: Callable[[], tuple[OperatorCost, OperatorCost, int, int]]
@@ -240,17 +262,19 @@ class DQNTuning:
         if choice.source == "cache" or choice.config == self.probe:
             return self._finish(choice)
         self.choice, self.phase = choice, "trial"
+        self._trial_steps = max(TRIAL, choice.config.stage_steps_for("dqn"))
         return choice.config
 
     def _decide(self) -> ConduitSettings:
         assert self.choice is not None and self._baseline is not None and self._tuner is not None
         assert self._signature is not None
-        trial = _median(self.steps)
+        trial = _mean(self.steps)
         base = self._baseline.wall_s
         keep = trial.wall_s < base * (1 - HYSTERESIS)
         config = self.choice.config if keep else self.probe
         reason = (
-            f"measured in RLlib's loop: {describe(self.choice.config)} {trial.wall_s * 1e3:.3g} ms/step vs "
+            f"measured in RLlib's loop: {describe(self.choice.config)} {trial.wall_s * 1e3:.3g} ms/step "
+            f"(mean of {len(self.steps)}) vs "
             f"warm-up {describe(self.probe)} {base * 1e3:.3g} ms/step; "
             + ("kept the pick" if keep else f"went back (the pick was not {HYSTERESIS:.0%} faster)")
             + f"; model: {self.choice.reason}"

@@ -60,19 +60,22 @@ def _drive(
 
 
 _CLOCK = [0.0]
+# steps until a choice: the first (unmeasured), the warm-up, the first after the switch (unmeasured),
+# the settling ones, a trial of one whole staging cycle
+DECIDE = 2 + dqn_tuning.WARMUP + dqn_tuning.SETTLE + max(s.stage_steps for s in SPACE)
 
 
 def test_the_pick_is_kept_only_when_measured_faster(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(dqn_tuning, "interference_prior", lambda: 0.1)  # async ranked first
     monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path / "a")
     fast = DQNTuning(ConduitSettings(overlap="auto"))
-    switches = _drive(fast, {"sync": 0.020, "async": 0.012}, 12)
+    switches = _drive(fast, {"sync": 0.020, "async": 0.012}, DECIDE)
     assert fast.phase == "done" and len(switches) == 1 and switches[0].overlap == "async"
     assert fast.choice is not None and "kept the pick" in fast.choice.reason
     assert fast.tuning_s > 0
     monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path / "b")
     slow = DQNTuning(ConduitSettings(overlap="auto"))
-    switches = _drive(slow, {"sync": 0.012, "async": 0.020}, 12)
+    switches = _drive(slow, {"sync": 0.012, "async": 0.020}, DECIDE)
     assert slow.phase == "done" and [s.overlap for s in switches] == ["async", "sync"]
     assert slow.choice is not None and "went back" in slow.choice.reason
     # the measured result is cached: the next run with this signature starts from it, no trial
@@ -85,7 +88,7 @@ def test_pinned_knobs_hold_in_every_candidate(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path)
     tuning = DQNTuning(ConduitSettings(overlap="auto", g_del=4, stage_steps=8))
     assert tuning.probe.g_del == 4 and tuning.probe.stage_steps == 8
-    _drive(tuning, {"sync": 0.020, "async": 0.010}, 12)
+    _drive(tuning, {"sync": 0.020, "async": 0.010}, DECIDE)
     assert tuning.phase == "done" and tuning._tuner is not None
     assert all(c.g_del == 4 and c.stage_steps == 8 for c in tuning._tuner.space)
     assert tuning.choice is not None and (tuning.choice.config.g_del, tuning.choice.config.stage_steps) == (
@@ -126,7 +129,7 @@ def test_a_drifting_step_time_tunes_afresh(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path)
     tuning = DQNTuning(ConduitSettings(overlap="auto"))
     walls = {"sync": 0.020, "async": 0.012}
-    (picked,) = _drive(tuning, walls, 12)
+    (picked,) = _drive(tuning, walls, DECIDE + dqn_tuning.TRIAL)  # and the drift reference
     assert picked.overlap == "async" and tuning.phase == "done"
     # a blip shorter than PATIENCE steps is not drift
     walls["async"] = 0.030
@@ -135,6 +138,35 @@ def test_a_drifting_step_time_tunes_afresh(tmp_path, monkeypatch) -> None:
     assert _drive(tuning, walls, 3, picked) == [] and tuning.retunes == 0
     # sustained: back to the probe, a fresh warm-up and trial (not the cached choice); sync kept now
     walls.update({"sync": 0.010, "async": 0.030})
-    switches = _drive(tuning, walls, 20, picked)
+    switches = _drive(tuning, walls, dqn_tuning.PATIENCE + dqn_tuning.SETTLE + DECIDE, picked)
     assert [s.overlap for s in switches] == ["sync", "async", "sync"] and tuning.retunes == 1
     assert tuning.phase == "done" and tuning.choice is not None and tuning.choice.config.overlap == "sync"
+
+
+def test_the_trial_covers_a_staging_cycle_after_settling(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(dqn_tuning, "interference_prior", lambda: 0.1)  # async ranked first
+    monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path)
+    tuning = DQNTuning(ConduitSettings(overlap="auto", stage_steps=8))
+    # the sync probe: 15 ms a step. async: three slow steps while its threads start, then per cycle of
+    # 8 steps seven at 10 ms and one with the staged put at 60 ms (median 10 ms, mean 16.25 ms)
+    now, active, since, switches = [0.0], tuning.probe, 0, []
+    monkeypatch.setattr(dqn_tuning, "clock", lambda: now[0])
+    for _ in range(40):
+        if active.overlap == "sync":
+            now[0] += 0.015
+        else:
+            now[0] += 0.2 if since < 3 else 0.06 if since % 8 == 0 else 0.010
+        since += 1
+        chosen = tuning.end_step(0.004, 0.006, 4, 1, lambda: COSTS)
+        if chosen is not None and chosen != active:
+            active, since = chosen, 0
+            switches.append(chosen.overlap)
+            tuning.switched(0.01)
+    # the slow start is not measured; the staged put is: the pick is not faster over a whole cycle
+    assert switches == ["async", "sync"], switches
+    assert (
+        tuning.choice is not None
+        and "mean of 8" in tuning.choice.reason
+        and "went back" in tuning.choice.reason
+    )
+    assert "16.2 ms/step" in tuning.choice.reason

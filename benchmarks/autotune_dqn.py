@@ -1,0 +1,273 @@
+"""Does the DQN plugin's cost model order its configurations the way RLlib measures them, and is the
+``overlap="auto"`` pick within 5% of the best, at what tuning cost?
+
+    python benchmarks/autotune_dqn.py [--quick] [--batch N] [--out FILE]
+
+The workload is RLlib 2.60's DQN on CartPole-v1 (local env runner, local learner, one torch thread)
+with Conduit's plugin. Every configuration of :data:`conduit_rllib.dqn_tuning.SPACE` (overlap, depth,
+``g_del``, ``stage_steps``) is built and trained for real; a training step is timed around RLlib's
+``training_step`` (sampling, the Conduit path, the learner update, weight sync), and only learning
+steps (the ones that made a gradient update) count. Per configuration: the median over ``rounds``
+rounds (each builds the algorithm afresh, configurations in a fresh random order) of the mean seconds
+per learning step over whole staging cycles (a staged put is paid once per ``stage_steps`` steps),
+and the work done (learning steps, gradient updates; a gap is refused where they differ).
+
+Then an ``overlap="auto"`` run does what a user's run does: warm-up under the sync probe,
+calibration, the model's pick, a trial; the model it ranked with (``DQNTuning``'s, calibrated in that
+run) predicts every configuration. Printed and written: Kendall's tau between predicted and measured
+over the grid (and between two measured rounds: what noise allows), the top-8 overlap, the pick's gap
+to the best measured configuration, and the tuning overhead: the time the auto run's steps until the
+choice took beyond as many steps at the best configuration (probe and trial steps at worse knobs,
+calibration, the buffer's moves), as a share of 100 learning steps at the best. JSON and a PNG under
+``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+from autotune import kendall  # noqa: E402
+from rllib_native_timing import WorkCounter  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LEARNING_STARTS = 64  # env steps sampled before the first update
+
+
+class StepTimer:
+    """Times each of ``algo``'s training steps and counts the gradient updates it made (``counter``)."""
+
+    def __init__(self, algo: Any, counter: WorkCounter) -> None:
+        self.steps: list[tuple[float, int]] = []  # (seconds, gradient updates) per training step
+        self.done: Callable[[], bool] = lambda: False  # when true after a step, ``done_at`` is set
+        self.done_at: int | None = None  # steps taken when ``done`` first held
+        step = algo.training_step
+
+        def timed() -> Any:
+            before = counter.updates
+            t0 = time.perf_counter()
+            out = step()
+            self.steps.append((time.perf_counter() - t0, counter.updates - before))
+            if self.done_at is None and self.done():
+                self.done_at = len(self.steps)
+            return out
+
+        algo.training_step = timed
+
+    def learning(self) -> list[tuple[float, int]]:
+        """The steps that made a gradient update."""
+        return [s for s in self.steps if s[1] > 0]
+
+
+def name(settings: Any) -> str:
+    """The tuned knobs of DQN settings (``dqn_tuning.KNOBS``)."""
+    from conduit_rllib.dqn_tuning import KNOBS
+
+    return " ".join(f"{k}={getattr(settings, k)}" for k in KNOBS)
+
+
+def build(settings: Any, batch: int, seed: int) -> tuple[Any, StepTimer]:
+    import conduit_rllib
+    from ray.rllib.algorithms.dqn import DQNConfig
+
+    config = (
+        DQNConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0)
+        .training(train_batch_size=batch, num_steps_sampled_before_learning_starts=LEARNING_STARTS)
+        .reporting(min_sample_timesteps_per_iteration=LEARNING_STARTS)
+        .debugging(seed=seed)
+    )
+    knobs = {k: getattr(settings, k) for k in ("overlap", "depth", "g_del", "stage_steps")}
+    algo = conduit_rllib.enable(config, **knobs).build_algo()
+    counter = WorkCounter(algo)
+    return algo, StepTimer(algo, counter)
+
+
+def run(settings: Any, batch: int, steps: int, warmup: int, seed: int) -> dict[str, Any]:
+    """Mean seconds per learning step of ``settings`` over ``steps`` (whole staging cycles: a staged
+    put is paid once per cycle) and the work of the measured steps."""
+    algo, timer = build(settings, batch, seed)
+    try:
+        while len(timer.learning()) < warmup + steps:
+            algo.train()
+    finally:
+        algo.stop()
+    measured = timer.learning()[warmup : warmup + steps]
+    return {
+        "seconds": statistics.fmean(s for s, _ in measured),
+        "work": {"learning_steps": len(measured), "gradient_updates": sum(u for _, u in measured)},
+    }
+
+
+def run_auto(batch: int, steps: int, seed: int, max_iters: int) -> dict[str, Any]:
+    """An ``overlap="auto"`` run: its steps until the choice, the choice, and the model it ranked with."""
+    from conduit_rllib.settings import ConduitSettings
+
+    algo, timer = build(ConduitSettings("auto"), batch, seed)
+    tuning = algo.conduit_path.tuning
+    timer.done = lambda: tuning.phase == "done"
+    try:
+        for _ in range(max_iters):
+            algo.train()
+            if timer.done_at is not None:
+                break
+        if timer.done_at is None or tuning.choice is None or tuning._tuner is None:
+            raise RuntimeError(f"the auto run did not choose within {max_iters} iterations ({tuning.phase})")
+        while len(timer.learning()) < len([s for s in timer.steps[: timer.done_at] if s[1]]) + steps:
+            algo.train()
+    finally:
+        algo.stop()
+    until = [s for s, u in timer.steps[: timer.done_at] if u]  # learning steps until the choice
+    after = [s for s, u in timer.steps[timer.done_at :] if u][:steps]
+    return {
+        "choice": tuning.choice,
+        "predict": tuning._tuner.model,
+        "tuning_s": tuning.tuning_s,
+        "tuning_steps": until,
+        "after_s": statistics.fmean(after),
+    }
+
+
+def plot(row: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    pred = [p * 1e3 for p in row["predicted_s"]]
+    meas = [m * 1e3 for m in row["measured_s"]]
+    ax.scatter(pred, meas, c="0.6", s=18, label=f"manual ({len(meas)})")
+    pick = row["configs"].index(row["auto"]["config"])
+    ax.scatter([pred[pick]], [meas[pick]], c="tab:red", marker="*", s=160, label="auto")
+    lo, hi = min(pred + meas), max(pred + meas)
+    ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+    ax.set_title(
+        f"DQN CartPole b{row['batch']}: tau={row['kendall_tau']:.2f}, auto {row['auto']['gap_to_best_grid']:+.1%}",
+        fontsize=9,
+    )
+    ax.set_xlabel("predicted ms/step")
+    ax.set_ylabel("measured ms/step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few steps, one round (a check)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    token = provenance.start()
+    torch.set_num_threads(1)
+    import ray
+    from conduit_rllib import dqn_tuning
+    from conduit_rllib.settings import ConduitSettings
+
+    cycle = max(s.stage_steps or 1 for s in dqn_tuning.SPACE)
+    steps, warmup, rounds = (cycle, 4, 1) if args.quick else (8 * cycle, 16, 3)
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    t0 = time.perf_counter()
+    space: list[ConduitSettings] = list(dqn_tuning.SPACE)
+    per_round: list[list[float]] = [[0.0] * len(space) for _ in range(rounds)]
+    works: list[dict[str, int]] = [{} for _ in space]
+    order = list(range(len(space)))
+    rng = random.Random(0)
+    try:
+        for r in range(rounds):
+            rng.shuffle(order)
+            for i in order:
+                got = run(space[i], args.batch, steps, warmup, seed=r)
+                per_round[r][i], works[i] = got["seconds"], got["work"]
+                print(
+                    f"round {r} {name(space[i])}: {got['seconds'] * 1e3:.2f} ms/step {got['work']}",
+                    flush=True,
+                )
+        with tempfile.TemporaryDirectory() as cache:
+            dqn_tuning.CACHE_DIR = Path(cache)
+            auto = run_auto(args.batch, steps, seed=0, max_iters=20)
+    finally:
+        ray.shutdown()
+    measured = [statistics.median(r[i] for r in per_round) for i in range(len(space))]
+    predicted = [auto["predict"](s).wall_s for s in space]
+    choice = auto["choice"]
+    pick = space.index(choice.config)
+    best = min(range(len(space)), key=measured.__getitem__)
+    same_work = all(w == works[best] for w in works)
+    top = min(8, len(space))
+    order_m = sorted(range(len(space)), key=measured.__getitem__)[:top]
+    order_p = sorted(range(len(space)), key=predicted.__getitem__)[:top]
+    rounds_tau = [kendall(a, b) for n, a in enumerate(per_round) for b in per_round[n + 1 :]]
+    overhead = sum(auto["tuning_steps"]) - len(auto["tuning_steps"]) * measured[best]
+    row = {
+        "workload": "rllib dqn CartPole-v1",
+        "batch": args.batch,
+        "configs": [name(s) for s in space],
+        "measured_s": measured,
+        "measured_s_per_round": per_round,
+        "predicted_s": predicted,
+        "work": works,
+        "same_work": same_work,
+        "best_measured": {"config": name(space[best]), "seconds": measured[best]},
+        "predicted_best": {"config": name(space[order_p[0]]), "measured_seconds": measured[order_p[0]]},
+        f"top{top}_overlap": len(set(order_m) & set(order_p)),
+        "kendall_tau": kendall(predicted, measured),
+        "kendall_tau_between_rounds": statistics.median(rounds_tau) if rounds_tau else None,
+        "auto": {
+            "config": name(choice.config),
+            "reason": choice.reason,
+            "staleness": choice.prediction.staleness.describe(),
+            "seconds_after_tuning": auto["after_s"],
+            "seconds_in_grid": measured[pick],
+            # refused (None) where the pick's grid run did different work from the best's
+            "gap_to_best_grid": measured[pick] / measured[best] - 1 if works[pick] == works[best] else None,
+            "tuning_s": auto["tuning_s"],
+            "tuning_learning_steps": len(auto["tuning_steps"]),
+            "tuning_overhead_s": overhead,
+            "tuning_share_of_100_steps": overhead / (100 * measured[best]),
+        },
+    }
+    a = row["auto"]
+    gap = "refused (work differs)" if a["gap_to_best_grid"] is None else f"{a['gap_to_best_grid']:+.1%}"
+    print(
+        f"DQN CartPole b{args.batch}: best {measured[best] * 1e3:.2f} ms/step ({row['best_measured']['config']}); "
+        f"predicted best {row['predicted_best']['config']}; tau {row['kendall_tau']:.2f} (round vs round "
+        f"{'n/a' if row['kendall_tau_between_rounds'] is None else format(row['kendall_tau_between_rounds'], '.2f')}); "
+        f"top{top} overlap {row[f'top{top}_overlap']}/{top}; auto {a['config']}: gap {gap}, tuning "
+        f"{a['tuning_share_of_100_steps']:.1%} of 100 steps ({a['tuning_learning_steps']} steps until the choice, "
+        f"{a['tuning_s']:.2f} s calibrating and switching)"
+    )
+    machine = {"torch_threads": 1, **provenance.finish(token)}
+    out = args.out or RESULTS / ("autotune_dqn_quick.json" if args.quick else "autotune_dqn.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": "autotune_dqn",
+        "quick": args.quick,
+        "learning_steps_per_config": steps,
+        "warmup_steps": warmup,
+        "rounds": rounds,
+        "row": row,
+        "seconds": time.perf_counter() - t0,
+        "machine": machine,
+    }
+    out.write_text(json.dumps(record, indent=1, default=str))
+    plot(row, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')} ({time.perf_counter() - t0:.0f} s in all)")
+
+
+if __name__ == "__main__":
+    main()
