@@ -33,6 +33,10 @@ class ConduitTrainerConfig:
         on_timeout: ``error`` raises :class:`~conduit_verl.errors.RolloutTimeoutError` naming the
             unfinished groups; ``drop`` ends the step with the whole groups that finished (see
             ``streaming.GroupWait``).
+        journal: journal every finished GRPO group under ``trainer.default_local_dir`` as it lands,
+            so a trainer killed mid-step resumes with the step's finished groups kept, generating
+            only the others (``journal.py``, ``resume.py``); None (default) = on when verl saves
+            checkpoints (``trainer.save_freq > 0``). Needs ``overlap=async``.
     """
 
     overlap: Literal["sync", "async"] = "async"
@@ -41,6 +45,7 @@ class ConduitTrainerConfig:
     poll_interval_s: float | None = None
     rollout_timeout_s: float = 600.0
     on_timeout: Literal["error", "drop"] = "error"
+    journal: bool | None = None
 
     def __post_init__(self) -> None:
         if self.overlap not in ("sync", "async"):
@@ -65,11 +70,19 @@ class ConduitTrainerConfig:
             raise ConfigError(
                 f"trainer.v1.conduit.on_timeout must be 'error' or 'drop', got {self.on_timeout!r}"
             )
+        if self.journal is not None and not isinstance(self.journal, bool):
+            raise ConfigError(f"trainer.v1.conduit.journal must be true, false or null, got {self.journal!r}")
 
     @property
     def stream_poll_s(self) -> float:
         """The streaming wait's metadata re-read period (default 10 ms)."""
         return self.poll_interval_s if self.poll_interval_s is not None else 0.01
+
+    def journal_on(self, save_freq: int) -> bool:
+        """Whether finished groups are journaled, given verl's ``trainer.save_freq``."""
+        if self.journal is None:
+            return self.overlap == "async" and save_freq > 0
+        return self.journal
 
     @classmethod
     def from_verl(cls, config: DictConfig) -> ConduitTrainerConfig:
@@ -89,7 +102,11 @@ class ConduitTrainerConfig:
                 )
         out = cls(**knobs)
         if out.overlap == "sync":
-            unused = sorted(k for k in ("g_ing", "g_del", "rollout_timeout_s", "on_timeout") if k in knobs)
+            unused: list[str] = sorted(
+                k for k in ("g_ing", "g_del", "rollout_timeout_s", "on_timeout") if k in knobs
+            )
+            if knobs.get("journal"):  # journaling needs the streaming step's agent-loop manager
+                unused.append("journal")
             if unused:
                 raise ConfigError(
                     f"trainer.v1.{MODE}.{unused[0]} does not apply with overlap=sync (verl's whole-batch "

@@ -3,13 +3,18 @@
 A subclass of verl's sync trainer. With ``trainer.v1.conduit.overlap=async`` (the default) each
 step streams: GRPO groups go through old-log-prob, ref, values and advantage as they finish
 generating (``streaming.py``), then the actor gets its mini-batches from Conduit's grouped FIFO
-buffer (``delivery.py``). With ``overlap=sync`` it is verl's sync step. Knobs: ``config.py``.
+buffer (``delivery.py``). With ``overlap=sync`` it is verl's sync step. With the journal on
+(``trainer.v1.conduit.journal``, default: when verl saves checkpoints) every finished group is
+also journaled by the agent-loop workers (``journal_worker.py``), and a resumed step takes the
+interrupted step's journaled groups back instead of generating them (``resume.py``). Knobs: ``config.py``.
 The verl methods it overrides and calls are reached through ``compat.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, open_dict
@@ -19,6 +24,7 @@ from conduit_verl import compat
 from conduit_verl.checks import check_model_tokenizer, piece_unit
 from conduit_verl.compat import KVBatchMeta, SyncTrainerBase, register_trainer
 from conduit_verl.config import MODE, ConduitTrainerConfig
+from conduit_verl.errors import ConfigError
 from conduit_verl.piece_policy import PiecePolicy
 
 # The streaming modules are imported where they are used: this module is imported by the plugin's
@@ -64,22 +70,29 @@ def _dp_size(config: DictConfig) -> int:
     return max(1, world // peers)
 
 
-def _completion_channel(config: DictConfig) -> Any:
+def _completion_channel(config: DictConfig, journal: bool) -> Any:
     """Start the channel the agent loops report finished groups to (None: keep polling TQ).
 
     Selects Conduit's notifying agent-loop manager through verl's own
-    ``rollout.agent.agent_loop_manager_class``; a user's own manager is left alone (the stream
+    ``rollout.agent.agent_loop_manager_class`` (with ``journal``: the one whose workers also journal
+    each finished group, ``journal_worker.py``); a user's own manager is left alone (the stream
     then falls back to re-reading TransferQueue's metadata every ``poll_interval_s``).
     """
     from conduit_verl.completion import MANAGER_FQN, start_channel
+    from conduit_verl.journal_worker import MANAGER_FQN as JOURNAL_FQN
 
     agent = config.actor_rollout_ref.rollout.agent
     current = agent.get("agent_loop_manager_class", None)
-    if current not in (None, MANAGER_FQN):
+    if current not in (None, MANAGER_FQN, JOURNAL_FQN):
+        if journal:
+            raise ConfigError(
+                f"trainer.v1.conduit.journal needs Conduit's agent-loop manager, but "
+                f"rollout.agent.agent_loop_manager_class is {current}; unset it or set journal=false"
+            )
         logger.warning("custom agent_loop_manager_class %s: group completion is polled", current)
         return None
     with open_dict(agent):
-        agent.agent_loop_manager_class = MANAGER_FQN
+        agent.agent_loop_manager_class = JOURNAL_FQN if journal else MANAGER_FQN
     return start_channel()
 
 
@@ -95,9 +108,19 @@ class ConduitTrainer(SyncTrainerBase):
         self.conduit_config = ConduitTrainerConfig.from_verl(config)
         self.conduit_metrics = Metrics(trace=False)
         self.conduit_in_piece = False
+        self.conduit_journal: Path | None = None
+        self.conduit_restore_metrics: dict[str, float] = {}
+        self.conduit_journal_started = False
         super().__init__(config)
         if self.conduit_config.overlap == "sync":
             return  # verl's own step: nothing of the streaming path is built
+        if self.conduit_config.journal_on(int(config.trainer.save_freq)):
+            from conduit_verl.journal import journal_root
+            from conduit_verl.resume import RESUME_SEAMS  # noqa: F401 (checks what the resume needs)
+
+            with open_dict(config.trainer):  # the agent-loop workers find the journal from it
+                config.trainer.default_local_dir = os.path.abspath(str(config.trainer.default_local_dir))
+            self.conduit_journal = journal_root(config.trainer.default_local_dir)
         check_streamable(config)
         n = int(config.actor_rollout_ref.rollout.n)
         groups = int(config.data.train_batch_size)
@@ -105,7 +128,7 @@ class ConduitTrainer(SyncTrainerBase):
             groups, n, _infer_micro_batches(config), self.conduit_config.g_ing, _dp_size(config)
         )
         self.conduit_fifo = GroupFifo(n, 2 * groups * n, self.conduit_metrics)
-        self.conduit_channel: Any = _completion_channel(config)
+        self.conduit_channel: Any = _completion_channel(config, self.conduit_journal is not None)
         cfg = self.conduit_config
         self.conduit_wait = GroupWait(
             self.conduit_channel,
@@ -137,3 +160,37 @@ class ConduitTrainer(SyncTrainerBase):
         from conduit_verl.streaming import stream_step
 
         return stream_step(self, metrics, timing_raw, sample_batch_size)
+
+    # -- the journal (``trainer.v1.conduit.journal``): resume keeps a killed step's finished groups
+
+    def _submit_batch_to_rollout(self, batch: Any) -> int:
+        if self.conduit_journal is None:
+            return int(super()._submit_batch_to_rollout(batch))
+        from conduit_verl.resume import prune_on_start, submit_with_journal
+
+        if not self.conduit_journal_started:
+            self.conduit_journal_started = True
+            mode = str(self.config.trainer.get("resume_mode", "auto"))
+            prune_on_start(self.conduit_journal, compat.global_step(self), mode)
+        report = submit_with_journal(
+            self.conduit_journal,
+            compat.global_step(self),
+            batch,
+            super()._submit_batch_to_rollout,
+            self.conduit_channel,
+        )
+        self.conduit_restore_metrics = report.metrics()
+        return len(batch)
+
+    def prepare_step(self) -> dict:
+        out = dict(super().prepare_step() or {})
+        out.update(self.conduit_restore_metrics)
+        self.conduit_restore_metrics = {}
+        return out
+
+    def _save_checkpoint(self) -> None:
+        super()._save_checkpoint()
+        if self.conduit_journal is not None:  # this step is trained into the checkpoint now
+            from conduit_verl.journal import prune
+
+            prune(self.conduit_journal, compat.global_step(self))

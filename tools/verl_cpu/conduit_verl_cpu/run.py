@@ -67,9 +67,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )
     p.add_argument("--dump-samples", action="store_true", help="write <work-dir>/samples.jsonl per step")
     p.add_argument("--work-dir", default=None, help="default: a new temp dir")
+    p.add_argument(
+        "--save-freq",
+        type=int,
+        default=-1,
+        help="verl's trainer.save_freq: a checkpoint every N steps (-1: none). A rerun with the same "
+        "--work-dir resumes from the latest checkpoint (verl's resume_mode=auto)",
+    )
+    p.add_argument(
+        "--journal",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="conduit mode: journal finished rollout groups so a resume keeps a killed step's "
+        "(trainer.v1.conduit.journal; auto = on when checkpoints are saved)",
+    )
     args, extra = p.parse_known_args(argv)
     if args.tq_backend is None:
         args.tq_backend = "conduit" if args.trainer_mode == "conduit" else "simple"
+    if args.journal != "auto" and args.trainer_mode != "conduit":
+        p.error("--journal applies to --trainer-mode conduit only")
     try:
         args.tq_placement = parse_placement(args.tq_placement)
     except ValueError as e:  # a malformed pair, an unknown field or tier
@@ -144,7 +160,17 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
         max_response_length=args.response_length,
         pace=args.pace,
     )
-    return cpu_overrides(spec), work / "metrics.jsonl"
+    return resume_overrides(cpu_overrides(spec), args), work / "metrics.jsonl"
+
+
+def resume_overrides(overrides: list[str], args: argparse.Namespace) -> list[str]:
+    """``--save-freq`` and ``--journal`` applied to the CPU overrides."""
+    out = [
+        f"trainer.save_freq={args.save_freq}" if o.startswith("trainer.save_freq=") else o for o in overrides
+    ]
+    if args.journal != "auto":
+        out.append(f"+trainer.v1.conduit.journal={'true' if args.journal == 'on' else 'false'}")
+    return out
 
 
 def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int = 0) -> None:
