@@ -18,7 +18,7 @@ from conduit.errors import CheckpointError, ClosedError, ConfigError, SchemaErro
 from conduit.metrics import Metrics
 from conduit.ops.delivery import Delivery, DeliveryPlan, Part, Request
 from conduit.ops.operator import Operator
-from conduit.persist.checkpoint import CheckpointReport, load_checkpoint, save_checkpoint
+from conduit.persist.checkpoint import CheckpointReport, covered_items, load_checkpoint, save_checkpoint
 from conduit.persist.journal import Journal, open_journal, replay
 from conduit.scheduler import BackgroundScheduler, InlineScheduler, Scheduler
 from conduit.schema import Schema
@@ -220,8 +220,12 @@ class Conduit:
 
     def save(self, directory: str | os.PathLike[str]) -> CheckpointReport:
         """Save a checkpoint under ``directory`` in Conduit's safe format (occupied slots only, only what
-        changed since the previous one; see :func:`conduit.persist.save_checkpoint`)."""
-        return save_checkpoint(self, directory)
+        changed since the previous one; see :func:`conduit.persist.save_checkpoint`). With a journal,
+        once the checkpoint is durable, the journal files the kept checkpoints hold are removed."""
+        report = save_checkpoint(self, directory)
+        if self.journal is not None:
+            self.journal.prune(covered_items(directory), directory)
+        return report
 
     def load(self, directory: str | os.PathLike[str]) -> str:
         """Restore the newest intact checkpoint under ``directory``, then the journal's later records (if

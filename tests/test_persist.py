@@ -297,3 +297,146 @@ def test_publish_replaces_a_directory_whole_and_stale_leftovers_are_handled(tmp_
     remove_stale(final)
     assert (final / "new").exists() and not aside.exists()
     assert not (tmp_path / "ck.tmp-999999999-1").exists()
+
+
+# -- journal pruning and path validation ---------------------------------------------------------
+
+
+def journaled(tmp_path: Path) -> BufferConfig:
+    return BufferConfig.prioritized_replay(64, journal=JournalConfig(str(tmp_path / "j"), 0.05))
+
+
+def journal_names(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "j").glob("journal-*.cdr"))
+
+
+def test_save_prunes_the_journal_files_the_kept_checkpoints_hold(tmp_path: Path) -> None:
+    a = Conduit(SCHEMA, journaled(tmp_path), seed=0)
+    for _ in range(6):
+        fill(a, 16)  # 16 items, then a priority update
+        a.save(tmp_path / "ckpt")
+    # without pruning there would be one file per save plus the current one (7)
+    names = journal_names(tmp_path)
+    assert len(names) <= 3 and names[-1] == "journal-000007.cdr", names
+    assert (tmp_path / "j" / "pruned.cdr").exists()
+    fill(a, 8)
+    a.journal.close()
+    b = Conduit(SCHEMA, journaled(tmp_path), seed=0)  # the journal alone: loads the checkpoint it names first
+    same(a, b, versions=False)
+    b.close()
+    c = Conduit(SCHEMA, journaled(tmp_path), seed=0)
+    c.load(tmp_path / "ckpt")  # checkpoint + the remaining journal: exact
+    same(a, c, versions=False)
+    c.close()
+    with pytest.raises(CheckpointError, match="does not continue the buffer"):
+        replay(tmp_path / "j", prioritized())  # a pruned journal is never replayed into an empty buffer
+
+
+def test_a_corrupt_newest_checkpoint_still_recovers_with_the_pruned_journal(tmp_path: Path) -> None:
+    a = Conduit(SCHEMA, journaled(tmp_path), seed=0)
+    fill(a, 16)
+    for i in range(4):
+        a.put(batch(16, 16 * i))  # no priority update after the last put: each save covers its file
+        a.save(tmp_path / "ckpt")
+    fill(a, 8)
+    a.journal.close()
+    newest = sorted((tmp_path / "ckpt").glob("ckpt-*"))[-1]
+    (newest / "state.cdr").write_bytes(b"torn")
+    b = Conduit(SCHEMA, journaled(tmp_path), seed=0)
+    b.load(tmp_path / "ckpt")  # falls back to the previous checkpoint; the journal still covers the rest
+    same(a, b, versions=False)
+    b.close()
+
+
+def test_a_crash_before_or_during_the_prune_still_recovers_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = Conduit(SCHEMA, journaled(tmp_path), seed=0)
+    for _ in range(2):
+        fill(a, 16)
+        a.save(tmp_path / "ckpt")
+    fill(a, 16)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "j").glob("journal-*.cdr")}
+
+    def crash(*_a: object, **_k: object) -> None:
+        raise OSError("crash while publishing")
+
+    with monkeypatch.context() as m:  # a crash before the checkpoint is durable: the journal is untouched
+        m.setattr("conduit.persist.checkpoint.atomic.publish_dir", crash)
+        with pytest.raises(OSError, match="crash"):
+            a.save(tmp_path / "ckpt")
+    assert set(before) <= set(journal_names(tmp_path))
+    a.save(tmp_path / "ckpt")
+    removed = set(before) - set(journal_names(tmp_path))
+    assert removed, "this save prunes the first file"
+    for name in removed:  # a crash after the marker, before the files went: they come back
+        (tmp_path / "j" / name).write_bytes(before[name])
+    fill(a, 8)
+    a.journal.close()
+    b = Conduit(SCHEMA, journaled(tmp_path), seed=0)
+    b.load(tmp_path / "ckpt")
+    same(a, b, versions=False)
+    b.close()
+
+
+def test_paths_that_lead_outside_their_directory_are_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "ckpt"
+    a = prioritized()
+    fill(a, 16)
+    a.save(root)
+    (root / "ckpt-000009").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        a.save(root)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        prioritized().load(root)
+    assert list(outside.iterdir()) == []
+    (root / "ckpt-000009").unlink()
+    seg = next((root / "ckpt-000001").glob("seg-*.cdr"))
+    target = outside / "seg.cdr"
+    target.write_bytes(seg.read_bytes())
+    seg.unlink()
+    seg.symlink_to(target)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        prioritized().load(root)
+    jdir = tmp_path / "j"
+    jdir.mkdir()
+    (jdir / "journal-000001.cdr").symlink_to(outside / "journal.cdr")
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        Journal(jdir)
+    with pytest.raises(CheckpointError, match="leave"):
+        inside(root, "../ckpt-000001")
+    assert sorted(p.name for p in outside.iterdir()) == ["seg.cdr"]
+
+
+def test_a_torn_tail_does_not_hide_what_the_next_opening_journaled(tmp_path: Path) -> None:
+    """A crash tears the last record of one opening's file; the next opening continues from the
+    tear in a new file: a later recovery replays both (the torn record alone is lost)."""
+    first = BufferConfig.uniform_replay(64).build(SCHEMA)
+    j = Journal(tmp_path, flush_interval_s=10)
+    first.observer = j
+    first.extend(batch(8, 0))
+    first.extend(batch(8, 8))
+    j.close()
+    j.path.write_bytes(j.path.read_bytes()[:-5])  # the crash
+    second = BufferConfig.uniform_replay(64).build(SCHEMA)
+    assert replay(tmp_path, second).items == 8
+    j2 = Journal(tmp_path, flush_interval_s=10)
+    second.observer = j2
+    second.extend(batch(8, 100))
+    j2.close()
+    third = BufferConfig.uniform_replay(64).build(SCHEMA)
+    report = replay(tmp_path, third)
+    assert report.items == 16 and report.stopped_at is not None  # the tear is still reported
+    assert torch.equal(third.storage.data["reward"][:16], second.storage.data["reward"][:16])
+    # a later file that does not continue from the tear (its records start further on): replay stops
+    fourth = BufferConfig.uniform_replay(64).build(SCHEMA)
+    fourth.extend(batch(24, 0))
+    j3 = Journal(tmp_path, flush_interval_s=10)
+    fourth.observer = j3
+    fourth.extend(batch(8, 200))  # items 25..32, after the 17..24 no file holds
+    j3.close()
+    (tmp_path / j2.path.name).unlink()
+    fifth = BufferConfig.uniform_replay(64).build(SCHEMA)
+    assert replay(tmp_path, fifth).items == 8 and fifth.inserted == 8

@@ -53,6 +53,7 @@ class CheckpointReport:
 
     path: str
     items: int
+    inserted: int
     segments_written: int
     segments_reused: int
     bytes_written: int
@@ -142,6 +143,7 @@ def save_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[
         "segments": {str(i): k for i, k in enumerate(keys)},
         "files": files,
         "items": min(int(state["inserted"]), buffer.capacity),
+        "inserted": int(state["inserted"]),  # what a journal may prune (see covered_items)
     }
     nbytes += atomic.write_file(atomic.inside(tmp, MANIFEST), frame(manifest, []))
     atomic.publish_dir(tmp, final)
@@ -149,6 +151,7 @@ def save_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[
     return CheckpointReport(
         str(final),
         manifest["items"],
+        manifest["inserted"],
         written,
         reused,
         nbytes,
@@ -190,6 +193,18 @@ def read_checkpoint(
             problems.append(f"{path.name}: {e}")
     detail = "; ".join(problems) if problems else "no checkpoint found"
     raise CheckpointError(f"no intact checkpoint under {base}: {detail}")
+
+
+def covered_items(root: str | os.PathLike[str]) -> int:
+    """The insert count every checkpoint kept under ``root`` holds (the oldest one's; 0 if none or an
+    older format): journal records up to it are in whichever checkpoint a load may fall back to."""
+    counts = []
+    for path in _candidates(atomic.local_dir(root))[:KEEP]:
+        try:
+            counts.append(int(_manifest(path).get("inserted", 0)))
+        except CheckpointError:
+            continue  # unreadable: a load cannot fall back to it
+    return min(counts, default=0)
 
 
 # -- saving --------------------------------------------------------------------------------------
@@ -298,7 +313,11 @@ def _prune(base: Path) -> None:
 def _candidates(base: Path) -> list[Path]:
     if not base.is_dir():
         return []
-    names = [p for p in base.iterdir() if p.is_dir() and p.name.startswith("ckpt-") and p.name[5:].isdigit()]
+    names = [p for p in base.iterdir() if p.name.startswith("ckpt-") and p.name[5:].isdigit()]
+    for p in names:
+        if p.is_symlink():  # it may lead outside the root: never read, replaced or removed through it
+            raise CheckpointError(f"refusing checkpoint {p}: a symbolic link (to {os.readlink(p)})")
+    names = [p for p in names if p.is_dir()]
     return sorted(names, key=lambda p: int(p.name[5:]), reverse=True)
 
 
@@ -312,6 +331,8 @@ def _newest_manifest(base: Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def _record(path: Path) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    if path.is_symlink():
+        raise CheckpointError(f"{path.name} is a symbolic link (to {os.readlink(path)}); refusing to read it")
     try:
         data = bytearray(path.read_bytes())
     except OSError as e:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import time
 from typing import Any
 
@@ -22,6 +23,24 @@ logger = logging.getLogger(__name__)
 #: If set, every generate call appends ``{"version", "t0", "t1", "length"}`` (wall clock; response
 #: tokens) to this JSONL file.
 GEN_LOG_ENV = "CONDUIT_VERL_GEN_LOG"
+
+#: Test only: if set to ``k`` (1-based), the k-th generate call of the run never returns (a hung
+#: request), so the tests can check that a step ends by the trainer's timeout policy, never hangs.
+HANG_REQUEST_ENV = "CONDUIT_CPU_HANG_REQUEST"
+#: Test only: if set to ``k``, the server's process SIGKILLs itself at the k-th generate call (a dead
+#: rollout server).
+KILL_REQUEST_ENV = "CONDUIT_CPU_KILL_REQUEST"
+
+
+def request_number(env: str) -> int | None:
+    """The request number environment variable ``env`` names (``None``: unset); a bad value raises
+    ``ValueError``."""
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{env} must be a request number >= 1, got {raw!r}")
+    return int(raw)
 
 
 def request_seed(seed: int, version: int, prompt_ids: list[int], occurrence: int) -> int:
@@ -63,6 +82,9 @@ class HFGenerationServer:
         self.seed = seed
         self._occurrences: dict[tuple[int, tuple[int, ...]], int] = {}
         self._gen_log = os.environ.get(GEN_LOG_ENV) or None
+        self._hang_at = request_number(HANG_REQUEST_ENV)
+        self._kill_at = request_number(KILL_REQUEST_ENV)
+        self._requests = 0
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ generation
@@ -116,6 +138,19 @@ class HFGenerationServer:
         params = dict(sampling_params)
         want_logprobs = bool(params.pop("logprobs", False))
         ids = list(prompt_ids)
+        self._requests += 1
+        if self._requests == self._hang_at:
+            print(
+                f"[conduit-cpu] hf server: request {self._requests} ({request_id}) hangs (test switch)",
+                flush=True,
+            )
+            await asyncio.Event().wait()  # never set: this request never returns; the others go on
+        if self._requests == self._kill_at:
+            print(
+                f"[conduit-cpu] hf server: request {self._requests} kills the server (test switch)",
+                flush=True,
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
         async with self._lock:
             k = (self.weight_version, tuple(ids))
             occurrence = self._occurrences.get(k, 0)

@@ -26,6 +26,9 @@ CPU_ENV: dict[str, str] = {
     "VERL_ENGINE_DEVICE": "cuda",  # 5: pick the FSDP engine registered for cuda/nvidia
     "VERL_ENGINE_VENDOR": "nvidia",
     "TOKENIZERS_PARALLELISM": "false",
+    # loopback only: Ray 2.60 replaces _node_ip_address=127.0.0.1 by the routable address and then
+    # listens on all interfaces; this makes it keep 127.0.0.1 (tests/test_loopback.py)
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
 }
 
 #: If set (seconds), every verl ``ReplayBuffer`` polls TransferQueue at this period instead of 2 s.
