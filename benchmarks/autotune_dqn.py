@@ -178,9 +178,11 @@ def main() -> None:
     from conduit_rllib import dqn_tuning
     from conduit_rllib.settings import ConduitSettings
 
+    from conduit.local_ray import init_local_ray
+
     cycle = max(s.stage_steps or 1 for s in dqn_tuning.SPACE)
     steps, warmup, rounds = (cycle, 4, 1) if args.quick else (8 * cycle, 16, 3)
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    init_local_ray(log_to_driver=False)
     t0 = time.perf_counter()
     space: list[ConduitSettings] = list(dqn_tuning.SPACE)
     per_round: list[list[float]] = [[0.0] * len(space) for _ in range(rounds)]

@@ -214,7 +214,9 @@ def rllib_checksum(algo: Any) -> tuple[int, int]:
 def rllib_trials(n: int, rng: random.Random) -> list[dict[str, Any]]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    from conduit.local_ray import init_local_ray
+
+    init_local_ray(log_to_driver=False)
     rows = []
     with tempfile.TemporaryDirectory(prefix="conduit-crash-rllib-") as tmp:
         path = str(Path(tmp) / "ck")

@@ -182,10 +182,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import ray
     import torch
 
+    from conduit.local_ray import init_local_ray
+
     torch.set_num_threads(1)
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+        init_local_ray(log_to_driver=False)
     timer = PathTimer()
     wrap_buffer = install(timer)
     runs = []

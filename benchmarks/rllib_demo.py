@@ -119,11 +119,13 @@ def run(
     import ray
     import torch
 
+    from conduit.local_ray import init_local_ray
+
     t_start = time.perf_counter()
     started_ray = False
     if not ray.is_initialized():
         torch.set_num_threads(1)
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+        init_local_ray(log_to_driver=False)
         started_ray = True
     timer = PathTimer()
     wrap_buffer = install(timer)

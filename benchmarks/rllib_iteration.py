@@ -249,7 +249,9 @@ def main() -> None:
     torch.set_num_threads(1)
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    from conduit.local_ray import init_local_ray
+
+    init_local_ray(log_to_driver=False)
     sweep = DEFAULT_SWEEP
     if a.algo or a.env or a.train_batch_size:
         algo = a.algo or "dqn"

@@ -67,12 +67,13 @@ def build(args: Args):  # noqa: ANN201
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    import ray
     import torch
+
+    from conduit.local_ray import init_local_ray
 
     args = parse_args(argv)
     torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", ignore_reinit_error=True)
+    init_local_ray(ignore_reinit_error=True)
     algo = build(args)
     history = []
     try:

@@ -33,7 +33,11 @@ CHILD = r"""
 import json, os, sys
 import psutil, ray
 
-ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+if os.environ.get("LOOPBACK_VIA_HELPER") == "1":  # what our recipes and benchmarks call
+    from conduit.local_ray import init_local_ray
+    init_local_ray(log_to_driver=False)
+else:
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
 started = ["ray"]
 try:  # what the verl side starts on top: TransferQueue with Conduit's storage, the completion channel
     import conduit_verl.tq_store as tq_store
@@ -89,8 +93,12 @@ def test_is_loopback() -> None:
 
 @pytest.mark.ray
 @pytest.mark.timeout(400)
-def test_ray_and_what_we_start_on_it_listen_on_loopback_only() -> None:
-    started, listening = listening_sockets(LOOPBACK_ENV)
+@pytest.mark.parametrize("how", ["env", "init_local_ray"])
+def test_ray_and_what_we_start_on_it_listen_on_loopback_only(how: str) -> None:
+    # env: the setting in the environment (the verl CPU launcher); init_local_ray: nothing preset,
+    # conduit.local_ray.init_local_ray (the RLlib recipes and benchmarks) applies it after importing ray
+    env = LOOPBACK_ENV if how == "env" else {"LOOPBACK_VIA_HELPER": "1"}
+    started, listening = listening_sockets(env)
     assert len(listening) >= 3, listening  # GCS, raylet, workers at least: the listing works
     exposed = [sock for sock in listening if not is_loopback(sock[0])]
     assert not exposed, f"listening beyond loopback (started: {started}): {exposed}"
