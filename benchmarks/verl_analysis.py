@@ -74,6 +74,7 @@ def rows_for_run(
         stages.update(
             gen_busy=round(gen_busy, 4), gen_wait_exposed=round(wait, 4), ingest_exposed=round(ingest, 4)
         )
+        row_extra = {"conduit": conduit_view(m)} if system.startswith("conduit") else {}
         rows.append(
             {
                 "algo": algo,
@@ -89,10 +90,54 @@ def rows_for_run(
                 "model_gen_s": g.get("model_gen_s"),
                 "late_s": g.get("late_s"),
                 "stages": stages,
+                **row_extra,
                 **extra,
             }
         )
     return rows
+
+
+def conduit_view(m: dict[str, Any]) -> dict[str, float]:
+    """Where a conduit iteration's exposed time went (its ``conduit/*`` metrics): pieces, the last
+    piece's ingestion, delivery, whitening, and the piece policy's state."""
+    keys = {
+        "pieces": "conduit/pieces",
+        "streamed": "conduit/streamed",
+        "ingest_tail_s": "conduit/op/ingest_tail_s",
+        "overlapped_ingest_s": "conduit/op/ingest_s",
+        "deliver_s": "conduit/op/deliver_s",
+        "whiten_s": "conduit/op/whiten_s",
+        "policy_probing": "conduit/policy/probing",
+        "contention": "conduit/policy/contention",
+        "predicted_gain_s": "conduit/policy/predicted_gain_s",
+    }
+    return {name: round(float(m[key]), 4) for name, key in keys.items() if key in m}
+
+
+def exposed_profile(rows: list[dict[str, Any]], system: str) -> dict[str, Any]:
+    """Medians of where ``system``'s exposed time went: rollout start-up / wait, the last piece,
+    delivery; and how many iterations ran one whole-batch piece (the policy's probes) with their
+    median exposed time against the streamed iterations'."""
+    mine = [r for r in rows if r["system"] == system and "conduit" in r]
+    if not mine:
+        return {}
+
+    def med(values: list[float]) -> float | None:
+        return round(statistics.median(values), 4) if values else None
+
+    streamed = [r for r in mine if r["conduit"].get("streamed")]
+    whole = [r for r in mine if not r["conduit"].get("streamed")]
+    return {
+        "iterations": len(mine),
+        "gen_wait_exposed_s": med([r["stages"]["gen_wait_exposed"] for r in mine]),
+        "last_piece_s": med([r["conduit"].get("ingest_tail_s", 0.0) for r in mine]),
+        "deliver_s": med([r["conduit"].get("deliver_s", 0.0) for r in mine]),
+        "whole_batch_iterations": len(whole),
+        "exposed_s_whole_batch": med([r["exposed_s"] for r in whole]),
+        "exposed_s_streamed": med([r["exposed_s"] for r in streamed]),
+        "pieces_streamed": med([r["conduit"].get("pieces", 0.0) for r in streamed]),
+        "contention_last": mine[-1]["conduit"].get("contention"),
+    }
 
 
 def median(rows: list[dict[str, Any]], system: str, key: str, first: int = 0) -> float | None:

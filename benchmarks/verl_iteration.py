@@ -42,7 +42,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from verl_analysis import calibration, ratios, rows_for_run, sweep_table, targets  # noqa: E402
+from verl_analysis import (  # noqa: E402
+    calibration,
+    exposed_profile,
+    ratios,
+    rows_for_run,
+    sweep_table,
+    targets,
+)
 from verl_plots import paced_sweep, reward_curve, stage_bars  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -376,6 +383,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         found = ratios(rows, base, steady_from=8 if steps + 1 > 8 else 0)
         if i == 0:
             result["ratios"] = found
+            result["profile"] = {s: exposed_profile(rows, s) for s in mine if s.startswith("conduit")}
         if args.sweep:
             sweep_ratios[f"tail={tail:g},R={r:g}"] = found
     if args.sweep:
@@ -416,6 +424,7 @@ def main() -> int:
     ]
     print(table(first, args.systems.split(",")))
     print(json.dumps(result["ratios"], indent=1))
+    print("where conduit's exposed time went (medians):", json.dumps(result.get("profile", {}), indent=1))
     if args.sweep:
         print(sweep_table(result["sweep_ratios"]))
     if paced:

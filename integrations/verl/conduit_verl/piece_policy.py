@@ -3,31 +3,48 @@
 ``auto`` has two parts.
 
 The core's cost model (``conduit.costmodel``) picks how to stream. It keeps
-``seconds = a + b * groups`` for one piece's ingestion (an ``OperatorCost`` fitted by least squares
+``seconds = a + b * work`` for one piece's ingestion (an ``OperatorCost`` fitted by least squares
 over recent pieces: ``a`` is the per-call cost of the worker calls and TQ round trips, ``b`` the
-per-group compute) and the finish times of the last step's groups (from the completion channel; all
-groups are submitted at once, so they finish in clusters, not at a rate). For each candidate ``g`` it
-replays the streaming schedule on those finish times (the model's streaming composition,
-``stream_end``: wait for ``g`` groups, take every finished one, ingest, repeat) and keeps the ``g``
-whose last piece is ingested first — the exposed tail. Ties go to the larger ``g`` (fewer pieces,
+compute per unit of work; the streaming step measures work in tokens, ``seq_len`` summed over the
+piece's samples, because the groups that finish last hold the longest responses and cost the most
+to ingest) and the finish times and work of the last step's groups (from the completion channel;
+all groups are submitted at once, so they finish in clusters, not at a rate; groups are matched to
+finish times in the order they were taken, the lighter first within a piece). For each candidate
+``g`` it replays the streaming schedule on those finish times (the model's streaming composition,
+``stream_end``, with each piece costing its groups' work: wait for ``g`` groups, take every
+finished one, ingest, repeat) and keeps the ``g`` whose last piece is ingested first — the
+exposed tail. Ties go to the larger ``g`` (fewer pieces,
 less work); the current ``g`` is kept unless another is predicted ``HYSTERESIS`` faster (timings
-are noisy). Until a step has been measured: two pieces (half the groups each).
+are noisy). Until a step has been measured: four pieces (a quarter of the groups each), so the
+first fit sees pieces of different work. The warm-up step's pieces are not recorded (first calls
+are slow for reasons of their own).
 
-The model cannot see what overlap costs generation when both share the same cores or device
-(ingestion during generation slows it). So the step time decides whether to stream at all: the
-policy measures whole iterations (start of one step to the start of the next) under the model's
-``g`` ("stream") and under one whole-batch piece ("whole", verl's schedule), ``PROBES`` of each
-after the warm-up step, then runs the arm with the lower median and re-measures the other every
-``REPROBE_EVERY`` steps (medians over the last ``PROBES`` steps of each arm, so a drifting step time,
-e.g. longer responses, moves the choice within a few steps). Any ``g`` gives the same samples and
-losses; only time differs.
+What the model leaves out is what overlap costs generation when both share the same cores or
+device (ingestion during generation slows it). The policy estimates that from the streamed steps
+themselves: pieces ingested while generation still runs (``overlapped``) are compared with pieces
+ingested after it ended (each step's last piece), both against the fitted cost: their ratio
+``contention`` (1 = separate hardware, ~2 = two equal jobs on the same cores) says what share
+``1 - 1 / contention`` of the overlapped ingestion time generation lost. A streamed step's
+predicted gain over one whole-batch piece is then ``cost(all groups) - last piece - lost``. While
+the median gain of the last ``PROBES`` streamed steps is over ``PAYS`` of the whole-batch cost,
+``auto`` keeps streaming and measures nothing else (no whole-batch probes).
+
+Otherwise the step time decides whether to stream at all: the policy measures whole iterations
+(start of one step to the start of the next) under the model's ``g`` ("stream") and under one
+whole-batch piece ("whole", verl's schedule), ``PROBES`` of each, then runs the arm with the lower
+median and re-measures the other every ``REPROBE_EVERY`` steps (medians over the last ``PROBES``
+steps of each arm, so a drifting step time, e.g. longer responses, moves the choice within a few
+steps). Any ``g`` gives the same samples and losses; only time differs.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 
 from conduit.costmodel import CostWindow, OperatorCost, stream_end
 
@@ -38,14 +55,32 @@ HYSTERESIS = 0.05
 #: measured iterations per arm before choosing, and how often the other arm is re-measured
 PROBES = 3
 REPROBE_EVERY = 10
+#: streaming is kept without whole-batch probes while its predicted gain exceeds this share of the
+#: whole-batch ingestion cost
+PAYS = 0.2
 
 
-def simulate(finish: list[float], g: int, a: float, b: float, unit: int) -> float:
+def simulate(
+    finish: list[float], g: int, a: float, b: float, unit: int, work: Sequence[float] | None = None
+) -> float:
     """When the last piece's ingestion ends, for groups finishing at ``finish`` (sorted, seconds).
 
-    Pieces are whole multiples of ``unit`` groups, at least ``g`` (never over what is left).
+    Pieces are whole multiples of ``unit`` groups, at least ``g`` (never over what is left). A piece
+    costs ``a + b * (its groups' work)``; ``work[i]`` is the work of the group finishing ``i``-th
+    (None: 1 per group, the core's ``stream_end``).
     """
-    return stream_end(finish, g, OperatorCost(a, b), unit)
+    if work is None:
+        return stream_end(finish, g, OperatorCost(a, b), unit)
+    done = [0.0, *itertools.accumulate(work)]
+    total, taken, t = len(finish), 0, 0.0
+    while taken < total:
+        want = min(g, total - taken)
+        t = max(t, finish[taken + want - 1])
+        ready = bisect.bisect_right(finish, t) - taken
+        k = min(total - taken, max(want, ready // unit * unit))
+        t += a + b * (done[taken + k] - done[taken])
+        taken += k
+    return t
 
 
 class PiecePolicy:
@@ -56,8 +91,19 @@ class PiecePolicy:
         self.groups = groups
         self.unit = unit
         self.pieces = CostWindow(WINDOW)
+        #: (overlapped, work, seconds) of the pieces after the warm-up step, for ``contention``
+        self.kinds: deque[tuple[bool, float, float]] = deque(maxlen=WINDOW)
+        #: predicted gains (seconds) of the last streamed steps over one whole-batch piece
+        self.gains: deque[float] = deque(maxlen=PROBES)
+        self._overlapped_s = 0.0
+        self._tail_s = 0.0
+        self._step_pieces = 0
+        self._step_work: list[float] = []
         self.finish: list[float] | None = None
-        self.chosen = self._round(math.ceil(groups / 2))
+        #: work of the last step's groups, in finish order (None: 1 per group), and its sum
+        self.work: list[float] | None = None
+        self.step_work = float(groups)
+        self.chosen = self._round(math.ceil(groups / 4))
         self.periods: dict[str, deque[float]] = {
             "stream": deque(maxlen=PROBES),
             "whole": deque(maxlen=PROBES),
@@ -88,6 +134,8 @@ class PiecePolicy:
         return self.g_ing()
 
     def _pick_arm(self) -> str:
+        if self.streaming_pays():
+            return "stream"
         stream, whole = self.periods["stream"], self.periods["whole"]
         if len(stream) < PROBES or len(whole) < PROBES:  # probe both, alternating
             return "whole" if len(whole) < len(stream) else "stream"
@@ -95,27 +143,96 @@ class PiecePolicy:
         other = "whole" if best == "stream" else "stream"
         return other if self.steps % REPROBE_EVERY == 0 else best
 
-    def record_piece(self, groups: int, seconds: float) -> None:
-        """One piece of ``groups`` took ``seconds`` of ingestion."""
-        self.pieces.record(1, groups, seconds)
+    def record_piece(
+        self, groups: int, seconds: float, overlapped: bool = False, work: Sequence[float] | None = None
+    ) -> None:
+        """One piece of ``groups`` took ``seconds`` of ingestion; ``overlapped``: generation was
+        still running (groups of the step were left to generate when it started); ``work``: each
+        group's work (tokens; None: 1 per group)."""
+        if self.steps == 1:  # the warm-up step: its first calls are slow for reasons of their own
+            return
+        per_group = sorted(work) if work is not None else [1.0] * groups
+        items = float(sum(per_group))
+        self.pieces.record(1, items, seconds)
+        self.kinds.append((overlapped, items, seconds))
+        self._step_pieces += 1
+        self._step_work += per_group
+        if overlapped:
+            self._overlapped_s += seconds
+        else:
+            self._tail_s = seconds
 
     def record_step(self, finish: list[float]) -> None:
         """The step's group finish times (seconds from its start); re-choose ``g`` for ``auto``."""
         self.finish = sorted(finish)
+        if len(self._step_work) == len(self.finish):
+            self.work = self._step_work
+        if self._step_work:
+            self.step_work = float(sum(self._step_work))
         if self.setting == "auto" and len(self.finish) == self.groups and len(self.pieces):
             a, b = self.cost()
             self.chosen = self.best(a, b)
+        if self._step_pieces > 1 and len(self.pieces):
+            self.gains.append(self.predicted_gain(self._overlapped_s, self._tail_s))
+        self._overlapped_s, self._tail_s, self._step_pieces, self._step_work = 0.0, 0.0, 0, []
+
+    def contention(self) -> float:
+        """How much slower overlapped pieces ran than pieces after generation, against the cost fit
+        (medians; 1.0 until both kinds were measured, never below 1)."""
+        fit = self.pieces.fit() if len(self.pieces) else None
+        if fit is None:
+            return 1.0
+
+        def residuals(overlapped: bool) -> list[float]:
+            return [s / max(fit.seconds(w), 1e-9) for o, w, s in self.kinds if o == overlapped]
+
+        over, after = residuals(True), residuals(False)
+        if not over or not after:
+            return 1.0
+        return max(1.0, statistics.median(over) / max(statistics.median(after), 1e-9))
+
+    def predicted_gain(self, overlapped_s: float, tail_s: float) -> float:
+        """Seconds a streamed step saved against one whole-batch piece: the whole batch's predicted
+        ingestion, less the last piece, less what overlapped pieces cost generation."""
+        lost = overlapped_s * (1.0 - 1.0 / self.contention())
+        return self.whole_s() - tail_s - lost
+
+    def whole_s(self) -> float:
+        """Predicted ingestion of the whole batch in one piece (the last step's work)."""
+        return self.pieces.fit().seconds(self.step_work)
+
+    def streaming_pays(self) -> bool:
+        """The median predicted gain of the last streamed steps is over ``PAYS`` of the whole batch's
+        ingestion: keep streaming, with no whole-batch probes."""
+        if not self.gains or not len(self.pieces) or self.chosen >= self.groups:
+            return False
+        return statistics.median(self.gains) > PAYS * self.whole_s()
+
+    def report(self) -> dict[str, float]:
+        """The policy's view for the step's metrics (``conduit/...``)."""
+        a, b = self.cost() if len(self.pieces) else (0.0, 0.0)
+        return {
+            "a_s": a,
+            "b_s": b,
+            "chosen": float(self.chosen),
+            "contention": self.contention(),
+            "predicted_gain_s": self.gains[-1] if self.gains else 0.0,
+            "probing": float(self.setting == "auto" and not self.streaming_pays()),
+        }
 
     def cost(self) -> tuple[float, float]:
-        """``(a, b)`` of ``seconds = a + b * groups`` (the core's least-squares fit over the window)."""
+        """``(a, b)`` of ``seconds = a + b * work`` (the core's least-squares fit over the window)."""
         fit = self.pieces.fit()
         return fit.a, fit.b
 
     def best(self, a: float, b: float) -> int:
         """The candidate ``g`` with the earliest predicted end of the last piece."""
         assert self.finish is not None
+        work = self.work
+        if work is None or len(work) != len(self.finish):  # the fit is per unit of work: spread it
+            work = [self.step_work / max(len(self.finish), 1)] * len(self.finish)
         candidates = range(self.unit, self.groups + 1, self.unit)
-        ends = {g: simulate(self.finish, g, a, b, self.unit) for g in candidates}
+        ends = {g: simulate(self.finish, g, a, b, self.unit, work) for g in candidates}
         first = min(ends.values())
         if ends.get(self.chosen, math.inf) <= first * (1 + HYSTERESIS):
             return self.chosen

@@ -301,7 +301,8 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
                 m.incr("tq_puts_saved", writes.puts_saved)
                 groups = check_groups(piece.meta.keys, piece.meta.tags, n)
                 fifo.put(piece.meta, groups, version)
-            policy.record_piece(want, time.perf_counter() - t_piece)
+            work = [sum(int(piece.meta.tags[r].get("seq_len", 1)) for r in g) for g in groups]
+            policy.record_piece(want, time.perf_counter() - t_piece, overlapped=not last, work=work)
             parts.append((len(piece.meta), piece.metrics))
             m.set_gauge("ready_samples", len(fifo))
             if last:
@@ -314,6 +315,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     metrics["conduit/g_ing"] = g_ing
     metrics["conduit/streamed"] = float(g_ing < sample_batch_size)
     metrics["conduit/dropped_groups"] = sample_batch_size - taken
+    metrics.update({f"conduit/policy/{k}": v for k, v in policy.report().items()})
     batch = fifo.all_samples()
     batch.extra_info = dict(fifo.pieces[0].extra_info or {})
     if uses_gae(conf):

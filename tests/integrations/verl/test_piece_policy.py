@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from conduit_verl.piece_policy import HYSTERESIS, PiecePolicy, simulate  # noqa: E402
+from conduit_verl.piece_policy import HYSTERESIS, PAYS, PiecePolicy, simulate  # noqa: E402
 
 
 def test_simulate_replays_the_streaming_schedule() -> None:
@@ -30,7 +30,7 @@ def test_cost_fit_recovers_fixed_and_per_group_costs() -> None:
 
 def test_auto_streams_when_groups_finish_spread_out_and_not_when_clustered() -> None:
     spread = PiecePolicy("auto", groups=8, unit=1)
-    assert spread.g_ing() == 4  # before any measurement: two pieces
+    assert spread.g_ing() == 2  # before any measurement: four pieces
     for k in (2, 4):
         spread.record_piece(k, 0.05 + 0.01 * k)
     finish = [0.5 * i for i in range(1, 9)]  # one group every 0.5 s: cheap pieces keep up
@@ -51,7 +51,8 @@ def test_fixed_setting_is_kept_and_units_respected() -> None:
     assert PiecePolicy(3, groups=9, unit=3).g_ing() == 3
     assert PiecePolicy(0, groups=9, unit=3).g_ing() == 9  # 0 = whole batch
     auto = PiecePolicy("auto", groups=12, unit=4)
-    assert auto.g_ing() == 8  # half of 12 = 6, rounded up to whole units of 4
+    assert auto.g_ing() == 4  # a quarter of 12 = 3, rounded up to whole units of 4
+    assert PiecePolicy("auto", groups=10, unit=4).g_ing() == 4
     auto.record_piece(4, 0.1)
     auto.record_step([1.0 * i for i in range(1, 13)])
     assert auto.g_ing() % 4 == 0
@@ -67,15 +68,15 @@ def _run_steps(policy: PiecePolicy, seconds: dict[str, float], steps: int) -> li
 
 
 def test_auto_measures_both_schedules_then_keeps_the_faster() -> None:
-    policy = PiecePolicy("auto", groups=4, unit=1)
+    policy = PiecePolicy("auto", groups=8, unit=1)
     chosen = _run_steps(policy, {"stream": 1.2, "whole": 1.0}, 20)
     assert chosen[:2] == [2, 2]  # warm-up, then the first probe of the streaming schedule
-    assert sorted(chosen[1:7]) == [2, 2, 2, 4, 4, 4]  # three probes of each
+    assert sorted(chosen[1:7]) == [2, 2, 2, 8, 8, 8]  # three probes of each
     # then the faster (one whole-batch piece), re-probing the other every 10th step
-    assert chosen[7:] == [2 if step % 10 == 0 else 4 for step in range(8, 21)]
-    faster_stream = PiecePolicy("auto", groups=4, unit=1)
+    assert chosen[7:] == [2 if step % 10 == 0 else 8 for step in range(8, 21)]
+    faster_stream = PiecePolicy("auto", groups=8, unit=1)
     assert _run_steps(faster_stream, {"stream": 0.8, "whole": 1.0}, 20)[7:] == [
-        4 if step % 10 == 0 else 2 for step in range(8, 21)
+        8 if step % 10 == 0 else 2 for step in range(8, 21)
     ]
     fixed = PiecePolicy(1, groups=4, unit=1)
     assert set(_run_steps(fixed, {"stream": 5.0, "whole": 1.0}, 12)) == {1}  # a fixed g_ing never changes
@@ -91,3 +92,87 @@ def test_the_policy_fit_is_the_core_cost_model() -> None:
     core = OperatorCost.fit([Sample(1, k, 0, s) for k, s in pieces])
     assert policy.cost() == pytest.approx((core.a, core.b))
     assert simulate([1.0, 2.0], 1, core.a, core.b, 1) == pytest.approx(2.0 + core.a + core.b)
+
+
+def _stream_steps(policy: PiecePolicy, slowdown: float, steps: int) -> list[str]:
+    """Steps of 8 groups finishing 0.5 s apart; pieces cost ``0.2 + 0.05 * groups`` s, times
+    ``slowdown`` while generation still runs. The arm of each step."""
+    finish = [0.5 * i for i in range(1, 9)]
+    arms, now = [], 0.0
+    for _ in range(steps):
+        g = policy.begin_step(now)
+        arms.append(policy.arm)
+        sizes = [g] * (8 // g) + ([8 % g] if 8 % g else [])
+        for i, k in enumerate(sizes):
+            last = i == len(sizes) - 1
+            policy.record_piece(k, (0.2 + 0.05 * k) * (1.0 if last else slowdown), overlapped=not last)
+        policy.record_step(finish)
+        now += 10.0
+    return arms
+
+
+def test_auto_streams_without_whole_batch_probes_when_overlap_costs_nothing() -> None:
+    """Generation on its own hardware: overlapped pieces run as fast as the last one, so the
+    predicted gain (whole batch 0.6 s vs a last piece of ~0.3 s) holds and nothing is re-measured."""
+    policy = PiecePolicy("auto", groups=8, unit=1)
+    arms = _stream_steps(policy, slowdown=1.0, steps=15)
+    assert arms == ["stream"] * 15
+    assert policy.contention() == pytest.approx(1.0)
+    a, b = policy.cost()
+    report = policy.report()
+    assert report["probing"] == 0.0 and report["predicted_gain_s"] > PAYS * (a + b * 8)
+
+
+def test_auto_probes_whole_batches_when_overlap_contends_for_the_hardware() -> None:
+    """Generation on the same cores: overlapped pieces run 3x slower; generation is predicted to
+    lose two thirds of that time, more than streaming hides, so both schedules are measured."""
+    policy = PiecePolicy("auto", groups=8, unit=1)
+    arms = _stream_steps(policy, slowdown=3.0, steps=8)
+    assert policy.contention() == pytest.approx(3.0, rel=0.2)
+    assert not policy.streaming_pays()
+    assert "whole" in arms[2:]  # the probes of the arm comparison run
+    assert policy.report()["probing"] == 1.0
+
+
+def test_contention_is_one_until_both_kinds_of_piece_were_measured() -> None:
+    policy = PiecePolicy("auto", groups=8, unit=1)
+    assert policy.contention() == 1.0
+    policy.begin_step(0.0)
+    policy.begin_step(1.0)  # past the warm-up step
+    policy.record_piece(2, 0.5, overlapped=True)
+    assert policy.contention() == 1.0  # no piece after generation yet
+    policy.record_piece(2, 0.25)
+    assert policy.contention() == pytest.approx(2.0)
+
+
+def test_simulate_charges_each_piece_its_groups_work() -> None:
+    finish = [float(i) for i in range(1, 9)]
+    uniform = [1.0] * 8
+    for g in (1, 2, 4, 8):  # one unit of work per group is the core's stream_end
+        assert simulate(finish, g, 0.1, 0.1, 1, uniform) == pytest.approx(simulate(finish, g, 0.1, 0.1, 1))
+    heavy_last = [1.0] * 7 + [10.0]  # the group finishing last holds the longest responses
+    assert simulate(finish, 1, 0.1, 0.1, 1, heavy_last) == pytest.approx(8 + 0.1 + 1.0)
+    assert simulate(finish, 2, 0.1, 0.1, 1, heavy_last) == pytest.approx(8 + 0.1 + 1.1)
+
+
+def test_auto_fits_cost_per_token_and_matches_work_to_finish_order() -> None:
+    policy = PiecePolicy("auto", groups=4, unit=1)
+    policy.begin_step(0.0)
+    policy.record_piece(4, 9.0, work=[1.0] * 4)  # the warm-up step: not recorded
+    policy.record_step([1.0, 2.0, 3.0, 4.0])
+    assert len(policy.pieces) == 0
+    policy.begin_step(10.0)
+    # pieces of different token counts: seconds = 0.1 + 0.001 * tokens
+    policy.record_piece(2, 0.1 + 0.001 * 300, overlapped=True, work=[200.0, 100.0])
+    policy.record_piece(1, 0.1 + 0.001 * 400, overlapped=True, work=[400.0])
+    policy.record_piece(1, 0.1 + 0.001 * 900, work=[900.0])
+    policy.record_step([1.0, 2.0, 3.0, 4.0])
+    a, b = policy.cost()
+    assert a == pytest.approx(0.1) and b == pytest.approx(0.001)
+    assert policy.work == [100.0, 200.0, 400.0, 900.0]  # taken order, lighter first within a piece
+    assert policy.whole_s() == pytest.approx(0.1 + 0.001 * 1600)
+    # the heavy last group gets a piece of its own (g=1 and g=3 end together), never one whole-batch
+    # piece or pieces of two, where it would carry other groups' work
+    g = policy.g_ing()
+    ends = {k: simulate(policy.finish or [], k, a, b, 1, policy.work) for k in (1, 2, 3, 4)}
+    assert g in (1, 3) and ends[g] == pytest.approx(5.0) and ends[2] > 5.0 and ends[4] > 5.0

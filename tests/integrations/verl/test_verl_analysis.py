@@ -1,0 +1,54 @@
+"""The verl benchmark's analysis: where conduit's exposed time went (``exposed_profile``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from verl_analysis import exposed_profile, rows_for_run  # noqa: E402
+
+
+def _write_run(work: Path, steps: list[dict[str, float]]) -> None:
+    """A run's ``metrics.jsonl`` and generation log: step ``s`` generated from t=10s to t=10s+4."""
+    metrics, events = [], []
+    for step, m in enumerate(steps, start=1):
+        data = {"timing_s/step": 9.0, "timing_s/gen": 4.3, "timing_s/old_log_prob": 0.6, "timing_s/ref": 0.5}
+        data.update(m)
+        metrics.append(json.dumps({"step": step, "data": data}))
+        events.append(json.dumps({"version": step, "t0": 10.0 * step, "t1": 10.0 * step + 4.0, "length": 5}))
+    work.mkdir()
+    (work / "metrics.jsonl").write_text("\n".join(metrics))
+    (work / "gen_events.jsonl").write_text("\n".join(events))
+
+
+def test_profile_splits_exposed_time_into_wait_last_piece_delivery_and_probes(tmp_path: Path) -> None:
+    streamed = {
+        "conduit/streamed": 1.0,
+        "conduit/pieces": 5.0,
+        "conduit/exposed_s": 0.35,
+        "conduit/op/ingest_tail_s": 0.34,
+        "conduit/op/deliver_s": 0.01,
+        "conduit/policy/contention": 1.1,
+    }
+    whole = {
+        "conduit/streamed": 0.0,
+        "conduit/pieces": 1.0,
+        "conduit/exposed_s": 1.2,
+        "conduit/op/ingest_tail_s": 1.19,
+        "conduit/op/deliver_s": 0.01,
+    }
+    _write_run(tmp_path / "run", [streamed, streamed, whole, streamed, streamed])
+    rows = rows_for_run(tmp_path / "run", "grpo", "conduit", 1, {})
+    assert len(rows) == 4 and all(r["conduit"]["deliver_s"] == 0.01 for r in rows)
+    profile = exposed_profile(rows, "conduit")
+    assert profile["whole_batch_iterations"] == 1
+    assert profile["exposed_s_whole_batch"] == pytest.approx(0.3 + 1.2)  # gen 4.3 - busy 4.0, + ingestion
+    assert profile["exposed_s_streamed"] == pytest.approx(0.3 + 0.35)
+    assert profile["gen_wait_exposed_s"] == pytest.approx(0.3)
+    assert profile["last_piece_s"] == pytest.approx(0.34)
+    assert profile["pieces_streamed"] == 5.0 and profile["contention_last"] == 1.1
+    assert exposed_profile(rows_for_run(tmp_path / "run", "grpo", "verl_sync", 1, {}), "verl_sync") == {}
