@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from typing import Any
 
@@ -98,8 +99,11 @@ class GroupWait:
 
     - ``"error"`` raises :class:`~conduit_verl.errors.RolloutTimeoutError` naming the unfinished groups;
     - ``"drop"`` ends the step with the groups that did finish (whole GRPO groups only: a group's
-      advantages need all its responses; rounded down to whole ``unit`` s), logs and counts the
-      dropped ones (``conduit/dropped_groups``); the update then runs on a smaller batch. The
+      advantages need all its responses), rounded down so that the step keeps a whole number of
+      ``keep_multiple`` groups (whole inference units and whole actor mini-batches: verl's update
+      splits the batch into mini-batches and refuses a remainder), logs and counts the dropped
+      ones (``conduit/dropped_groups``); the update then runs on a smaller batch. Where the groups
+      already taken cannot be completed to such a multiple, it raises like ``"error"``. The
       unfinished groups stay in TransferQueue (a request cannot be cancelled from here); verl's
       staleness rules decide whether a later step takes them if they ever finish. With nothing
       finished at all it raises like ``"error"``.
@@ -114,9 +118,11 @@ class GroupWait:
         on_timeout: str = "error",
         log_every_s: float = WAIT_LOG_S,
         poll_s: float = 0.05,
+        keep_multiple: int = 1,
     ) -> None:
         self.channel = channel
         self.unit = unit
+        self.keep_multiple = math.lcm(unit, keep_multiple)  # what a step cut short must keep
         self.partition_id = partition_id
         self.timeout_s = timeout_s
         self.on_timeout = on_timeout
@@ -132,7 +138,17 @@ class GroupWait:
         ready = self._wait(buffer, want)
         self.short = ready < want
         if self.short:  # timed out, and the policy is to drop
-            take = ready // self.unit * self.unit
+            before = self.taken - self.step_first
+            keep = (before + ready) // self.keep_multiple * self.keep_multiple
+            if keep == 0 or keep < before:
+                raise RolloutTimeoutError(
+                    f"on_timeout=drop: {before + ready} prompt group(s) of this step finished, which is "
+                    f"not a whole number of {self.keep_multiple} (the inference unit and the actor "
+                    f"mini-batch, actor.ppo_mini_batch_size, must each divide what a step keeps); "
+                    f"unfinished groups: {_names(compat.unfinished_groups(buffer, self.partition_id))}. "
+                    "Use a smaller ppo_mini_batch_size to let drop train on part of a batch"
+                )
+            take = keep - before
             logger.warning(
                 "conduit: dropping %d unfinished prompt group(s) of this step (on_timeout=drop); "
                 "taking the %d finished, %d taken before",

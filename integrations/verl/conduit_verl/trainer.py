@@ -136,6 +136,7 @@ class ConduitTrainer(SyncTrainerBase):
             timeout_s=cfg.rollout_timeout_s,
             on_timeout=cfg.on_timeout,
             poll_s=cfg.stream_poll_s,
+            keep_multiple=int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
         )
         self.conduit_policy = PiecePolicy(self.conduit_config.g_ing, groups, unit)
 

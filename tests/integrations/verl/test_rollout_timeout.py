@@ -90,6 +90,29 @@ def test_drop_after_earlier_pieces_ends_the_step_with_them() -> None:
         w.next_piece(rest, g_ing=2, remaining=2)
 
 
+@pytest.mark.parametrize(("multiple", "taken"), [(1, 3), (2, 2), (3, 3)])
+def test_drop_keeps_whole_actor_mini_batches(multiple: int, taken: int) -> None:
+    # verl's update splits the batch into ppo_mini_batch_size groups and refuses a remainder
+    w = wait(on_timeout="drop", keep_multiple=multiple)
+    assert w.next_piece(_Rollouts([0.0, 0.0, 0.0, None]), g_ing=4, remaining=4) == taken
+
+
+def test_drop_that_cannot_keep_a_whole_mini_batch_raises_naming_it() -> None:
+    # the default actor mini-batch is the whole batch: nothing short of it can be trained
+    with pytest.raises(RolloutTimeoutError, match=r"not a whole number of 4.*ppo_mini_batch_size.*uid3"):
+        wait(on_timeout="drop", keep_multiple=4).next_piece(
+            _Rollouts([0.0, 0.0, 0.0, None]), g_ing=4, remaining=4
+        )
+
+
+def test_drop_after_a_piece_that_breaks_the_multiple_raises() -> None:
+    w = wait(on_timeout="drop", keep_multiple=2)
+    assert w.next_piece(_Rollouts([0.0, 0.0, 0.0, None]), g_ing=3, remaining=4) == 3
+    w.took(3)
+    with pytest.raises(RolloutTimeoutError, match="not a whole number of 2"):
+        w.next_piece(_Rollouts([None]), g_ing=1, remaining=1)
+
+
 # -- the knobs ----------------------------------------------------------------------------------
 
 
