@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -415,18 +416,22 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-def stream_end(finish: Sequence[float], g: int, cost: OperatorCost, unit: int) -> float:
+def stream_end(
+    finish: Sequence[float], g: int, cost: OperatorCost, unit: int, work: Sequence[float] | None = None
+) -> float:
     """When the last streamed piece's ingestion ends, for groups finishing at ``finish`` (sorted).
 
     A piece waits for ``g`` groups, then takes every finished one (whole multiples of ``unit``, at
-    least ``g``, never more than is left) and is ingested in ``cost.seconds(groups)``.
+    least ``g``, never more than is left) and is ingested in ``cost.seconds(its groups' work)``;
+    ``work[i]`` is the work (items, tokens) of the group finishing ``i``-th (None: 1 per group).
     """
+    done = list(itertools.accumulate(work, initial=0.0)) if work is not None else None
     total, taken, t = len(finish), 0, 0.0
     while taken < total:
         want = min(g, total - taken)
         t = max(t, finish[taken + want - 1])
         ready = bisect.bisect_right(finish, t) - taken
         k = min(total - taken, max(want, ready // unit * unit))
-        t += cost.seconds(k)
+        t += cost.seconds(k if done is None else done[taken + k] - done[taken])
         taken += k
     return t

@@ -39,8 +39,6 @@ steps). Any ``g`` gives the same samples and losses; only time differs.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import statistics
 from collections import deque
@@ -69,18 +67,7 @@ def simulate(
     costs ``a + b * (its groups' work)``; ``work[i]`` is the work of the group finishing ``i``-th
     (None: 1 per group, the core's ``stream_end``).
     """
-    if work is None:
-        return stream_end(finish, g, OperatorCost(a, b), unit)
-    done = [0.0, *itertools.accumulate(work)]
-    total, taken, t = len(finish), 0, 0.0
-    while taken < total:
-        want = min(g, total - taken)
-        t = max(t, finish[taken + want - 1])
-        ready = bisect.bisect_right(finish, t) - taken
-        k = min(total - taken, max(want, ready // unit * unit))
-        t += a + b * (done[taken + k] - done[taken])
-        taken += k
-    return t
+    return stream_end(finish, g, OperatorCost(a, b), unit, work)
 
 
 class PiecePolicy:
