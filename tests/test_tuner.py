@@ -39,7 +39,13 @@ def test_ranks_with_the_model_and_measures_only_the_top_k(tmp_path: Path, caplog
     assert [c.g_del for c, _ in tuner.ranked()[:3]] == [8, 4, 2]
     with caplog.at_level(logging.INFO, logger="conduit.tuner"):
         choice = tuner.tune(SIG)
-    assert len(measure.calls) == 3 and all(c.overlap == "async" for c in measure.calls)
+    # the top 3 (all async) and the best predicted of the other overlap mode (sync g_del=8)
+    assert [(c.overlap, c.g_del) for c in measure.calls] == [
+        ("async", 8),
+        ("async", 4),
+        ("async", 2),
+        ("sync", 8),
+    ]
     assert choice.config == Knobs("async", 8, 1, 4) and choice.source == "measured"
     assert "ranked it 2 of 8" in choice.reason and choice.measured_s[describe(choice.config)] == 0.3
     assert "g_del=4" in caplog.text and "staleness" in caplog.text and choice.tuning_s >= 0
@@ -116,13 +122,22 @@ def test_measures_only_the_candidates_the_model_cannot_separate(tmp_path: Path) 
     measure = Measure()
     tuner = AutoTuner(SPACE, _predicted, measure, cache_dir=tmp_path, top_k=3, margin=0.03)
     choice = tuner.tune(SIG)
-    assert [c.g_del for c in measure.calls] == [8, 4]
+    assert [(c.overlap, c.g_del) for c in measure.calls] == [("async", 8), ("async", 4), ("sync", 8)]
     assert choice.config.g_del == 4 and "1 of the top 3 not measured" in choice.reason
     sure = Measure()
     AutoTuner(SPACE, _predicted, sure, cache_dir=tmp_path / "b", top_k=3, margin=0.0).tune(SIG)
-    assert [c.g_del for c in sure.calls] == [8]  # the first is always measured
+    assert [(c.overlap, c.g_del) for c in sure.calls] == [("async", 8), ("sync", 8)]  # each mode's best
     with pytest.raises(ConfigError, match="margin"):
         AutoTuner(SPACE, _predicted, sure, margin=-0.1)
+
+
+def test_the_other_overlap_mode_is_measured_and_wins_when_the_model_misranks_it(tmp_path: Path) -> None:
+    # the model ranks every async configuration first; in truth sync is faster (small items)
+    def truth(config: Knobs) -> float:
+        return 0.2 if config.overlap == "sync" else _predicted(config).wall_s
+
+    choice = AutoTuner(SPACE, _predicted, truth, cache_dir=tmp_path, top_k=2).tune(SIG)
+    assert choice.config.overlap == "sync" and choice.source == "measured"
 
 
 def test_drift_watch_needs_a_sustained_change() -> None:
