@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import hashlib
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -49,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from conduit_verl_cpu.crash import kill_session, responses_checksum  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -115,31 +114,6 @@ def resumed_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: metrics[k] for k in keys if k in metrics}
 
 
-def kill_session(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher's session (Ray and every worker it started), by its id."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        ps = subprocess.run(["ps", "-o", "pid=", "-s", str(proc.pid)], capture_output=True, text=True)
-        left = ps.stdout.split()
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.5)
-
-
-def checksum(responses: list[list[int]]) -> str:
-    return hashlib.sha256(json.dumps(sorted(responses)).encode()).hexdigest()
-
-
 def journaled(work: Path, step: int) -> list[dict[str, Any]]:
     """The groups journaled for ``step`` right after a kill: prompt ids and response checksum."""
     from conduit_verl.journal import journal_root, read_step
@@ -148,7 +122,7 @@ def journaled(work: Path, step: int) -> list[dict[str, Any]]:
     return [
         {
             "prompt": g.samples[0]["prompts"].tolist(),
-            "checksum": checksum([s["responses"].tolist() for s in g.samples]),
+            "checksum": responses_checksum([s["responses"].tolist() for s in g.samples]),
             # request-seconds its responses took (the agent loop's own per-sample timer)
             "request_s": sum(
                 float((s.get("metrics") or {}).get("generate_sequences", 0.0)) for s in g.samples
@@ -247,7 +221,7 @@ def measure(system: str, work: Path, trials: list[dict[str, Any]], n: int) -> No
         for s in samples:
             trained[tuple(s["prompt"])].append(s["response"])
         tr["kept_data_equal"] = all(
-            checksum(trained[tuple(g["prompt"])][:n]) == g["checksum"]
+            responses_checksum(trained[tuple(g["prompt"])][:n]) == g["checksum"]
             or len(trained[tuple(g["prompt"])]) > n  # the prompt text drawn twice: checked by count only
             for g in tr["journaled"]
         )

@@ -12,10 +12,8 @@ others (the rollout server's request log), each of the step's prompts was traine
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ import pytest
 pytest.importorskip("conduit_verl_cpu")
 
 from conduit_verl.journal import journal_root, read_step  # noqa: E402
+from conduit_verl_cpu.crash import kill_session, responses_checksum  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
@@ -76,29 +75,6 @@ def _lines(path: Path) -> list[dict]:
     return out
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher's whole session (Ray and every worker it started), by its id."""
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        left = subprocess.run(
-            ["ps", "-o", "pid=", "-s", str(proc.pid)], capture_output=True, text=True
-        ).stdout.split()
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.5)
-
-
-def _checksum(responses: list[list[int]]) -> str:
-    return hashlib.sha256(json.dumps(sorted(responses)).encode()).hexdigest()
-
-
 def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
     work = tmp_path / "run"
     root = journal_root(work / "ckpt")
@@ -120,7 +96,7 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
         else:
             pytest.fail("step 2 never journaled 2 groups")
     finally:
-        _kill_group(proc)
+        kill_session(proc)
         log.close()
     assert not any(m.get("step") == STEP for m in _lines(work / "metrics.jsonl")), (
         "step 2 was trained before the kill"
@@ -163,7 +139,7 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
         assert len(journaled_responses) == N
         got = trained[prompt]
         if per_prompt[prompt] == N:
-            assert _checksum(got) == _checksum(journaled_responses)
+            assert responses_checksum(got) == responses_checksum(journaled_responses)
         else:  # the same prompt text drawn twice in the step: the journaled group is among them
             assert all(r in got for r in journaled_responses)
     # the step's journal was pruned once step 2 was checkpointed
