@@ -336,7 +336,13 @@ class BufferConfig(_FromDict):
             from conduit.discovery import local_topology
             from conduit.placer import Placer, Traffic, initial_tiers
 
-            topology, traffic = local_topology(), Traffic(self.capacity, self.capacity, readers=(reader,))
+            # Shared memory pays only where another process maps a column, which a buffer's own
+            # traffic never does; pageable host is the same DRAM (their measured links differ by noise)
+            # and, unlike shm here, gets transparent huge pages. So shm is planned only when pinned.
+            topology = local_topology()
+            if "shm" not in self.pins.values():
+                topology = topology.without("shm")
+            traffic = Traffic(self.capacity, self.capacity, readers=(reader,))
             tiers, chosen = initial_tiers(schema, self.capacity, topology, traffic, self.pins)
             log.info("conduit: buffer placement at start\n%s", chosen.explain())
             home = "host"

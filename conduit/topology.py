@@ -129,6 +129,15 @@ class Topology:
         object.__setattr__(self, "_tiers", tiers)
         object.__setattr__(self, "_links", links)
 
+    def without(self, kind: str) -> Topology:
+        """This topology less its tiers of ``kind`` (and their links); itself if it has none or only those."""
+        keep = tuple(t for t in self.tiers if t.kind != kind)
+        if len(keep) in (0, len(self.tiers)):
+            return self
+        names = {t.name for t in keep}
+        links = tuple(lk for lk in self.links if lk.src in names and lk.dst in names)
+        return Topology(keep, links, self.source)
+
     @property
     def nodes(self) -> tuple[str, ...]:
         """Node names in order of first appearance."""

@@ -250,3 +250,23 @@ def test_auto_tier_plans_at_build_and_honours_pins(caplog: pytest.LogCaptureFixt
         BufferConfig(capacity=32, pins={"nope": "disk"}).build(SCHEMA)
     with pytest.raises(ConfigError, match="pins must map"):
         BufferConfig(capacity=32, pins={"obs": "moon"})
+
+
+def test_auto_placement_leaves_shared_memory_to_pins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shared memory only pays when another process maps a column, which a buffer's own traffic never
+    does: even where shm measured faster than pageable host, unpinned columns go to host; a pin to
+    shm is still honoured."""
+    fast_shm = _host_topology(10**12, 10**12)
+    fast_shm = Topology(
+        fast_shm.tiers,
+        tuple(Link(lk.src, lk.dst, 20.0 if "shm" in lk.dst else lk.gb_per_s, lk.latency_us) for lk in fast_shm.links),
+        "test",
+    )
+    monkeypatch.setattr("conduit.discovery.local_topology", lambda: fast_shm)
+    buf = BufferConfig(capacity=32).build(SCHEMA)
+    assert set(buf.storage.tiers.values()) == {"host"}  # type: ignore[attr-defined]
+    pinned = BufferConfig(capacity=32, pins={"obs": "shm"}).build(SCHEMA)
+    assert pinned.storage.tiers["obs"] == "shm"  # type: ignore[attr-defined]
+    assert fast_shm.without("shm").tiers == tuple(t for t in fast_shm.tiers if t.kind != "shm")
+    assert all("shm" not in lk.src + lk.dst for lk in fast_shm.without("shm").links)
+    assert fast_shm.without("hbm") is fast_shm

@@ -35,6 +35,10 @@ class Storage(ABC):
     def read(self, slots: torch.Tensor, into: ColumnBatch | None = None) -> ColumnBatch:
         """Gather ``slots`` (into ``into``'s fixed-column tensors when given)."""
 
+    def read_meta(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generations and versions of ``slots``."""
+        return self.generation.index_select(0, slots), self.version.index_select(0, slots)
+
     @abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]: ...
 
@@ -103,6 +107,17 @@ class Sampler(ABC):
 
     def update_priorities(self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor) -> None:
         raise PriorityError(f"{type(self).__name__} has no priorities; use sampler='prioritized'")
+
+    def update_checked(
+        self, slots: torch.Tensor, generations: torch.Tensor, stored: torch.Tensor, priorities: torch.Tensor,
+        capacity: int, reject_nonfinite: bool,
+    ) -> tuple[int, int, int, float, int] | None:  # fmt: skip
+        """Check and apply a priority update in one pass, where the sampler has such a path:
+        ``(bad slot index or -1, non-finite, negative, lowest negative, applied or -1 if a fault left
+        everything unchanged)``. None: no such path here; the buffer checks and calls
+        :meth:`update_priorities`."""
+        del slots, generations, stored, priorities, capacity, reject_nonfinite
+        return None
 
     def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
         """The sampler's state; ``first_undelivered`` is the oldest slot sampled but not yet delivered."""

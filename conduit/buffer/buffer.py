@@ -206,8 +206,7 @@ class ExperienceBuffer:
                 self._wait(lambda: self._sample_blocker(n, version), "sample")
             slots, weights = self.sampler.sample(n)
             batch = self.storage.read(slots, out)
-            generations = self.storage.generation.index_select(0, slots)
-            versions = self.storage.version.index_select(0, slots)
+            generations, versions = self.storage.read_meta(slots)
             self.sampled += n
             self._cond.notify_all()  # a writer may wait for room or for the ratio
         self.metrics.incr("sampled", n)
@@ -241,6 +240,20 @@ class ExperienceBuffer:
         Negative priorities raise (a priority is a magnitude, e.g. ``|TD error|``; zero is allowed:
         ``priority_eps`` keeps every item drawable). NaN/inf raise unless ``nonfinite="count"``.
         """
+        self._check_priority_args(slots, generations, priorities)
+        if priority_kernels.fusable(slots, priorities):
+            faults = priority_kernels.scan(slots, priorities, self.capacity)
+        else:
+            lo, hi = torch.aminmax(slots) if slots.numel() else (torch.tensor(0), torch.tensor(0))
+            bad_slot = 0 if int(lo) < 0 or int(hi) >= self.capacity else -1
+            nonfinite = int((~torch.isfinite(priorities)).sum())
+            neg = priorities[priorities < 0]
+            faults = (bad_slot, nonfinite, neg.numel(), float(neg.min()) if neg.numel() else 0.0)
+        self._raise_priority_faults(*faults)
+
+    def _check_priority_args(
+        self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
+    ) -> None:
         for name, t in (("slots", slots), ("generations", generations), ("priorities", priorities)):
             if not isinstance(t, torch.Tensor):
                 raise ShapeError(f"update_priorities: {name} must be a tensor, got {type(t).__name__}")
@@ -257,14 +270,8 @@ class ExperienceBuffer:
             raise ShapeError(f"update_priorities: slots and generations must be int64, got {slots.dtype}")
         if not priorities.is_floating_point():
             raise ShapeError(f"update_priorities: priorities must be floating point, got {priorities.dtype}")
-        if priority_kernels.fusable(slots, priorities):
-            bad_slot, nonfinite, negative, lowest = priority_kernels.scan(slots, priorities, self.capacity)
-        else:
-            lo, hi = torch.aminmax(slots) if slots.numel() else (torch.tensor(0), torch.tensor(0))
-            bad_slot = 0 if int(lo) < 0 or int(hi) >= self.capacity else -1
-            nonfinite = int((~torch.isfinite(priorities)).sum())
-            neg = priorities[priorities < 0]
-            negative, lowest = neg.numel(), float(neg.min()) if neg.numel() else 0.0
+
+    def _raise_priority_faults(self, bad_slot: int, nonfinite: int, negative: int, lowest: float) -> None:
         if bad_slot >= 0:
             raise PriorityError(f"update_priorities: slots must lie in [0, {self.capacity})")
         if nonfinite and self.nonfinite == "reject":
@@ -284,21 +291,27 @@ class ExperienceBuffer:
         skipped and counted (``count/priority_updates_skipped``), so updates from batches that were in
         flight while the ring moved on never touch the newer items. With ``nonfinite="count"``,
         NaN/inf entries are skipped too (the item keeps its priority) and counted
-        (``count/nonfinite_priorities``).
+        (``count/nonfinite_priorities``). Checked before anything changes: see :meth:`check_priorities`.
         """
         self._check_open()
-        self.check_priorities(slots, generations, priorities)
+        self._check_priority_args(slots, generations, priorities)
         with self._cond:
             dev = self.storage.device
-            slots, generations, priorities = slots.to(dev), generations.to(dev), priorities.to(dev)
+            if slots.device != dev or generations.device != dev or priorities.device != dev:
+                slots, generations, priorities = slots.to(dev), generations.to(dev), priorities.to(dev)
             stored = self.storage.generation
-            if priority_kernels.fusable(slots, generations, priorities) and stored.device.type == "cpu":
-                live, applied, nonfinite = priority_kernels.live_mask(slots, generations, stored, priorities)
+            reject = self.nonfinite == "reject"
+            fused = self.sampler.update_checked(slots, generations, stored, priorities, self.capacity, reject)
+            if fused is not None:  # checked, compared and applied in one pass (the CPU prioritized path)
+                bad_slot, nonfinite, negative, lowest, applied = fused
+                if applied < 0:
+                    self._raise_priority_faults(bad_slot, nonfinite, negative, lowest)
             else:
+                self.check_priorities(slots, generations, priorities)
                 finite = torch.isfinite(priorities)
                 live = (stored.index_select(0, slots) == generations) & finite
                 applied, nonfinite = int(live.sum()), int(priorities.numel() - finite.sum())
-            self.sampler.update_priorities(slots, priorities, live)
+                self.sampler.update_priorities(slots, priorities, live)
             if self.observer is not None:
                 self.observer.priorities_updated(slots, generations, priorities, self.writer.inserted)
         if nonfinite:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from conduit.buffer import priority_kernels
 from conduit.buffer import sumtree_kernels as kernels
 from conduit.buffer.sumtree import SumTree
 from conduit.errors import ConfigError
@@ -121,3 +122,16 @@ class FusedSumTree(SumTree):
                 max_priority.view(1).numpy(),
             )
         return max_priority
+
+    def update_checked(
+        self, slots: torch.Tensor, generations: torch.Tensor, stored: torch.Tensor, priorities: torch.Tensor,
+        capacity: int, reject_nonfinite: bool, alpha: float, eps: float, max_priority: torch.Tensor,
+    ) -> tuple[int, int, int, float, int] | None:  # fmt: skip
+        """:func:`~conduit.buffer.priority_kernels.checked_update` on this tree when every tensor is a
+        contiguous CPU tensor (``stored`` may be a strided column); None otherwise."""
+        if not priority_kernels.fusable(slots, generations, priorities) or stored.device.type != "cpu":
+            return None
+        return priority_kernels.checked_update(
+            self._tree, slots, generations, stored.numpy(), priorities, capacity, reject_nonfinite, alpha, eps,
+            max_priority.view(1).numpy(),
+        )  # fmt: skip

@@ -1,8 +1,9 @@
 # mypy: allow-untyped-defs
 """One pass over a priority update instead of a dozen tiny torch ops (each a dispatch and, for a
-reduction read on the host, a sync): :func:`scan` checks slots and priorities (outside the lock),
-:func:`live_mask` compares generations and finiteness (under it). CPU tensors only; the buffer keeps
-its torch path for others. Kernels are numba, cached on disk and loaded by :func:`warm`."""
+reduction read on the host, a sync): :func:`scan` checks slots and priorities, :func:`live_mask`
+compares generations and finiteness, and :func:`checked_update` does both and applies the update to a
+fused sum tree in one kernel call (the CPU prioritized sampler's hot path). CPU tensors only; the
+buffer keeps its torch path for others. Kernels are numba, cached on disk and loaded by :func:`warm`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import math
 import numpy as np
 import torch
 from numba import njit
+
+from conduit.buffer import sumtree_kernels
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -41,6 +44,58 @@ def _live(slots, generations, stored, priorities, out):
     return n_live, n_nonfinite
 
 
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def _checked_update(
+    vals, mins, vstart, mstart, rows, arity, slots, generations, stored, priorities, capacity, reject, alpha,
+    eps, max_priority, live,
+):  # fmt: skip
+    bad_slot, nonfinite, negative, lowest = _scan(slots, priorities, capacity)
+    if bad_slot >= 0 or (nonfinite and reject) or negative:
+        return bad_slot, nonfinite, negative, lowest, -1  # nothing changed
+    n_live, _ = _live(slots, generations, stored, priorities, live)
+    sumtree_kernels.set_priorities(
+        vals, mins, vstart, mstart, rows, arity, slots, priorities, live, alpha, eps, max_priority
+    )
+    return bad_slot, nonfinite, negative, lowest, n_live
+
+
+def checked_update(
+    tree: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int],
+    slots: torch.Tensor,
+    generations: torch.Tensor,
+    stored: np.ndarray,
+    priorities: torch.Tensor,
+    capacity: int,
+    reject_nonfinite: bool,
+    alpha: float,
+    eps: float,
+    max_priority: np.ndarray,
+) -> tuple[int, int, int, float, int]:
+    """:func:`scan`, then (only if it found no fault) :func:`live_mask` and the sum tree's
+    ``set_priorities`` on ``tree`` (its flat arrays), in one kernel call.
+
+    Returns ``(bad slot index or -1, non-finite, negative, lowest negative, applied)``; ``applied`` is -1
+    when a fault (a bad slot, a negative priority, a non-finite one with ``reject_nonfinite``) left
+    everything unchanged. Tensors must be contiguous CPU tensors (:func:`fusable`).
+    """
+    n = slots.shape[0]
+    live = np.empty(n, dtype=np.bool_)
+    bad, nonfinite, negative, lowest, applied = _checked_update(
+        *tree,
+        slots.numpy(),
+        generations.numpy(),
+        stored,
+        _np(priorities),
+        capacity,
+        reject_nonfinite,
+        alpha,
+        eps,
+        max_priority,
+        live,
+    )
+    return int(bad), int(nonfinite), int(negative), float(lowest), int(applied)
+
+
 def fusable(*tensors: torch.Tensor) -> bool:
     """True when every tensor is a contiguous CPU tensor (the kernels' case)."""
     return all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
@@ -55,7 +110,7 @@ def live_mask(
     slots: torch.Tensor, generations: torch.Tensor, stored: torch.Tensor, priorities: torch.Tensor
 ) -> tuple[torch.Tensor, int, int]:
     """``(live, n_live, n_nonfinite)``: an entry is live when its slot still holds the generation it
-    was sampled at and its priority is finite (``stored`` may be a strided column)."""
+    was sampled at and its priority is finite (``stored``: the storage's generation of every slot)."""
     out = torch.empty(slots.numel(), dtype=torch.bool)
     n_live, n_nonfinite = _live(
         slots.numpy(), generations.numpy(), stored.numpy(), _np(priorities), out.numpy()
@@ -64,6 +119,7 @@ def live_mask(
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
     return t.numpy() if t.dtype in (torch.float32, torch.float64) else t.double().numpy()
 
 
@@ -76,10 +132,16 @@ def warm() -> None:
     if _warmed:
         return
     slots, gens = torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)
-    stored = torch.ones((1, 2), dtype=torch.int64)[:, 0]  # a column of the storage's (generation, version)
+    stored = torch.ones((2, 1), dtype=torch.int64)[0]  # the storage's generations (row 0 of its meta)
     for dtype in (torch.float32, torch.float64):
         p = torch.ones(1, dtype=dtype)
         scan(slots, p, 1)
         live, n, _ = live_mask(slots, gens, stored, p)
         assert n == 1 and bool(live[0]) and math.isfinite(float(p[0]))
+        # a one-row tree of arity 2 (as sumtree_kernels.warm): sums, mins, level starts, rows, arity
+        start = np.array([0, 3], dtype=np.int64)
+        tree = (np.array([1.0, 2.0, 0.0, 3.0, 0.0]), np.array([1.0, 2.0, np.inf, 1.0]), start, start.copy(),
+                np.array([1], dtype=np.int64), 2)  # fmt: skip
+        got = checked_update(tree, slots, gens, stored.numpy(), p, 1, True, 0.6, 1e-6, np.ones(1))
+        assert got[4] == 1
     _warmed = True

@@ -198,6 +198,16 @@ class PrioritizedSampler(Sampler):
             slots, priorities, live, self.alpha, self.eps, self.max_priority
         )
 
+    def update_checked(
+        self, slots: torch.Tensor, generations: torch.Tensor, stored: torch.Tensor, priorities: torch.Tensor,
+        capacity: int, reject_nonfinite: bool,
+    ) -> tuple[int, int, int, float, int] | None:  # fmt: skip
+        """:meth:`Sampler.update_checked`: one kernel call on the fused CPU tree (None on other trees)."""
+        return self.tree.update_checked(
+            slots, generations, stored, priorities, capacity, reject_nonfinite, self.alpha, self.eps,
+            self.max_priority,
+        )  # fmt: skip
+
     def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
         return {
             "kind": "prioritized",

@@ -60,10 +60,11 @@ class RingStorage(Storage):
         self.lengths: dict[str, torch.Tensor] = {}
         for col in schema:
             self._allocate_column(col)
-        # Per-slot (generation, version) side by side, so a read fetches both with one gather.
-        self.meta = allocate((capacity, 2), torch.int64, tier, disk_dir)
-        self.generation = self.meta[:, 0]
-        self.version = self.meta[:, 1]
+        # Per-slot generations (row 0) and versions (row 1): a read fetches both with one gather, and
+        # each is a contiguous vector (what the priority kernels and a sample's caller get).
+        self.meta = allocate((2, capacity), torch.int64, tier, disk_dir)
+        self.generation = self.meta[0]
+        self.version = self.meta[1]
         warm_gather()  # load the single-threaded gather kernel now, not in the first sample()
 
     def _allocate_column(self, col: Column) -> None:
@@ -157,10 +158,10 @@ class RingStorage(Storage):
                 dst.index_copy_(0, at, src.to(dst.device))
         slots = slots.to(self.device)
         n = slots.numel()
-        meta = torch.empty((n, 2), dtype=torch.int64, device=self.device)
-        meta[:, 0] = torch.arange(first_generation, first_generation + n, device=self.device)
-        meta[:, 1] = version
-        self.meta.index_copy_(0, slots, meta)
+        meta = torch.empty((2, n), dtype=torch.int64, device=self.device)
+        torch.arange(first_generation, first_generation + n, out=meta[0])
+        meta[1] = version
+        self.meta.index_copy_(1, slots, meta)
 
     def read(self, slots: torch.Tensor, into: ColumnBatch | None = None) -> ColumnBatch:
         """Gather ``slots`` (one gather per column, on the column's device).
@@ -182,6 +183,11 @@ class RingStorage(Storage):
             else:
                 out[col.name] = gather_rows(self.data[col.name], at)
         return ColumnBatch.trusted(out, slots.numel())
+
+    def read_meta(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generations and versions of ``slots`` (one gather; each result is contiguous)."""
+        both = self.meta.index_select(1, slots)
+        return both[0], both[1]
 
     def grow_ragged(self, name: str, max_len: int) -> Column:
         """Raise the maximum length of ragged column ``name``, keeping its contents (one copy)."""

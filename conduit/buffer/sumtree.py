@@ -237,6 +237,14 @@ class SumTree:
         self._last.fill_(-1)
         self._seq = 0
 
+    def update_checked(
+        self, slots: torch.Tensor, generations: torch.Tensor, stored: torch.Tensor, priorities: torch.Tensor,
+        capacity: int, reject_nonfinite: bool, alpha: float, eps: float, max_priority: torch.Tensor,
+    ) -> tuple[int, int, int, float, int] | None:  # fmt: skip
+        """A checked priority update in one pass, where the tree has one (the fused CPU tree); None here."""
+        del slots, generations, stored, priorities, capacity, reject_nonfinite, alpha, eps, max_priority
+        return None
+
 
 def make_sum_tree(capacity: int, device: torch.device | str) -> SumTree:
     """The sum tree for a prioritized sampler: fused numba kernels on the CPU

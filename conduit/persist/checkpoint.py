@@ -267,10 +267,11 @@ def _copy_segment(
     rows = torch.nonzero(gen[lo:hi] > 0).flatten() + lo
     storage: Any = buffer.storage
     full = rows.numel() == hi - lo
+    # on disk as [rows, (generation, version)]; the storage keeps them as two rows of [capacity]
     meta = (
-        storage.meta[lo:hi].to("cpu", copy=True)
+        storage.meta[:, lo:hi].t().contiguous().cpu()
         if full
-        else storage.meta.index_select(0, rows.to(storage.meta.device)).cpu()
+        else storage.meta.index_select(1, rows.to(storage.meta.device)).t().contiguous().cpu()
     )
     cols = {}
     for name, t in _columns(buffer).items():
