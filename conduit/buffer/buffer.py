@@ -90,6 +90,7 @@ class ExperienceBuffer:
         self.insert_waiting: str | None = None  # why a write is waiting right now (None: none is)
         self.last_version: int | None = None  # versions written never decrease (the FIFO relies on it)
         self._cond = threading.Condition(threading.RLock())
+        self._waiters = 0  # threads in self._cond.wait: a sample wakes them only if there are any
         if self.sampler.has_priorities:
             priority_kernels.warm()
         self.moving = threading.Lock()  # one migration or column growth at a time
@@ -208,7 +209,8 @@ class ExperienceBuffer:
             batch = self.storage.read(slots, out)
             generations, versions = self.storage.read_meta(slots)
             self.sampled += n
-            self._cond.notify_all()  # a writer may wait for room or for the ratio
+            if self._waiters:
+                self._cond.notify_all()  # a writer may wait for room or for the ratio
         self.metrics.incr("sampled", n)
         return Sample(batch, slots, generations, versions, weights)
 
@@ -339,7 +341,7 @@ class ExperienceBuffer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise InsufficientDataError(f"{what} timed out after {timeout:g}s waiting: {reason}")
-                self._cond.wait(timeout=min(left, 0.5))
+                self._sleep(min(left, 0.5))
                 reason = blocker()
         finally:
             if what == "insert":
@@ -359,10 +361,18 @@ class ExperienceBuffer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._cond.wait(timeout=left)
+                self._sleep(left)
                 reason = self._sample_blocker(n)
             self._check_open()
             return reason
+
+    def _sleep(self, timeout: float) -> None:
+        """``self._cond.wait`` (lock held), counted in ``_waiters``."""
+        self._waiters += 1
+        try:
+            self._cond.wait(timeout=timeout)
+        finally:
+            self._waiters -= 1
 
     def wake(self) -> None:
         """Wake every waiter so it re-checks its condition (e.g. a ``wait_sampleable`` cancel)."""

@@ -60,8 +60,8 @@ class RingStorage(Storage):
         self.lengths: dict[str, torch.Tensor] = {}
         for col in schema:
             self._allocate_column(col)
-        # Per-slot generations (row 0) and versions (row 1): a read fetches both with one gather, and
-        # each is a contiguous vector (what the priority kernels and a sample's caller get).
+        # Per-slot generations (row 0) and versions (row 1), each a contiguous vector: the fast 1-D
+        # gather on a read, and what the priority kernels read in place.
         self.meta = allocate((2, capacity), torch.int64, tier, disk_dir)
         self.generation = self.meta[0]
         self.version = self.meta[1]
@@ -133,9 +133,10 @@ class RingStorage(Storage):
 
     def _on(self, slots: torch.Tensor, name: str, cache: dict[torch.device, torch.Tensor]) -> torch.Tensor:
         dev = self.data[name].device
-        if dev not in cache:
-            cache[dev] = slots.to(dev)
-        return cache[dev]
+        at = cache.get(dev)
+        if at is None:
+            at = cache[dev] = slots if slots.device == dev else slots.to(dev)
+        return at
 
     @property
     def nbytes(self) -> int:
@@ -183,11 +184,6 @@ class RingStorage(Storage):
             else:
                 out[col.name] = gather_rows(self.data[col.name], at)
         return ColumnBatch.trusted(out, slots.numel())
-
-    def read_meta(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The generations and versions of ``slots`` (one gather; each result is contiguous)."""
-        both = self.meta.index_select(1, slots)
-        return both[0], both[1]
 
     def grow_ragged(self, name: str, max_len: int) -> Column:
         """Raise the maximum length of ragged column ``name``, keeping its contents (one copy)."""

@@ -1,5 +1,6 @@
 import multiprocessing as mp
 import threading
+import time
 
 import pytest
 import torch
@@ -265,3 +266,31 @@ def test_sample_into_reused_memory():
     assert torch.equal(again["obs"][:, 0], again["id"].float())
     with pytest.raises(ShapeError, match="'id' must be"):
         b.sample(2, out=first)
+
+
+@pytest.mark.parametrize("waiters", [1, 3])
+def test_a_sample_wakes_writers_blocked_on_a_full_fifo_at_once(waiters):
+    """A sample frees room; every writer waiting for it resumes at once, not at its next 0.5 s re-check."""
+    b = BufferConfig(capacity=4, sampler="fifo", rate_limit=RateLimit(timeout_s=10)).build(SCHEMA)
+    b.extend(ids(0, 4))
+    resumed: list[float] = []
+    lock = threading.Lock()
+
+    def write(k: int) -> None:
+        b.extend(ids(100 + k, 1))
+        with lock:
+            resumed.append(time.monotonic())
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(waiters)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while b._waiters < waiters and time.monotonic() < deadline:  # noqa: SLF001 - all are waiting
+        time.sleep(0.01)
+    assert b._waiters == waiters  # noqa: SLF001
+    freed = time.monotonic()
+    assert b.sample(waiters).batch.size == waiters
+    for t in threads:
+        t.join(5)
+    assert len(resumed) == waiters and max(resumed) - freed < 0.3
+    assert b._waiters == 0  # noqa: SLF001
