@@ -44,6 +44,9 @@ from rllib_native_timing import WorkCounter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LEARNING_STARTS = 64  # env steps sampled before the first update
+#: env steps in one iteration (``algo.train()``) of a user's DQN run: RLlib's default
+#: ``min_sample_timesteps_per_iteration`` for DQN; the issue's tuning budget is 2% of 100 such iterations
+DQN_ITERATION_ENV_STEPS = 1000
 
 
 class StepTimer:
@@ -119,15 +122,21 @@ def run_auto(batch: int, steps: int, seed: int, max_iters: int) -> dict[str, Any
     algo, timer = build(ConduitSettings("auto"), batch, seed)
     tuning = algo.conduit_path.tuning
     timer.done = lambda: tuning.phase == "done"
+    env_steps = 0
+
+    def train() -> None:
+        nonlocal env_steps
+        env_steps += int(algo.train()["env_runners"].get("num_env_steps_sampled", 0))
+
     try:
         for _ in range(max_iters):
-            algo.train()
+            train()
             if timer.done_at is not None:
                 break
         if timer.done_at is None or tuning.choice is None or tuning._tuner is None:
             raise RuntimeError(f"the auto run did not choose within {max_iters} iterations ({tuning.phase})")
         while len(timer.learning()) < len([s for s in timer.steps[: timer.done_at] if s[1]]) + steps:
-            algo.train()
+            train()
     finally:
         algo.stop()
     until = [s for s, u in timer.steps[: timer.done_at] if u]  # learning steps until the choice
@@ -138,6 +147,8 @@ def run_auto(batch: int, steps: int, seed: int, max_iters: int) -> dict[str, Any
         "tuning_s": tuning.tuning_s,
         "tuning_steps": until,
         "after_s": statistics.fmean(after),
+        # learning steps per env step past the warm-up (learning starts after LEARNING_STARTS env steps)
+        "learning_steps_per_env_step": len(timer.learning()) / max(1, env_steps - LEARNING_STARTS),
     }
 
 
@@ -241,6 +252,11 @@ def main() -> None:
             "tuning_learning_steps": len(auto["tuning_steps"]),
             "tuning_overhead_s": overhead,
             "tuning_share_of_100_steps": overhead / (100 * measured[best]),
+            # the issue's budget: a 100-iteration run of RLlib's default DQN iteration at the best config
+            "learning_steps_per_iteration": (
+                per_iter := DQN_ITERATION_ENV_STEPS * auto["learning_steps_per_env_step"]
+            ),
+            "tuning_share_of_100_iterations": overhead / (100 * per_iter * measured[best]),
         },
     }
     a = row["auto"]
@@ -250,7 +266,8 @@ def main() -> None:
         f"predicted best {row['predicted_best']['config']}; tau {row['kendall_tau']:.2f} (round vs round "
         f"{'n/a' if row['kendall_tau_between_rounds'] is None else format(row['kendall_tau_between_rounds'], '.2f')}); "
         f"top{top} overlap {row[f'top{top}_overlap']}/{top}; auto {a['config']}: gap {gap}, tuning "
-        f"{a['tuning_share_of_100_steps']:.1%} of 100 steps ({a['tuning_learning_steps']} steps until the choice, "
+        f"{a['tuning_share_of_100_steps']:.1%} of 100 steps, {a['tuning_share_of_100_iterations']:.3%} of 100 "
+        f"iterations of {a['learning_steps_per_iteration']:.0f} steps ({a['tuning_learning_steps']} steps until the choice, "
         f"{a['tuning_s']:.2f} s calibrating and switching)"
     )
     machine = {"torch_threads": 1, **provenance.finish(token)}
