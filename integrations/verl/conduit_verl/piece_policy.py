@@ -25,9 +25,14 @@ themselves: pieces ingested while generation still runs (``overlapped``) are com
 ingested after it ended (each step's last piece), both against the fitted cost: their ratio
 ``contention`` (1 = separate hardware, ~2 = two equal jobs on the same cores) says what share
 ``1 - 1 / contention`` of the overlapped ingestion time generation lost. A streamed step's
-predicted gain over one whole-batch piece is then ``cost(all groups) - last piece - lost``. While
-the median gain of the last ``PROBES`` streamed steps is over ``PAYS`` of the whole-batch cost,
-``auto`` keeps streaming and measures nothing else (no whole-batch probes).
+predicted gain over one whole-batch piece is then ``cost(all groups) - exposed tail - lost``, the
+exposed tail being what streaming left after generation: from the last group's finish to the end of
+the last piece (that piece's ingestion, plus any wait for an overlapped piece still running when
+generation ended — where generation is short, pieces queue behind each other). While the median
+gain of the last ``PROBES`` streamed steps is over ``PAYS`` of the whole-batch cost, ``auto`` keeps
+streaming and measures nothing else (no whole-batch probes); while it is below zero (streaming is
+predicted slower than one whole-batch piece), ``auto`` runs verl's schedule and streams again only
+every ``REPROBE_EVERY`` steps, to see whether that changed.
 
 Otherwise the step time decides whether to stream at all: the policy measures whole iterations
 (start of one step to the start of the next) under the model's ``g`` ("stream") and under one
@@ -123,6 +128,8 @@ class PiecePolicy:
     def _pick_arm(self) -> str:
         if self.streaming_pays():
             return "stream"
+        if self.streaming_loses():
+            return "stream" if self.steps % REPROBE_EVERY == 0 else "whole"
         stream, whole = self.periods["stream"], self.periods["whole"]
         if len(stream) < PROBES or len(whole) < PROBES:  # probe both, alternating
             return "whole" if len(whole) < len(stream) else "stream"
@@ -149,8 +156,9 @@ class PiecePolicy:
         else:
             self._tail_s = seconds
 
-    def record_step(self, finish: list[float]) -> None:
-        """The step's group finish times (seconds from its start); re-choose ``g`` for ``auto``."""
+    def record_step(self, finish: list[float], ended: float | None = None) -> None:
+        """The step's group finish times (seconds from its start) and when its last piece's ingestion
+        ended (same origin; None: unknown); re-choose ``g`` for ``auto``."""
         self.finish = sorted(finish)
         if len(self._step_work) == len(self.finish):
             self.work = self._step_work
@@ -160,7 +168,10 @@ class PiecePolicy:
             a, b = self.cost()
             self.chosen = self.best(a, b)
         if self._step_pieces > 1 and len(self.pieces):
-            self.gains.append(self.predicted_gain(self._overlapped_s, self._tail_s))
+            tail = self._tail_s
+            if ended is not None and finish:  # the exposed tail, waits for earlier pieces included
+                tail = max(tail, ended - max(finish))
+            self.gains.append(self.predicted_gain(self._overlapped_s, tail))
         self._overlapped_s, self._tail_s, self._step_pieces, self._step_work = 0.0, 0.0, 0, []
 
     def contention(self) -> float:
@@ -195,6 +206,13 @@ class PiecePolicy:
             return False
         return statistics.median(self.gains) > PAYS * self.whole_s()
 
+    def streaming_loses(self) -> bool:
+        """The median predicted gain of the last streamed steps is below zero: one whole-batch piece
+        is predicted faster."""
+        if not self.gains or not len(self.pieces):
+            return False
+        return statistics.median(self.gains) < 0.0
+
     def report(self) -> dict[str, float]:
         """The policy's view for the step's metrics (``conduit/...``)."""
         a, b = self.cost() if len(self.pieces) else (0.0, 0.0)
@@ -204,7 +222,9 @@ class PiecePolicy:
             "chosen": float(self.chosen),
             "contention": self.contention(),
             "predicted_gain_s": self.gains[-1] if self.gains else 0.0,
-            "probing": float(self.setting == "auto" and not self.streaming_pays()),
+            "probing": float(
+                self.setting == "auto" and not (self.streaming_pays() or self.streaming_loses())
+            ),
         }
 
     def cost(self) -> tuple[float, float]:

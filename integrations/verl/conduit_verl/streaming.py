@@ -325,7 +325,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
                 break
     timing_raw.setdefault("gen", time.perf_counter() - t0)
     compat.on_sample_end(trainer)
-    policy.record_step(waiter.step_finish_times(t0_wall))
+    policy.record_step(waiter.step_finish_times(t0_wall), ended=time.perf_counter() - t0)
     metrics.update(merge_metrics(parts))
     metrics["conduit/pieces"] = len(parts)
     metrics["conduit/g_ing"] = g_ing

@@ -203,3 +203,56 @@ def test_batch_sampler_lengths_and_batch_independence(tmp_path) -> None:  # noqa
         assert all(lp <= 0 for lp in logps)
     alone, _ = run([reqs[2], reqs[0]])
     assert alone[0][0] == got[2][0] and alone[1][0] == got[0][0]
+
+
+def _server(wave: int) -> tuple[object, list[list[int]]]:
+    """A paced server reduced to its wave logic: generating a wave records its requests' seeds."""
+    from conduit_verl_cpu.paced_server import PacedGenerationServer
+
+    server = PacedGenerationServer.__new__(PacedGenerationServer)
+    server.wave, server._pending, server._waves = wave, [], None
+    waves: list[list[int]] = []
+
+    async def generate(part: list, temperature: float) -> None:
+        waves.append([r.seed for r, _ in part])
+        for _, f in part:
+            f.set_result(None)
+
+    server._generate_wave = generate  # type: ignore[attr-defined]
+    return server, waves
+
+
+def _arrivals(server: object, seeds_at: list[tuple[float, int]]) -> None:
+    from conduit_verl_cpu.batch_sampler import Request
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        futures = []
+        start = loop.time()
+        for at, seed in seeds_at:
+            await asyncio.sleep(max(0.0, start + at - loop.time()))
+            f = loop.create_future()
+            server._pending.append((Request([1], 1, seed), 1.0, f))  # type: ignore[attr-defined]
+            futures.append(f)
+            if server._waves is None or server._waves.done():  # type: ignore[attr-defined]
+                server._waves = asyncio.create_task(server._run_waves())  # type: ignore[attr-defined]
+        await asyncio.wait_for(asyncio.gather(*futures), timeout=10)
+
+    asyncio.run(main())
+
+
+def test_a_step_is_one_wave_in_seed_order_however_its_requests_arrive() -> None:
+    """Requests of a step that arrive with gaps longer than a burst still form one wave, ordered by
+    seed: the same batch in every run, so no near-tie can flip a token between runs."""
+    server, waves = _server(wave=4)
+    _arrivals(server, [(0.0, 7), (0.0, 3), (0.1, 9), (0.2, 1), (0.5, 8), (0.5, 2), (0.5, 6), (0.5, 4)])
+    assert waves == [[1, 3, 7, 9], [2, 4, 6, 8]]
+
+
+def test_a_short_step_wave_and_unsized_requests_close_when_they_stop_coming() -> None:
+    server, waves = _server(wave=4)
+    _arrivals(server, [(0.0, 5), (0.0, 2)])  # e.g. validation: fewer requests than a step's
+    assert waves == [[2, 5]]
+    server, waves = _server(wave=0)  # no wave size: a burst is a wave
+    _arrivals(server, [(0.0, 5), (0.0, 2), (0.3, 1)])
+    assert waves == [[2, 5], [1]]

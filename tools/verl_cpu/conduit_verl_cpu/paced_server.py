@@ -2,9 +2,12 @@
 
 ``PacedGenerationServer`` is the ``HFGenerationServer`` with another ``generate``. A request draws
 its response length from its sampling seed and its prompt's (``pace.PaceModel.draw_length``), registers with the
-``Pacer`` as it arrives, and joins the next *wave*: requests that arrive together (no new one for
-``GATHER_S``) are generated in one batch (``batch_sampler.sample_batch``), each finishing after its
-own length's steps. The response is then held until its modelled finish and released; the server
+``Pacer`` as it arrives, and joins the next *wave*: a training step's requests (``wave`` of them,
+the harness sets prompts × n; or, for other requests, those that arrive together: no new one for
+``GATHER_S``) are generated in one batch (``batch_sampler.sample_batch``), in the order of their
+seeds, each finishing after its own length's steps. A wave's composition and order so never depend on
+when its requests arrived: a batched forward is not bit-identical across batch compositions, and a
+near-tie between two tokens could otherwise go another way in another run (sync vs conduit). The response is then held until its modelled finish and released; the server
 sleeps meanwhile, leaving the cores to the rest of the pipeline, as separate rollout GPUs would.
 A response whose real tokens come later than its modelled finish is released when they come; the
 generation log records that lateness (``late_s``), so a run can tell whether the model held.
@@ -28,6 +31,8 @@ from conduit_verl_cpu.pace import PaceModel, Pacer
 #: a wave closes when no request has arrived for this long (verl's agent loop sends a step's
 #: requests in one burst)
 GATHER_S = 0.02
+#: a step's wave still short of ``wave`` requests closes after this long without a new one
+WAVE_WAIT_S = 2.0
 
 
 class PacedGenerationServer(HFGenerationServer):
@@ -35,6 +40,8 @@ class PacedGenerationServer(HFGenerationServer):
 
     def __init__(self, *args: Any, pace: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        pace = dict(pace)
+        self.wave = int(pace.pop("wave", 0))  # requests of one training step (0: close on bursts)
         self.pace = PaceModel(**{"max_len": self.response_length, **pace})
         self.pacer = Pacer(self.pace)
         self._pending: list[tuple[Request, float, asyncio.Future]] = []
@@ -86,11 +93,10 @@ class PacedGenerationServer(HFGenerationServer):
     async def _run_waves(self) -> None:
         """Gather the requests that arrive together and generate them as one batch, until none wait."""
         while self._pending:
-            seen = -1
-            while seen != len(self._pending):  # wait for the burst to end
-                seen = len(self._pending)
-                await asyncio.sleep(GATHER_S)
-            wave, self._pending = self._pending, []
+            await self._gather()
+            cut = self.wave or len(self._pending)
+            wave, self._pending = self._pending[:cut], self._pending[cut:]
+            wave.sort(key=lambda item: item[0].seed)
             for temperature in sorted({t for _, t, _ in wave}):
                 part = [(r, f) for r, t, f in wave if t == temperature]
                 try:
@@ -99,6 +105,19 @@ class PacedGenerationServer(HFGenerationServer):
                     for _, f in part:
                         if not f.done():
                             f.set_exception(e)
+
+    async def _gather(self) -> None:
+        """Wait until a step's ``wave`` requests are pending, or (no ``wave``, or a short one) until
+        none has arrived for ``GATHER_S`` (``WAVE_WAIT_S`` while a step's wave is short)."""
+        quiet = WAVE_WAIT_S if self.wave else GATHER_S
+        seen, idle = -1, 0.0
+        while not (self.wave and len(self._pending) >= self.wave):
+            if len(self._pending) != seen:
+                seen, idle = len(self._pending), 0.0
+            elif idle >= quiet:
+                return
+            await asyncio.sleep(GATHER_S)
+            idle += GATHER_S
 
     async def _generate_wave(self, part: list[tuple[Request, asyncio.Future]], temperature: float) -> None:
         """One batch through the model; each request's future is set as its response completes."""

@@ -106,7 +106,8 @@ def pace_settings(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
 
     pace = {"median_len": args.pace_median, "tail": args.pace_tail, "time_scale": args.pace_scale}
     PaceModel(max_len=args.response_length, **pace)  # type: ignore[arg-type]
-    return tuple(pace.items())
+    # the server's wave: every request of a training step in one batch (paced_server.py)
+    return (*pace.items(), ("wave", args.batch_size * args.n))
 
 
 def parse_placement(raw: str) -> tuple[tuple[str, str], ...]:
