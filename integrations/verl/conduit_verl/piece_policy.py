@@ -30,9 +30,9 @@ exposed tail being what streaming left after generation: from the last group's f
 the last piece (that piece's ingestion, plus any wait for an overlapped piece still running when
 generation ended — where generation is short, pieces queue behind each other). While the median
 gain of the last ``PROBES`` streamed steps is over ``PAYS`` of the whole-batch cost, ``auto`` keeps
-streaming and measures nothing else (no whole-batch probes); while it is below zero (streaming is
-predicted slower than one whole-batch piece), ``auto`` runs verl's schedule and streams again only
-every ``REPROBE_EVERY`` steps, to see whether that changed.
+streaming and measures nothing else (no whole-batch probes). (A predicted loss is not acted on
+directly: the fit is taken over pieces that ran beside generation and, under contention, can
+flatten to a constant and underrate the whole batch; the measured periods below decide instead.)
 
 Otherwise the step time decides whether to stream at all: the policy measures whole iterations
 (start of one step to the start of the next) under the model's ``g`` ("stream") and under one
@@ -128,8 +128,6 @@ class PiecePolicy:
     def _pick_arm(self) -> str:
         if self.streaming_pays():
             return "stream"
-        if self.streaming_loses():
-            return "stream" if self.steps % REPROBE_EVERY == 0 else "whole"
         stream, whole = self.periods["stream"], self.periods["whole"]
         if len(stream) < PROBES or len(whole) < PROBES:  # probe both, alternating
             return "whole" if len(whole) < len(stream) else "stream"
@@ -206,13 +204,6 @@ class PiecePolicy:
             return False
         return statistics.median(self.gains) > PAYS * self.whole_s()
 
-    def streaming_loses(self) -> bool:
-        """The median predicted gain of the last streamed steps is below zero: one whole-batch piece
-        is predicted faster."""
-        if not self.gains or not len(self.pieces):
-            return False
-        return statistics.median(self.gains) < 0.0
-
     def report(self) -> dict[str, float]:
         """The policy's view for the step's metrics (``conduit/...``)."""
         a, b = self.cost() if len(self.pieces) else (0.0, 0.0)
@@ -222,9 +213,7 @@ class PiecePolicy:
             "chosen": float(self.chosen),
             "contention": self.contention(),
             "predicted_gain_s": self.gains[-1] if self.gains else 0.0,
-            "probing": float(
-                self.setting == "auto" and not (self.streaming_pays() or self.streaming_loses())
-            ),
+            "probing": float(self.setting == "auto" and not self.streaming_pays()),
         }
 
     def cost(self) -> tuple[float, float]:
