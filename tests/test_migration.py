@@ -259,7 +259,10 @@ def test_auto_placement_leaves_shared_memory_to_pins(monkeypatch: pytest.MonkeyP
     fast_shm = _host_topology(10**12, 10**12)
     fast_shm = Topology(
         fast_shm.tiers,
-        tuple(Link(lk.src, lk.dst, 20.0 if "shm" in lk.dst else lk.gb_per_s, lk.latency_us) for lk in fast_shm.links),
+        tuple(
+            Link(lk.src, lk.dst, 20.0 if "shm" in lk.dst else lk.gb_per_s, lk.latency_us)
+            for lk in fast_shm.links
+        ),
         "test",
     )
     monkeypatch.setattr("conduit.discovery.local_topology", lambda: fast_shm)
