@@ -243,15 +243,17 @@ class ExperienceBuffer:
         ``priority_eps`` keeps every item drawable). NaN/inf raise unless ``nonfinite="count"``.
         """
         self._check_priority_args(slots, generations, priorities)
+        self._raise_priority_faults(*self._priority_faults(slots, priorities))
+
+    def _priority_faults(self, slots: torch.Tensor, priorities: torch.Tensor) -> tuple[int, int, int, float]:
+        """``(first bad slot index or -1, non-finite, negative, lowest negative)``."""
         if priority_kernels.fusable(slots, priorities):
-            faults = priority_kernels.scan(slots, priorities, self.capacity)
-        else:
-            lo, hi = torch.aminmax(slots) if slots.numel() else (torch.tensor(0), torch.tensor(0))
-            bad_slot = 0 if int(lo) < 0 or int(hi) >= self.capacity else -1
-            nonfinite = int((~torch.isfinite(priorities)).sum())
-            neg = priorities[priorities < 0]
-            faults = (bad_slot, nonfinite, neg.numel(), float(neg.min()) if neg.numel() else 0.0)
-        self._raise_priority_faults(*faults)
+            return priority_kernels.scan(slots, priorities, self.capacity)
+        lo, hi = torch.aminmax(slots) if slots.numel() else (torch.tensor(0), torch.tensor(0))
+        bad_slot = 0 if int(lo) < 0 or int(hi) >= self.capacity else -1
+        nonfinite = int((~torch.isfinite(priorities)).sum())
+        neg = priorities[priorities < 0]
+        return bad_slot, nonfinite, neg.numel(), float(neg.min()) if neg.numel() else 0.0
 
     def _check_priority_args(
         self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
@@ -308,8 +310,8 @@ class ExperienceBuffer:
                 bad_slot, nonfinite, negative, lowest, applied = fused
                 if applied < 0:
                     self._raise_priority_faults(bad_slot, nonfinite, negative, lowest)
-            else:
-                self.check_priorities(slots, generations, priorities)
+            else:  # the step-by-step path (CUDA, non-contiguous input)
+                self._raise_priority_faults(*self._priority_faults(slots, priorities))
                 finite = torch.isfinite(priorities)
                 live = (stored.index_select(0, slots) == generations) & finite
                 applied, nonfinite = int(live.sum()), int(priorities.numel() - finite.sum())

@@ -1,13 +1,11 @@
 # mypy: allow-untyped-defs
 """One pass over a priority update instead of a dozen tiny torch ops (each a dispatch and, for a
-reduction read on the host, a sync): :func:`scan` checks slots and priorities, :func:`live_mask`
-compares generations and finiteness, and :func:`checked_update` does both and applies the update to a
+reduction read on the host, a sync): :func:`scan` checks slots and priorities (``check_priorities``),
+and :func:`checked_update` checks, compares generations and finiteness, and applies the update to a
 fused sum tree in one kernel call (the CPU prioritized sampler's hot path). CPU tensors only; the
 buffer keeps its torch path for others. Kernels are numba, cached on disk and loaded by :func:`warm`."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -71,7 +69,8 @@ def checked_update(
     eps: float,
     max_priority: np.ndarray,
 ) -> tuple[int, int, int, float, int]:
-    """:func:`scan`, then (only if it found no fault) :func:`live_mask` and the sum tree's
+    """:func:`scan`, then (only if it found no fault) the live mask (generation unchanged, priority
+    finite) and the sum tree's
     ``set_priorities`` on ``tree`` (its flat arrays), in one kernel call.
 
     Returns ``(bad slot index or -1, non-finite, negative, lowest negative, applied)``; ``applied`` is -1
@@ -106,18 +105,6 @@ def scan(slots: torch.Tensor, priorities: torch.Tensor, capacity: int) -> tuple[
     return _scan(slots.numpy(), _np(priorities), capacity)  # type: ignore[no-any-return]
 
 
-def live_mask(
-    slots: torch.Tensor, generations: torch.Tensor, stored: torch.Tensor, priorities: torch.Tensor
-) -> tuple[torch.Tensor, int, int]:
-    """``(live, n_live, n_nonfinite)``: an entry is live when its slot still holds the generation it
-    was sampled at and its priority is finite (``stored``: the storage's generation of every slot)."""
-    out = torch.empty(slots.numel(), dtype=torch.bool)
-    n_live, n_nonfinite = _live(
-        slots.numpy(), generations.numpy(), stored.numpy(), _np(priorities), out.numpy()
-    )
-    return out, int(n_live), int(n_nonfinite)
-
-
 def _np(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     return t.numpy() if t.dtype in (torch.float32, torch.float64) else t.double().numpy()
@@ -136,8 +123,6 @@ def warm() -> None:
     for dtype in (torch.float32, torch.float64):
         p = torch.ones(1, dtype=dtype)
         scan(slots, p, 1)
-        live, n, _ = live_mask(slots, gens, stored, p)
-        assert n == 1 and bool(live[0]) and math.isfinite(float(p[0]))
         # a one-row tree of arity 2 (as sumtree_kernels.warm): sums, mins, level starts, rows, arity
         start = np.array([0, 3], dtype=np.int64)
         tree = (np.array([1.0, 2.0, 0.0, 3.0, 0.0]), np.array([1.0, 2.0, np.inf, 1.0]), start, start.copy(),
