@@ -1,0 +1,115 @@
+# mypy: allow-untyped-defs
+"""Ragged rows in and out of a slot-padded array in one pass: one copy, no padding, no per-row Python.
+
+A slot-padded array ``[rows, max_len, *rest]`` keeps row ``s``'s tokens in ``array[s, :len]``. A batch
+of ragged rows travels flat: ``values[offsets[i]:offsets[i + 1]]`` is row ``i``.
+
+- :func:`gather_prefixes` copies the valid prefix of rows ``slots`` into a flat tensor;
+- :func:`scatter_prefixes` writes flat rows into the prefixes of rows ``slots``.
+
+Each is one numba call that copies each byte once (the torch route pads or gathers whole padded rows
+first: two copies and a padded temporary the size of the batch). The copy runs on machine words as
+wide as the token's byte width allows (8, 4, 2 or 1 bytes), so any dtype works. Out-of-range slots
+and rows longer than ``max_len`` raise ``IndexError`` before anything is written by the scatter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from numba import njit
+
+_WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _check(rows, width, slots, offsets):
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        n = offsets[i + 1] - offsets[i]
+        if s < 0 or s >= rows:
+            raise IndexError("ragged rows: slot out of range")
+        if n < 0 or n > width:
+            raise IndexError("ragged rows: a row is longer than the array's max_len (or offsets decrease)")
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _gather(src, slots, offsets, out):
+    _check(src.shape[0], src.shape[1], slots, offsets)
+    for i in range(slots.shape[0]):
+        a = offsets[i]
+        n = offsets[i + 1] - a
+        out[a : a + n] = src[slots[i], :n]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _scatter(dst, slots, offsets, values):
+    _check(dst.shape[0], dst.shape[1], slots, offsets)
+    for i in range(slots.shape[0]):
+        a = offsets[i]
+        n = offsets[i + 1] - a
+        dst[slots[i], :n] = values[a : a + n]
+
+
+def _word(token_bytes: int) -> tuple[int, torch.dtype]:
+    for size, dtype in _WORDS:
+        if token_bytes % size == 0:
+            return size, dtype
+    raise AssertionError("unreachable: every width divides by 1")
+
+
+def _views(array: torch.Tensor, flat: torch.Tensor, offsets: torch.Tensor, slots: torch.Tensor):
+    """numpy word views: array ``[rows, max_len * words]``, flat ``[total * words]``, offsets in words."""
+    if array.dim() < 2:
+        raise ValueError(
+            f"ragged rows: the slot-padded array needs [rows, max_len, ...], got {tuple(array.shape)}"
+        )
+    if flat.dtype != array.dtype or tuple(flat.shape[1:]) != tuple(array.shape[2:]):
+        raise ValueError(
+            f"ragged rows: values {flat.dtype} {tuple(flat.shape)} do not match the array's "
+            f"{array.dtype} {tuple(array.shape)}"
+        )
+    if array.device.type != "cpu" or flat.device.type != "cpu":
+        raise ValueError("ragged rows: the kernels copy CPU memory (use torch for device tensors)")
+    if not (array.is_contiguous() and flat.is_contiguous()):
+        raise ValueError("ragged rows: array and values must be contiguous")
+    if offsets.numel() != slots.numel() + 1:
+        raise ValueError(f"ragged rows: {offsets.numel()} offsets for {slots.numel()} slots")
+    if slots.numel() and int(offsets[-1]) != flat.shape[0]:
+        raise ValueError(
+            f"ragged rows: offsets end at {int(offsets[-1])}, values hold {flat.shape[0]} tokens"
+        )
+    token_bytes = math.prod(array.shape[2:]) * array.element_size()
+    size, word = _word(token_bytes)
+    per = token_bytes // size
+    rows = array.shape[0]
+    a = array.view(torch.uint8).view(word).reshape(rows, -1) if token_bytes else array.reshape(rows, 0)
+    f = flat.reshape(-1).view(torch.uint8).view(word) if token_bytes else flat.reshape(-1)
+    o = offsets.to(torch.int64) * per
+    return a.numpy(), f.numpy(), o.contiguous().numpy(), slots.to(torch.int64).contiguous().numpy()
+
+
+def gather_prefixes(array: torch.Tensor, slots: torch.Tensor, offsets: torch.Tensor,
+                    out: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Copy ``array[slots[i], :len_i]`` to ``out[offsets[i]:offsets[i + 1]]`` for every ``i``; returns ``out``."""
+    if slots.numel():
+        a, flat, o, s = _views(array, out, offsets, slots)
+        _gather(a, s, o, flat)
+    return out
+
+
+def scatter_prefixes(array: torch.Tensor, slots: torch.Tensor, offsets: torch.Tensor,
+                     values: torch.Tensor) -> None:  # fmt: skip
+    """Copy ``values[offsets[i]:offsets[i + 1]]`` to ``array[slots[i], :len_i]`` for every ``i``."""
+    if slots.numel():
+        a, flat, o, s = _views(array, values, offsets, slots)
+        _scatter(a, s, o, flat)
+
+
+def warm_ragged_kernels() -> None:
+    """Load (or compile, on a cold cache) the kernels for the int64 word signature verl's fields use."""
+    array = torch.zeros(2, 2, dtype=torch.int64)
+    offsets = torch.tensor([0, 1])
+    gather_prefixes(array, torch.tensor([1]), offsets, torch.empty(1, dtype=torch.int64))
+    scatter_prefixes(array, torch.tensor([1]), offsets, torch.ones(1, dtype=torch.int64))

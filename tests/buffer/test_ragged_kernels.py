@@ -1,0 +1,76 @@
+"""One-pass ragged row copies in and out of a slot-padded array, against the per-row reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conduit.buffer.ragged_kernels import gather_prefixes, scatter_prefixes
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    out[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+    return out
+
+
+def _values(n: int, rest: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn((n, *rest), generator=g) * 100).to(dtype)
+
+
+CASES = [
+    (torch.int64, ()),
+    (torch.float32, ()),
+    (torch.bool, ()),
+    (torch.bfloat16, ()),
+    (torch.float32, (3,)),  # 12-byte tokens: 4-byte words
+    (torch.uint8, (3,)),  # 3-byte tokens: byte copies
+]
+
+
+@pytest.mark.parametrize(("dtype", "rest"), CASES)
+def test_scatter_then_gather_equals_per_row_copies(dtype, rest):
+    rows, max_len = 9, 7
+    array = _values(rows * max_len, rest, dtype, 0).view(rows, max_len, *rest).clone()
+    before = array.clone()
+    slots = torch.tensor([4, 0, 8, 2])
+    lengths = [3, 0, 7, 1]
+    offsets = _offsets(lengths)
+    values = _values(int(offsets[-1]), rest, dtype, 1)
+    scatter_prefixes(array, slots, offsets, values)
+    want = before.clone()
+    for i, (s, n) in enumerate(zip(slots.tolist(), lengths)):
+        want[s, :n] = values[int(offsets[i]) : int(offsets[i]) + n]
+    assert torch.equal(array, want)  # the prefixes written, nothing else touched
+
+    order = torch.tensor([2, 8, 4, 4, 0])
+    got_lengths = [1, 7, 3, 2, 0]
+    got_offsets = _offsets(got_lengths)
+    out = torch.full((int(got_offsets[-1]), *rest), 1, dtype=dtype)
+    gather_prefixes(array, order, got_offsets, out)
+    ref = torch.cat([array[s, :n] for s, n in zip(order.tolist(), got_lengths)])
+    assert torch.equal(out, ref)
+
+
+def test_out_of_range_slot_and_overlong_row_raise_and_scatter_writes_nothing():
+    array = torch.zeros(4, 3, dtype=torch.int64)
+    with pytest.raises(IndexError, match="slot out of range"):
+        scatter_prefixes(array, torch.tensor([1, 4]), _offsets([1, 1]), torch.ones(2, dtype=torch.int64))
+    with pytest.raises(IndexError, match="longer than the array's max_len"):
+        scatter_prefixes(array, torch.tensor([1, 2]), _offsets([1, 4]), torch.ones(5, dtype=torch.int64))
+    assert int(array.abs().sum()) == 0  # checked before the first byte moved
+    with pytest.raises(IndexError, match="slot out of range"):
+        gather_prefixes(array, torch.tensor([-1]), _offsets([1]), torch.empty(1, dtype=torch.int64))
+
+
+def test_mismatched_inputs_are_named():
+    array = torch.zeros(4, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="do not match"):
+        scatter_prefixes(array, torch.tensor([0]), _offsets([1]), torch.ones(1, dtype=torch.float32))
+    with pytest.raises(ValueError, match="offsets end at 2, values hold 3"):
+        scatter_prefixes(array, torch.tensor([0]), _offsets([2]), torch.ones(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="2 offsets for 2 slots"):
+        gather_prefixes(array, torch.tensor([0, 1]), _offsets([1]), torch.empty(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="contiguous"):
+        gather_prefixes(array.t(), torch.tensor([0]), _offsets([1]), torch.empty(1, dtype=torch.int64))
