@@ -101,6 +101,13 @@ def column_of(name: str, value: Any) -> Column:
     raise StorageBackendError(f"field {name!r}: cannot store a {type(value).__name__}")
 
 
+def spec_of(column: Column) -> tuple[str, str | None, tuple[int, ...], int]:
+    """What a write plan needs of a column: ``(kind, dtype, per-token shape, longest sample)``."""
+    dtype = None if column.dtype is None else str(column.dtype)
+    longest = int(column.data.lengths.max()) if column.kind == JAGGED and column.size else 0
+    return column.kind, dtype, column.rest, longest
+
+
 def field_of(column: Column) -> Any:
     """The TensorDict value TransferQueue's own storage would return for ``column``."""
     if column.kind == SCALAR:
