@@ -171,7 +171,6 @@ def grpo_setup(tokens: int, samples: int, tiers: dict[str, str]) -> Callable[[],
 
     store = NodeStore(placement=dict(tiers), default_tier="shm")
     gis = np.arange(samples)
-    slots = torch.from_numpy(gis)
     offsets = torch.arange(0, (samples + 1) * tokens, tokens)
     wires = {}
     for name, dtype in GRPO_DTYPES.items():
@@ -185,8 +184,13 @@ def grpo_setup(tokens: int, samples: int, tiers: dict[str, str]) -> Callable[[],
             for _ in range(reads):
                 entry = store.read_plan(gis, [name], same_node=True)[name]
                 if entry[0] == "mapped":
-                    _, kind, layout, lengths = entry
-                    read_mapped(_layout(layout), slots, torch.from_numpy(np.array(lengths, copy=True)), kind)
+                    _, kind, layout, lengths, rows = entry
+                    read_mapped(
+                        _layout(layout),
+                        torch.from_numpy(rows),
+                        torch.from_numpy(np.array(lengths, copy=True)),
+                        kind,
+                    )
                 else:
                     from_wire(entry, writable=True)
 

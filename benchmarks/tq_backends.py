@@ -31,10 +31,12 @@ TQ defaults to need 3 logical CPUs (``num_cpus=2`` never schedules the second un
 hangs). Every same-node cluster therefore gets ``num_cpus=3``, and every cross-node node 2 (logical
 only; the machine has what it has). Conduit's storage actors reserve none.
 
-Conduit's ``copies_per_byte``: per byte of payload, how many times it is written on the way. Gets use
-the storage actors' counters (``bytes_get_mapped``: read in place by a same-node reader, one copy;
-``bytes_get_copied``: gathered and shipped) times each path's copies, and puts the path's copies, both
-counted from the backend's code (see ``CONDUIT_COPIES``).
+Conduit's ``copies_per_byte``: per byte of payload, how many times it is written on the way: the
+storage actors' counters times each path's copies, counted from the backend's code (see
+``CONDUIT_COPIES``). Gets: ``bytes_get_mapped`` (read in place by a same-node reader, one copy) and
+``bytes_get_copied`` (gathered and shipped). Puts: ``bytes_put_direct`` (scattered by a same-node writer
+straight into the store's mapped memory through a write plan, one copy) and the rest of ``bytes_put``
+(shipped through Ray's object store and copied in by the actor).
 
 Writes a JSON (rows, ratios, targets, machine facts) and a PNG of the same stem.
 """
@@ -73,6 +75,8 @@ CROSS_CELLS = [(256, 4096), (1024, 4096), (256, 16384)]
 ROUNDS = {"quick": 5, "full": 7}  # timed rounds per cell, after one warm-up round
 PARTITION = "train"
 MIB = 2**20
+#: the Conduit storage actors' counters each cell records (deltas over the put and the get)
+COUNTERS = ("bytes_put", "bytes_put_direct", "bytes_get_mapped", "bytes_get_copied")
 TARGET_MIN_FIELD_BYTES = MIB  # the get/put targets apply to cells with >= 1 MiB in every token field
 CALL_TIMEOUT_S = 600.0
 START_TIMEOUT_S = 240.0
@@ -80,14 +84,20 @@ START_TIMEOUT_S = 240.0
 #: copies per payload byte on each Conduit path, counted from integrations/verl/conduit_verl/tq_store
 #: (backend.py, store.py, fields.py, columns.py) at the time of writing
 CONDUIT_COPIES = {
-    # writer -> Ray object store (actor-call args); in the actor, from_wire copies the read-only
-    # object-store array (np.array copy=True); FieldArray.put pads it (Ragged.to_padded: fill + masked
-    # scatter); index_copy_ of the padded rows into the /dev/shm array
-    "put_same_node": 4,
+    # same-node writer with a write plan: one scatter of its rows straight into the mapped /dev/shm
+    # file (fields.write_mapped: ragged_kernels.scatter_prefixes), then a metadata-only commit
+    "put_direct": 1,
+    # as above after the per-owner select (Column.select gather) of a batch spanning several actors
+    "put_direct_multi_owner": 2,
+    # the data path (puts under direct_put_min_bytes, fields the writer cannot map, writers on another
+    # node, plans refused 3 times): writer -> Ray object store (actor-call args); in the actor the
+    # read-only object-store array is scattered straight into the /dev/shm array (from_wire makes a
+    # view; FieldArray.put: ragged_kernels.scatter_prefixes)
+    "put_same_node": 2,
     # as above plus one select (Column.select gather) per owner when the batch spans several storage
     # actors, plus Ray's node-to-node transfer for the owners on other nodes
-    "put_multi_node_local_owner": 5,
-    "put_multi_node_remote_owner": 6,
+    "put_multi_node_local_owner": 3,
+    "put_multi_node_remote_owner": 4,
     # same-node reader: gather straight from the mapped /dev/shm file into its own tensor
     "get_mapped": 1,
     # store gathers, Ray puts the return value in the object store, the reader copies it out (writable)
@@ -214,14 +224,14 @@ def conduit_counters() -> list[dict[str, Any]] | None:
         return None
     stats = manager.stats()
     nodes = list(getattr(manager, "_nodes", []) or [None] * len(stats))
-    keys = ("bytes_put", "bytes_get_mapped", "bytes_get_copied")
+    keys = COUNTERS
     return [{"node": n, **{k: int(s.get(k, 0)) for k in keys}} for s, n in zip(stats, nodes)]
 
 
 def counter_delta(before: list[dict] | None, after: list[dict] | None) -> list[dict] | None:
     if before is None or after is None:
         return None
-    keys = ("bytes_put", "bytes_get_mapped", "bytes_get_copied")
+    keys = COUNTERS
     return [{"node": a["node"], **{k: a[k] - b[k] for k in keys}} for b, a in zip(before, after)]
 
 
@@ -560,19 +570,22 @@ def conduit_copies(op: str, nodes: int, counters: list[list[dict]] | None, node_
     totals: dict[tuple[str, Any], int] = {}
     for run in counters:
         for actor in run:
-            for k in ("bytes_put", "bytes_get_mapped", "bytes_get_copied"):
+            for k in COUNTERS:
                 totals[(k, actor["node"])] = totals.get((k, actor["node"]), 0) + actor[k]
     owners = len(counters[0])
     if op == "put":
         written = {n: v for (k, n), v in totals.items() if k == "bytes_put"}
+        direct = sum(v for (k, _), v in totals.items() if k == "bytes_put_direct")  # same-node writer only
         total = sum(written.values())
         if not total:
             return None
         if owners == 1:
-            return float(c["put_same_node"])
-        local = written.get(node_a, 0)
+            return (direct * c["put_direct"] + (total - direct) * c["put_same_node"]) / total
+        local = written.get(node_a, 0) - direct
         return (
-            local * c["put_multi_node_local_owner"] + (total - local) * c["put_multi_node_remote_owner"]
+            direct * c["put_direct_multi_owner"]
+            + local * c["put_multi_node_local_owner"]
+            + (total - direct - local) * c["put_multi_node_remote_owner"]
         ) / total
     mapped = sum(v for (k, _), v in totals.items() if k == "bytes_get_mapped")
     copied_local = sum(v for (k, n), v in totals.items() if k == "bytes_get_copied" and n == node_b)

@@ -84,8 +84,8 @@ def test_growth_keeps_contents_and_a_stale_layout_is_detected():
     s.put(np.array([0, 1]), wires(TensorDict({"r": jagged([2, 3])}, [2])))
     plan = s.read_plan(np.array([1]), ["r"], same_node=True)["r"]
     assert plan[0] == "mapped"
-    _, kind, layout, lengths = plan
-    got = read_mapped(layout, torch.tensor([1]), torch.as_tensor(lengths), kind)
+    _, kind, layout, lengths, plan_rows = plan
+    got = read_mapped(layout, torch.as_tensor(plan_rows), torch.as_tensor(lengths), kind)
     assert got.data.values.tolist() == [2, 3, 4]
     s.put(
         np.array([500]), wires(TensorDict({"r": jagged([200], start=7)}, [1]))
@@ -96,7 +96,7 @@ def test_growth_keeps_contents_and_a_stale_layout_is_detected():
     ]
     stale = type(layout)(layout.path, layout.inode + 1, layout.dtype, layout.shape)
     with pytest.raises(StaleLayoutError):
-        read_mapped(stale, torch.tensor([1]), torch.as_tensor(lengths), kind)
+        read_mapped(stale, torch.as_tensor(plan_rows), torch.as_tensor(lengths), kind)
     s.close()
 
 
@@ -203,7 +203,35 @@ def test_growing_one_dimension_leaves_the_other_alone():
     s.put(np.array([1]), wires(TensorDict({"r": jagged([1000])}, [1])))  # longer: max_len grows only
     assert f.capacity == cap and f.max_len >= 1000
     length = f.max_len
-    s.put(np.array([5000]), wires(TensorDict({"r": jagged([2])}, [1])))  # a far slot: capacity grows only
-    assert f.capacity > 5000 and f.max_len == length
-    assert rows(field_of(from_wire(s.get(np.array([0, 1, 5000]), ["r"])["r"])))[0] == [0, 1, 2, 3]
+    s.put(np.array([5000]), wires(TensorDict({"r": jagged([2])}, [1])))  # a far index takes a free row
+    assert f.capacity == cap and f.max_len == length
+    more = np.arange(10, 10 + cap)  # more new indexes than free rows: capacity grows only
+    s.put(more, wires(TensorDict({"r": jagged([2] * cap, start=9)}, [cap])))
+    assert f.capacity > cap and f.max_len == length
+    got = rows(field_of(from_wire(s.get(np.array([0, 1, 5000, 10 + cap - 1]), ["r"])["r"])))
+    assert got == [[0, 1, 2, 3], list(range(1000)), [0, 1], [9 + 2 * cap - 2, 9 + 2 * cap - 1]]
     s.close()
+
+
+def test_field_schema_equals_transfer_queues_own():
+    from conduit_verl.tq_store.columns import field_schema
+    from transfer_queue.metadata import extract_field_schema
+
+    holes = torch.nested.narrow(
+        torch.arange(12).view(3, 4), 1, torch.zeros(3, dtype=torch.int64), torch.tensor([1, 3, 2]),
+        layout=torch.jagged,
+    )  # fmt: skip
+    td = TensorDict(
+        {
+            "responses": jagged([2, 0, 3]),
+            "old_log_probs": jagged([2, 5, 1], torch.float32),
+            "input_ids": torch.arange(12).view(3, 4),
+            "rm_scores": torch.randn(3),
+            "holes": holes,
+            "uid": NonTensorStack("a", "b", "c"),
+        },
+        [3],
+    )
+    columns = {k: column_of(k, td.get(k)) for k in td.keys()}
+    assert field_schema(td, columns) == extract_field_schema(td)
+    assert list(field_schema(td, columns)) == list(td.keys())

@@ -2,17 +2,24 @@
 
 Select it with ``transfer_queue.backend.storage_backend=Conduit`` (knobs under
 ``+transfer_queue.backend.Conduit.*``: ``placement.<field>=<tier>``, ``budgets.<tier>=<bytes>``,
-``default_tier`` (``auto``: planned, see ``planning.py``), ``timeout_s``). verl's workers, TQ's clients and TQ's controller are unchanged; the
-controller stays metadata-only.
+``default_tier`` (``auto``: planned, see ``planning.py``), ``timeout_s``, ``direct_put_min_bytes``).
+verl's workers, TQ's clients and TQ's controller are unchanged; the controller stays metadata-only.
 
 - ``tq.init`` (verl's task runner) starts one storage actor per alive Ray node (:func:`bootstrap`,
   ``num_cpus=0``, pinned to its node) and writes their names into the config every process reads.
-- Every process that uses TQ builds a :class:`ConduitStorageManager`. A put sends each field whole —
-  one column per field, not one object per sample — to the actor owning the samples (global index mod
-  number of nodes), through Ray's shared-memory object store, then tells the controller.
+- Every process that uses TQ builds a :class:`ConduitStorageManager`. A put of at least
+  ``direct_put_min_bytes`` (1 MiB) to the actor owning the samples (global index mod number of nodes)
+  on the writer's own node asks it for a write plan (fresh rows of each field's shared-memory file),
+  scatters each field's rows straight into the mapped file (one copy), and commits (metadata only:
+  the lengths; the samples become visible then, all fields at once). A plan refused as stale (the
+  field grew into a new file meanwhile) is made again. Fields the writer cannot map (objects,
+  host/pinned/cuda tiers), smaller puts and puts to an actor on another node travel whole — one
+  column per field, not one object per sample — through Ray's object store. Then the put tells the
+  controller.
 - A get from the actor's node maps the field's shared-memory file and gathers the requested tokens
-  straight into its own tensor: one copy, no serialisation. From another node the actor gathers the
-  field and Ray moves it whole (per field, never per sample).
+  straight into its own tensor (memory from a :class:`~conduit.buffer.recycled.HostPool`): one copy,
+  no serialisation. From another node the actor gathers the field and Ray moves it whole (per field,
+  never per sample).
 - Clear forgets every field of the samples (TQ reuses global indexes).
 """
 
@@ -29,12 +36,21 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tensordict import TensorDict
-from transfer_queue.metadata import BatchMeta, extract_field_schema
+from transfer_queue.metadata import BatchMeta
 from transfer_queue.storage.managers.base import StorageManager
 
+from conduit.buffer.ragged_kernels import warm_ragged_kernels
 from conduit_verl.errors import StorageActorError, StorageBackendError
-from conduit_verl.tq_store.columns import Column, column_of, field_of, from_wire, to_wire
-from conduit_verl.tq_store.fields import Layout, StaleLayoutError, read_mapped
+from conduit_verl.tq_store.columns import (
+    Column,
+    column_of,
+    field_of,
+    field_schema,
+    from_wire,
+    spec_of,
+    to_wire,
+)
+from conduit_verl.tq_store.fields import Layout, StaleLayoutError, read_mapped, write_mapped
 from conduit_verl.tq_store.store import AUTO, NodeStore, check_placement
 
 logger = logging.getLogger(__name__)
@@ -42,6 +58,11 @@ logger = logging.getLogger(__name__)
 NAME = "Conduit"
 NAMESPACE = "transfer_queue"
 DEFAULT_TIMEOUT_S = 60.0
+#: a same-node put of fewer payload bytes sends its data through Ray (one round trip) instead of
+#: writing in place (two round trips, plan and commit, ~3.5 ms each here): verl's agent loop puts one
+#: trajectory at a time
+DIRECT_PUT_MIN_BYTES = 1 << 20
+PLAN_TRIES = 3  # write plans tried (each refused as stale) before a put sends its data instead
 
 
 @ray.remote(num_cpus=0)
@@ -49,6 +70,7 @@ class StorageActor:
     """A :class:`NodeStore` on one node."""
 
     def __init__(self, **kwargs: Any) -> None:
+        warm_ragged_kernels()
         self.store = NodeStore(**kwargs)
         self.node = ray.get_runtime_context().get_node_id()
 
@@ -60,6 +82,15 @@ class StorageActor:
 
     def get(self, gis: np.ndarray, names: list[str]) -> dict[str, tuple]:
         return self.store.get(gis, names)
+
+    def write_plan(self, gis: np.ndarray, specs: dict[str, tuple], node: str) -> tuple[int, dict]:
+        return self.store.write_plan(gis, specs, same_node=node == self.node)
+
+    def commit(self, plan_id: int, gis: np.ndarray, lengths: dict, wires: dict[str, tuple]) -> bool:
+        return self.store.commit(plan_id, gis, lengths, wires)
+
+    def abandon(self, plan_id: int) -> None:
+        self.store.abandon(plan_id)
 
     def read_plan(self, gis: np.ndarray, names: list[str], node: str) -> dict[str, tuple]:
         return self.store.read_plan(gis, names, same_node=node == self.node)
@@ -128,9 +159,11 @@ class ConduitStorageManager(StorageManager):
         super().__init__(controller_info, config, zmq_context)
         self.names: list[str] = list(names)
         self.timeout_s = float(section.get("timeout_s", DEFAULT_TIMEOUT_S))
+        self.direct_min_bytes = int(section.get("direct_put_min_bytes", DIRECT_PUT_MIN_BYTES))
         self._actors: list[Any] | None = None
         self._nodes: list[str] = []
         self.node = ray.get_runtime_context().get_node_id()
+        warm_ragged_kernels()  # load the compiled copy kernels now, not in the first get
 
     # -- routing and calls --------------------------------------------------------------------------
 
@@ -185,12 +218,30 @@ class ConduitStorageManager(StorageManager):
         calls = []
         for i, pos in self._routes(gis):
             part = columns if pos is None else {f: c.select(pos) for f, c in columns.items()}
-            keys = gis if pos is None else gis[pos]
-            calls.append(self._call(i, "put", keys.numpy(), {f: to_wire(c) for f, c in part.items()}))
+            calls.append(self._put(i, gis if pos is None else gis[pos], part))
         await asyncio.gather(*calls)
         await self.notify_data_update(
-            metadata.partition_ids[0], metadata.global_indexes, extract_field_schema(data)
+            metadata.partition_ids[0], metadata.global_indexes, field_schema(data, columns)
         )
+
+    async def _put(self, i: int, keys: torch.Tensor, columns: dict[str, Column]) -> None:
+        """One store's part of a put: in place through a write plan where the store is on this node."""
+        gis = keys.numpy()
+        if self._nodes[i] == self.node and sum(c.nbytes for c in columns.values()) >= self.direct_min_bytes:
+            specs = {f: spec_of(c) for f, c in columns.items()}
+            for _ in range(PLAN_TRIES):
+                plan_id, entries = await self._call(i, "write_plan", gis, specs, self.node)
+                if not entries:
+                    break
+                try:
+                    lengths = _write_planned(entries, columns)
+                except StaleLayoutError:  # the field grew into a new file since the plan
+                    await self._call(i, "abandon", plan_id)
+                    continue
+                rest = {f: to_wire(c) for f, c in columns.items() if f not in entries}
+                if await self._call(i, "commit", plan_id, gis, lengths, rest):
+                    return
+        await self._call(i, "put", gis, {f: to_wire(c) for f, c in columns.items()})
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
         if metadata.size == 0:
@@ -222,10 +273,12 @@ class ConduitStorageManager(StorageManager):
             if entry[0] != "mapped":
                 out[name] = from_wire(entry, writable=own)
                 continue
-            _, kind, layout, lengths = entry
+            _, kind, layout, lengths, rows = entry
             lens = None if lengths is None else torch.from_numpy(np.array(lengths, copy=True))
             try:
-                out[name] = read_mapped(_layout(layout), gis, lens, kind)
+                out[name] = read_mapped(
+                    _layout(layout), torch.from_numpy(np.array(rows, copy=True)), lens, kind
+                )
             except StaleLayoutError:  # the field grew into a new file since the plan
                 retry.append(name)
         if retry:
@@ -247,6 +300,15 @@ class ConduitStorageManager(StorageManager):
     def stats(self) -> list[dict[str, Any]]:
         """Each node's counters and field tiers."""
         return ray.get([a.stats.remote() for a in self._handles()], timeout=self.timeout_s)
+
+
+def _write_planned(entries: dict[str, tuple], columns: dict[str, Column]) -> dict[str, np.ndarray | None]:
+    """Each planned field's rows scattered into the store's mapped file (one copy); the lengths to commit."""
+    out: dict[str, np.ndarray | None] = {}
+    for name, (layout, rows) in entries.items():
+        lengths = write_mapped(_layout(layout), torch.from_numpy(np.array(rows, copy=True)), columns[name])
+        out[name] = None if lengths is None else lengths.numpy()
+    return out
 
 
 def _layout(layout: Any) -> Layout:

@@ -101,6 +101,42 @@ def column_of(name: str, value: Any) -> Column:
     raise StorageBackendError(f"field {name!r}: cannot store a {type(value).__name__}")
 
 
+def spec_of(column: Column) -> tuple[str, str | None, tuple[int, ...], int]:
+    """What a write plan needs of a column: ``(kind, dtype, per-token shape, longest sample)``."""
+    dtype = None if column.dtype is None else str(column.dtype)
+    longest = int(column.data.lengths.max()) if column.kind == JAGGED and column.size else 0
+    return column.kind, dtype, column.rest, longest
+
+
+def field_schema(data: Any, columns: dict[str, Column]) -> dict[str, dict[str, Any]]:
+    """TransferQueue's ``extract_field_schema(data)`` (what the controller records per field), computed
+    from the columns: per-sample shapes of a jagged nested field come from its lengths in one
+    ``tolist`` (TQ's own function unbinds every nested field twice, ~25 ms for 1 024 x 4 fields).
+    Fields of any other form are left to TQ's function."""
+    from transfer_queue.metadata import extract_field_schema
+
+    out: dict[str, dict[str, Any]] = {}
+    others = []
+    for name, value in data.items():
+        column = columns.get(name)
+        nested = isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged
+        if column is None or column.kind != JAGGED or not nested or column.size == 0:
+            others.append(name)
+            continue
+        rest = column.rest
+        lengths = column.data.lengths.tolist()
+        out[name] = {
+            "dtype": column.dtype,
+            "shape": torch.Size((lengths[0], *rest)),
+            "is_nested": True,
+            "is_non_tensor": False,
+            "per_sample_shapes": [(n, *rest) for n in lengths],
+        }
+    if others:
+        out.update(extract_field_schema(data.select(*others)))
+    return {name: out[name] for name in data.keys()}
+
+
 def field_of(column: Column) -> Any:
     """The TensorDict value TransferQueue's own storage would return for ``column``."""
     if column.kind == SCALAR:

@@ -1,9 +1,15 @@
 """Columnar storage of TransferQueue fields, slot = global index, on Conduit's memory tiers.
 
-A field is one preallocated array on one tier: scalars ``[capacity]``; jagged fields slot-padded
-``[capacity, max_len, *rest]`` with a length per slot (Conduit's ring layout: a write or a read of a
-whole batch is one ``index_copy_`` / one gather, no per-sample work). Capacity and ``max_len`` grow by
-doubling (one copy). Objects (strings, dicts) are kept in a list.
+A field is one preallocated array on one tier: scalars ``[capacity]``; jagged fields row-padded
+``[capacity, max_len, *rest]`` with a length per row (Conduit's ring layout: a write or a read of a
+whole batch is one ``index_copy_`` / one gather, no per-sample work), and per global index the row
+that holds it. Capacity and ``max_len`` grow by doubling (one copy). Objects (strings, dicts) are kept
+in a list.
+
+A writer on the same node can fill rows itself (:func:`write_mapped`): the store reserves fresh rows
+for it (a write plan), the writer scatters its tensor into the mapped file (one copy), and a commit
+points the indexes at the rows. A plan whose field grew into a new file meanwhile is refused (its
+rows were written into the old file); the writer plans again or sends the data.
 
 Tiers: ``shm`` (the default without a planner; a named file under ``/dev/shm`` that readers on the same node map and gather
 from directly), ``disk`` (the same, under a directory), ``host`` (pageable), ``pinned`` and ``cuda``
@@ -90,26 +96,35 @@ class Budgets:
 
 
 class FieldArray:
-    """One field's storage: slot ``g`` holds global index ``g``."""
+    """One field's storage: rows of one array, and per global index ``g`` the row holding it
+    (``row_of[g]``, -1: none).
+
+    A put of an index that has a row overwrites the row in place; an index without one takes a free
+    row. A same-node writer's plan (:meth:`reserve`) takes fresh rows no index points at: the writer
+    fills them in place and :meth:`commit` points the indexes at them (freeing the rows they had), so
+    nothing a plan writes is visible before its commit, and an upsert replaces the old value whole.
+    """
 
     def __init__(self, name: str, kind: str, dtype: torch.dtype | None, rest: tuple[int, ...], tier: str,
                  budgets: Budgets, directory: str) -> None:  # fmt: skip
         self.name, self.kind, self.dtype, self.rest = name, kind, dtype, rest
         self.wanted_tier, self.tier, self.budgets, self.directory = tier, tier, budgets, directory
-        self.capacity, self.max_len = 0, 0
+        self.capacity, self.max_len = 0, 0  # rows; tokens per row
         self.data: torch.Tensor | None = None
-        self.lengths = torch.zeros(0, dtype=torch.int64)
-        self.present = torch.zeros(0, dtype=torch.bool)
-        self.objects: list[object] = []
+        self.lengths = torch.zeros(0, dtype=torch.int64)  # per row
+        self.used = torch.zeros(0, dtype=torch.bool)  # per row: an index's, or reserved by a plan
+        self.row_of = torch.zeros(0, dtype=torch.int64)  # per global index
+        self.objects: list[object] = []  # per row
         self.path: str | None = None
         self.fd, self.inode = -1, 0
         self.nbytes = 0
         self.spilled = False
+        self.generation = 0  # bumped when the array moves to new memory: plans made before are stale
 
     # -- growth --------------------------------------------------------------------------------
 
     def _target(self, capacity: int, max_len: int) -> tuple[int, int] | None:
-        """The (capacity, max_len) a write up to ``capacity`` slots of ``max_len`` tokens grows to;
+        """The (capacity, max_len) a write needing ``capacity`` rows of ``max_len`` tokens grows to;
         None when it fits. Only the short dimension grows, geometrically (amortised one copy)."""
         if capacity <= self.capacity and max_len <= self.max_len:
             return None
@@ -128,11 +143,15 @@ class FieldArray:
         shape = (capacity,) if self.kind == SCALAR else (capacity, max_len, *self.rest)
         return math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
 
-    def next_nbytes(self, slots: torch.Tensor, column: Column) -> int | None:
-        """Bytes this field's array takes after writing ``column`` at ``slots`` if the write grows it
-        (a re-allocation: the moment its tier can change at no extra copy); None if it fits."""
-        longest = int(column.data.lengths.max()) if self.kind == JAGGED and column.size else 0
-        target = self._target(int(slots.max()) + 1, longest) if slots.numel() else None
+    def new_rows(self, slots: torch.Tensor) -> int:
+        """How many of ``slots`` (global indexes) have no row yet."""
+        return len(self.missing(slots))
+
+    def next_nbytes(self, new_rows: int, longest: int) -> int | None:
+        """Bytes this field's array takes after a write of ``new_rows`` more rows of up to ``longest``
+        tokens if the write grows it (a re-allocation: the moment its tier can change at no extra
+        copy); None if it fits."""
+        target = self._target(int(self.used.sum()) + new_rows, longest if self.kind == JAGGED else 0)
         return None if target is None else self._array_nbytes(*target)
 
     def _ensure(self, capacity: int, max_len: int) -> None:
@@ -142,7 +161,7 @@ class FieldArray:
         capacity, max_len = target
         old_cap = self.capacity
         self.lengths = _grow(self.lengths, capacity)
-        self.present = _grow(self.present, capacity)
+        self.used = _grow(self.used, capacity)
         if self.kind == OBJECT:
             self.objects.extend([None] * (capacity - len(self.objects)))
             self.capacity = capacity
@@ -164,6 +183,7 @@ class FieldArray:
         self.fd, self.inode = fd, inode
         self.spilled = tier != self.wanted_tier
         self.capacity, self.max_len = capacity, max_len
+        self.generation += 1
 
     def _allocate(self, shape: tuple[int, ...], tier: str) -> tuple[torch.Tensor, str | None, int, int]:
         """The array, and for mappable tiers the reader's path, the open descriptor and the inode."""
@@ -184,49 +204,93 @@ class FieldArray:
             os.close(self.fd)
             self.path = None
 
+    def _take(self, n: int, longest: int) -> torch.Tensor:
+        """``n`` free rows (ascending), marked used; the array grown to hold them and ``longest`` tokens."""
+        self._ensure(int(self.used.sum()) + n, longest if self.kind == JAGGED else 0)
+        rows = torch.nonzero(~self.used).flatten()[:n]
+        self.used[rows] = True
+        return rows
+
+    def _index(self, slots: torch.Tensor) -> None:
+        """``row_of`` long enough for ``slots``."""
+        size = int(slots.max()) + 1 if slots.numel() else 0
+        if size > self.row_of.numel():
+            self.row_of = _grow(self.row_of, max(size, 2 * self.row_of.numel()), fill=-1)
+
     # -- batch operations ------------------------------------------------------------------------
 
     def check(self, column: Column) -> None:
-        if column.kind != self.kind or column.dtype != self.dtype or column.rest != self.rest:
+        self.check_spec(column.kind, column.dtype, column.rest)
+
+    def check_spec(self, kind: str, dtype: torch.dtype | None, rest: tuple[int, ...]) -> None:
+        if kind != self.kind or dtype != self.dtype or tuple(rest) != self.rest:
             raise StorageBackendError(
                 f"field {self.name!r} holds {self.kind} {self.dtype} {self.rest}; a put brought "
-                f"{column.kind} {column.dtype} {column.rest} (clear the field's samples first)"
+                f"{kind} {dtype} {tuple(rest)} (clear the field's samples first)"
             )
 
     def put(self, slots: torch.Tensor, column: Column) -> None:
         self.check(column)
         longest = int(column.data.lengths.max()) if self.kind == JAGGED and column.size else 0
-        self._ensure(int(slots.max()) + 1, longest)
+        self._index(slots)
+        rows = self.row_of.index_select(0, slots)
+        new = rows < 0
+        taken = self._take(int(new.sum()), longest)  # also grows max_len for rows written in place
+        if taken.numel():
+            rows[new] = taken
+            self.row_of[slots] = rows
         if self.kind == OBJECT:
-            for s, x in zip(slots.tolist(), column.data):
-                self.objects[s] = x
+            for r, x in zip(rows.tolist(), column.data):
+                self.objects[r] = x
         elif self.kind == SCALAR:
             assert self.data is not None
-            self.data.index_copy_(0, slots.to(self.data.device), column.data.to(self.data.device))
+            self.data.index_copy_(0, rows.to(self.data.device), column.data.to(self.data.device))
         else:
             assert self.data is not None
             ragged: Ragged = column.data
             if self.data.device.type == "cpu":  # one pass, each byte copied once (ragged_kernels)
-                scatter_prefixes(self.data, slots, ragged.offsets, ragged.values.contiguous())
+                scatter_prefixes(self.data, rows, ragged.offsets, ragged.values.contiguous())
             else:
                 padded = _pad_to_longest(ragged, longest)  # the batch's longest, not the field's
-                self.data[:, :longest].index_copy_(0, slots.to(self.data.device), padded.to(self.data.device))
-            self.lengths.index_copy_(0, slots, ragged.lengths)
-        self.present[slots] = True
+                self.data[:, :longest].index_copy_(0, rows.to(self.data.device), padded.to(self.data.device))
+            self.lengths.index_copy_(0, rows, ragged.lengths)
+
+    def reserve(self, n: int, longest: int) -> torch.Tensor:
+        """``n`` fresh rows (ascending) of at least ``longest`` tokens for a same-node writer to fill;
+        no index points at them until :meth:`commit`."""
+        return self._take(n, longest)
+
+    def release(self, rows: torch.Tensor) -> None:
+        """Free rows a plan reserved and never committed (growth keeps row numbers)."""
+        self.used[rows] = False
+
+    def commit(self, slots: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor | None) -> None:
+        """Point ``slots`` at the reserved ``rows`` (written by the plan's writer); free their old rows."""
+        self._index(slots)
+        if lengths is not None:
+            self.lengths.index_copy_(0, rows, lengths)
+        old = self.row_of.index_select(0, slots)
+        self.used[old[old >= 0]] = False
+        self.row_of[slots] = rows
 
     def missing(self, slots: torch.Tensor) -> list[int]:
-        inside = slots < self.capacity
+        inside = slots < self.row_of.numel()
         ok = torch.zeros_like(slots, dtype=torch.bool)
-        ok[inside] = self.present[slots[inside]]
+        ok[inside] = self.row_of[slots[inside]] >= 0
         return slots[~ok].tolist()
 
+    def rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """The rows holding ``slots`` (all present)."""
+        return self.row_of.index_select(0, slots)
+
     def get(self, slots: torch.Tensor) -> Column:
+        rows = self.rows(slots)
         if self.kind == OBJECT:
-            return Column(OBJECT, [self.objects[s] for s in slots.tolist()])
+            return Column(OBJECT, [self.objects[r] for r in rows.tolist()])
         assert self.data is not None
         if self.kind == SCALAR:
-            return Column(SCALAR, self.data.index_select(0, slots.to(self.data.device)).to("cpu"))
-        return Column(JAGGED, gather_padded(self.data, slots, self.lengths.index_select(0, slots)))
+            return Column(SCALAR, self.data.index_select(0, rows.to(self.data.device)).to("cpu"))
+        return Column(JAGGED, gather_padded(self.data, rows, self.lengths.index_select(0, rows)))
 
     def layout(self) -> Layout | None:
         if self.path is None or self.data is None:
@@ -234,11 +298,14 @@ class FieldArray:
         return Layout(self.path, self.inode, str(self.dtype), tuple(self.data.shape), self.name)
 
     def clear(self, slots: torch.Tensor) -> None:
-        slots = slots[slots < self.capacity]
-        self.present[slots] = False
+        slots = slots[slots < self.row_of.numel()]
+        rows = self.row_of.index_select(0, slots)
+        rows = rows[rows >= 0]
+        self.used[rows] = False
+        self.row_of[slots] = -1
         if self.kind == OBJECT:
-            for s in slots.tolist():
-                self.objects[s] = None
+            for r in rows.tolist():
+                self.objects[r] = None
 
     def close(self) -> None:
         self._release()
@@ -280,13 +347,32 @@ def _map(layout: Layout) -> torch.Tensor:
     return array
 
 
-def read_mapped(layout: Layout, slots: torch.Tensor, lengths: torch.Tensor | None, kind: str) -> Column:
-    """A same-node reader's gather straight from the store's memory: one copy, into its own tensor."""
+def read_mapped(layout: Layout, rows: torch.Tensor, lengths: torch.Tensor | None, kind: str) -> Column:
+    """A same-node reader's gather of ``rows`` straight from the store's memory: one copy, into its
+    own tensor."""
     array = _map(layout)
     if kind == SCALAR:
-        return Column(SCALAR, array.index_select(0, slots))
+        return Column(SCALAR, array.index_select(0, rows))
     assert lengths is not None
-    return Column(JAGGED, gather_padded(array, slots, lengths))
+    return Column(JAGGED, gather_padded(array, rows, lengths))
+
+
+def write_mapped(layout: Layout, rows: torch.Tensor, column: Column) -> torch.Tensor | None:
+    """A same-node writer's scatter of ``column`` straight into the store's memory, sample ``i`` into
+    row ``rows[i]`` (the fresh rows of a write plan): one copy. Returns the row lengths the
+    commit records (None for a scalar field)."""
+    array = _map(layout)
+    if column.kind == SCALAR:
+        array.index_copy_(0, rows, column.data.to(array.device, array.dtype))
+        return None
+    ragged: Ragged = column.data
+    lengths = ragged.lengths
+    if lengths.numel() and int(lengths.max()) > array.shape[1]:
+        raise StaleLayoutError(
+            f"field {layout.field!r}: a row of {int(lengths.max())} in rows of {array.shape[1]}"
+        )
+    scatter_prefixes(array, rows, ragged.offsets, ragged.values.contiguous())
+    return lengths
 
 
 _SAME_WIDTH_FLOAT = {torch.int64: torch.float64, torch.int32: torch.float32, torch.int16: torch.float16}
@@ -329,7 +415,7 @@ def gather_padded(array: torch.Tensor, slots: torch.Tensor, lengths: torch.Tenso
     return Ragged(values.view(array.dtype) if fast is not None else values, offsets)
 
 
-def _grow(t: torch.Tensor, n: int) -> torch.Tensor:
-    out = torch.zeros(n, dtype=t.dtype)
+def _grow(t: torch.Tensor, n: int, fill: int = 0) -> torch.Tensor:
+    out = torch.full((n,), fill, dtype=t.dtype)
     out[: t.numel()] = t
     return out

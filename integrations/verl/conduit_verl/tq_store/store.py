@@ -2,12 +2,18 @@
 
 Plain Python so it is testable without Ray; :mod:`conduit_verl.tq_store.backend` runs one per node as
 a Ray actor. Every call is batch-level: one gather / scatter per field per call.
+
+Two ways in: :meth:`NodeStore.put` (the data travels to the store and is copied in), and for a writer
+on the same node :meth:`NodeStore.write_plan` (fresh rows of the mapped fields, for the writer to fill
+in place) then :meth:`NodeStore.commit` (metadata only: the row lengths; the indexes become visible,
+all fields at once). A plan never committed (its writer died) is released after ``lease_s``.
 """
 
 from __future__ import annotations
 
 import math
 import tempfile
+import time
 from typing import Any
 
 import numpy as np
@@ -50,6 +56,7 @@ class NodeStore:
         budgets: dict[str, int] | None = None,
         default_tier: str = AUTO,
         directory: str | None = None,
+        lease_s: float = 600.0,
     ) -> None:
         self.placement = dict(placement or {})
         check_placement(self.placement)
@@ -64,6 +71,10 @@ class NodeStore:
         self.counters: dict[str, int] = {}
         self.puts: dict[str, int] = {}  # per field: puts and reads so far (the planner's traffic)
         self.reads: dict[str, int] = {}
+        self.lease_s = lease_s
+        # open write plans: id -> (deadline, {field: (field generation, reserved rows)})
+        self.plans: dict[int, tuple[float, dict[str, tuple[int, torch.Tensor]]]] = {}
+        self._plan_ids = 0
 
     def _count(self, key: str, n: int) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -71,30 +82,162 @@ class NodeStore:
     def put(self, gis: np.ndarray, wires: dict[str, tuple]) -> None:
         """Store (or overwrite) ``wires`` fields for global indexes ``gis``."""
         slots = _slots(gis)
+        self._write(slots, self._checked(slots, wires))
+
+    def _checked(self, slots: torch.Tensor, wires: dict[str, tuple]) -> dict[str, Column]:
+        """The columns of ``wires``, every field checked before any is written."""
         columns = {name: from_wire(w) for name, w in wires.items()}
-        for name, col in columns.items():  # check every field before writing any
+        for name, col in columns.items():
             if col.size != slots.numel():
                 raise StorageBackendError(f"field {name!r}: {col.size} values for {slots.numel()} keys")
             if name in self.fields:
                 self.fields[name].check(col)
+        return columns
+
+    def _create(self, name: str, kind: str, dtype: torch.dtype | None, rest: tuple[int, ...]) -> FieldArray:
+        if name not in self.fields:
+            tier = self.placement.get(name, self.default_tier)
+            tier = "shm" if tier == AUTO else tier
+            self.fields[name] = FieldArray(name, kind, dtype, rest, tier, self.budgets, self.directory)
+        return self.fields[name]
+
+    def _write(self, slots: torch.Tensor, columns: dict[str, Column]) -> None:
         for name, col in columns.items():
-            if name not in self.fields:
-                tier = self.placement.get(name, self.default_tier)
-                tier = "shm" if tier == AUTO else tier
-                self.fields[name] = FieldArray(
-                    name, col.kind, col.dtype, col.rest, tier, self.budgets, self.directory
-                )
+            self._create(name, col.kind, col.dtype, col.rest)
         if self.default_tier == AUTO:
-            self._plan(slots, columns)
+            self._plan({n: self.fields[n].next_nbytes(self.fields[n].new_rows(slots), _longest(c))
+                        for n, c in columns.items()})  # fmt: skip
         for name, col in columns.items():
             self.fields[name].put(slots, col)
             self.puts[name] = self.puts.get(name, 0) + 1
             self._count("bytes_put", col.nbytes)
-        self._count("puts", 1)
+            self._count("bytes_put_copied", col.nbytes)
+        if columns:
+            self._count("puts", 1)
 
-    def _plan(self, slots: torch.Tensor, columns: dict[str, Column]) -> None:
-        """Before a put that grows a field: plan every unpinned field's tier (planning.py)."""
-        grown = {n: self.fields[n].next_nbytes(slots, c) for n, c in columns.items()}
+    # -- a same-node writer: plan, write in place, commit ----------------------------------------------
+
+    def write_plan(self, gis: np.ndarray, specs: dict[str, tuple], same_node: bool) -> tuple[int, dict]:
+        """Fresh rows for a same-node writer to fill in place, per mappable field of ``specs``
+        (``{field: (kind, dtype, rest, longest)}``, :func:`~conduit_verl.tq_store.columns.spec_of`):
+        ``(plan id, {field: (layout, rows)})``. Every field of ``specs`` is checked first (a field
+        stored with another dtype or shape raises, naming it); fields not in the answer (objects,
+        unmappable tiers, a writer on another node) go with the commit as data. Plan id 0: no plan."""
+        slots = _slots(gis)
+        self._expire()
+        for name, (kind, dtype, rest, _) in specs.items():
+            if name in self.fields:
+                self.fields[name].check_spec(kind, _dtype(dtype), tuple(rest))
+        if not same_node or not slots.numel():
+            return 0, {}
+        return self._reserve(
+            slots, {name: spec for name, spec in specs.items() if self._mappable(name, spec[0])}
+        )
+
+    def _mappable(self, name: str, kind: str) -> bool:
+        """Whether a writer can fill field ``name`` in place: a tensor field on (or bound for) shm/disk."""
+        field = self.fields.get(name)
+        if kind == OBJECT:
+            return False
+        if field is not None:
+            return field.tier in MAPPABLE
+        return self.placement.get(name, self.default_tier) in (AUTO, *MAPPABLE)
+
+    def _reserve(self, slots: torch.Tensor, specs: dict[str, tuple]) -> tuple[int, dict]:
+        n = slots.numel()
+        for name, (kind, dtype, rest, _) in specs.items():
+            self._create(name, kind, _dtype(dtype), tuple(rest))
+        if self.default_tier == AUTO and specs:
+            self._plan({name: self.fields[name].next_nbytes(n, spec[3]) for name, spec in specs.items()})
+        held: dict[str, tuple[int, torch.Tensor]] = {}
+        for name, spec in specs.items():
+            field = self.fields[name]
+            rows = field.reserve(n, spec[3])
+            if field.tier in MAPPABLE:
+                held[name] = (field.generation, rows)
+            else:  # spilled to a tier the writer cannot map: this field goes as data
+                field.release(rows)
+        if not held:
+            return 0, {}
+        self._plan_ids += 1
+        self.plans[self._plan_ids] = (time.monotonic() + self.lease_s, held)
+        self._count("write_plans", 1)
+        out = {name: (self.fields[name].layout(), rows.numpy()) for name, (_, rows) in held.items()}
+        return self._plan_ids, out
+
+    def commit(self, plan_id: int, gis: np.ndarray, lengths: dict[str, np.ndarray | None],
+               wires: dict[str, tuple]) -> bool:  # fmt: skip
+        """Make a plan's rows (``lengths``: per field its samples' lengths, None for scalars) and
+        ``wires`` (the rest, as data) the fields of ``gis``, all at once. False, and nothing stored,
+        when the plan is unknown (expired) or stale (a field grew into a new file since): write again."""
+        slots = _slots(gis)
+        entry = self.plans.pop(plan_id, None)
+        if entry is None:  # expired: its rows are free again, maybe another plan's now
+            self._count("plans_refused", 1)
+            return False
+        held = entry[1]
+        try:
+            columns = self._checked(slots, wires)
+            if set(held) != set(lengths):
+                raise StorageBackendError(
+                    f"commit of plan {plan_id} names fields {sorted(lengths)}, the plan {sorted(held)}"
+                )
+            lens = {name: self._lengths(name, slots, lengths[name]) for name in held}
+        except StorageBackendError:
+            self._drop(held)
+            raise
+        if any(self.fields[n].generation != gen for n, (gen, _) in held.items()):
+            self._drop(held)
+            self._count("plans_refused", 1)
+            return False
+        for name, (_, rows) in held.items():
+            field = self.fields[name]
+            field.commit(slots, rows, lens[name])
+            self.puts[name] = self.puts.get(name, 0) + 1
+            nbytes = _mapped_bytes(field, lens[name], slots.numel())
+            self._count("bytes_put", nbytes)
+            self._count("bytes_put_direct", nbytes)
+        self._write(slots, columns)
+        if not columns:
+            self._count("puts", 1)
+        return True
+
+    def _lengths(self, name: str, slots: torch.Tensor, lengths: np.ndarray | None) -> torch.Tensor | None:
+        field = self.fields[name]
+        if field.kind != JAGGED:
+            return None
+        lens = torch.from_numpy(np.array(lengths, dtype=np.int64, copy=True)).flatten()
+        if lens.numel() != slots.numel() or (
+            lens.numel() and (int(lens.min()) < 0 or int(lens.max()) > field.max_len)
+        ):
+            raise StorageBackendError(
+                f"field {name!r}: commit of {lens.numel()} lengths for {slots.numel()} keys, "
+                f"each in [0, {field.max_len}]"
+            )
+        return lens
+
+    def abandon(self, plan_id: int) -> None:
+        """Release a plan's rows (its writer gives up)."""
+        entry = self.plans.pop(plan_id, None)
+        if entry is not None:
+            self._drop(entry[1])
+            self._count("plans_abandoned", 1)
+
+    def _drop(self, held: dict[str, tuple[int, torch.Tensor]]) -> None:
+        for name, (_, rows) in held.items():
+            if name in self.fields:
+                self.fields[name].release(rows)
+
+    def _expire(self) -> None:
+        """Release the rows of plans past their lease (their writers died between plan and commit)."""
+        now = time.monotonic()
+        for plan_id in [p for p, (deadline, _) in self.plans.items() if deadline < now]:
+            self._drop(self.plans.pop(plan_id)[1])
+            self._count("plans_expired", 1)
+
+    def _plan(self, grown: dict[str, int | None]) -> None:
+        """Before a write that grows a field (``grown``: per written field its bytes after the write,
+        None if it fits): plan every unpinned field's tier (planning.py)."""
         if all(v is None for v in grown.values()):
             return
         sizes = {
@@ -132,7 +275,8 @@ class NodeStore:
         return out
 
     def read_plan(self, gis: np.ndarray, names: list[str], same_node: bool) -> dict[str, tuple]:
-        """Per field: where a same-node reader maps it (``("mapped", kind, layout, lengths)``), or the data."""
+        """Per field: where a same-node reader maps it (``("mapped", kind, layout, lengths, rows)``), or
+        the data."""
         slots = _slots(gis)
         out: dict[str, tuple] = {}
         for name in names:
@@ -144,9 +288,16 @@ class NodeStore:
                 self._count("bytes_get_copied", col.nbytes)
                 out[name] = to_wire(col)
                 continue
-            lengths = field.lengths.index_select(0, slots) if field.kind == JAGGED else None
+            rows = field.rows(slots)
+            lengths = field.lengths.index_select(0, rows) if field.kind == JAGGED else None
             self._count("bytes_get_mapped", _mapped_bytes(field, lengths, slots.numel()))
-            out[name] = ("mapped", field.kind, layout, None if lengths is None else lengths.numpy())
+            out[name] = (
+                "mapped",
+                field.kind,
+                layout,
+                None if lengths is None else lengths.numpy(),
+                rows.numpy(),
+            )
         return out
 
     def clear(self, gis: np.ndarray) -> None:
@@ -159,6 +310,7 @@ class NodeStore:
         """Counters, and per field its tier (and whether it spilled there) and bytes."""
         return {
             **self.counters,
+            "plans_open": len(self.plans),
             "fields": {
                 n: {"tier": f.tier, "wanted": f.wanted_tier, "spilled": f.spilled, "bytes": f.nbytes}
                 for n, f in self.fields.items()
@@ -169,6 +321,14 @@ class NodeStore:
         for field in self.fields.values():
             field.close()
         self.fields.clear()
+
+
+def _longest(column: Column) -> int:
+    return int(column.data.lengths.max()) if column.kind == JAGGED and column.size else 0
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return None if name is None else getattr(torch, name.removeprefix("torch."))
 
 
 def _slots(gis: np.ndarray) -> torch.Tensor:
