@@ -75,13 +75,19 @@ class Ragged:
         return out, mask
 
     def index(self, idx: torch.Tensor) -> Ragged:
-        """Gather items ``idx`` (vectorised: one flat index, one gather)."""
+        """Gather items ``idx``: on CPU one pass over the items' token ranges (a compiled segment
+        copy); on a device one flat index and one gather."""
         idx = idx.to(self.offsets.device)
         starts = self.offsets[idx]
         lens = self.offsets[idx + 1] - starts
         new_offsets = torch.zeros(idx.numel() + 1, dtype=torch.int64, device=self.offsets.device)
         torch.cumsum(lens, 0, out=new_offsets[1:])
         total = int(new_offsets[-1])
+        if self.values.device.type == "cpu" and self.values.is_contiguous() and self.values.dim() >= 1:
+            from conduit.buffer.ragged_kernels import copy_segments
+
+            out = torch.empty((total, *self.values.shape[1:]), dtype=self.values.dtype)
+            return Ragged(copy_segments(self.values, starts, out, new_offsets[:-1], lens), new_offsets)
         within = torch.arange(total, device=self.offsets.device) - torch.repeat_interleave(
             new_offsets[:-1], lens, output_size=total
         )

@@ -5,7 +5,9 @@ A slot-padded array ``[rows, max_len, *rest]`` keeps row ``s``'s tokens in ``arr
 of ragged rows travels flat: ``values[offsets[i]:offsets[i + 1]]`` is row ``i``.
 
 - :func:`gather_prefixes` copies the valid prefix of rows ``slots`` into a flat tensor;
-- :func:`scatter_prefixes` writes flat rows into the prefixes of rows ``slots``.
+- :func:`scatter_prefixes` writes flat rows into the prefixes of rows ``slots``;
+- :func:`copy_segments` copies segments between two flat tensors (a ragged batch's rows taken in
+  another order, or parts of a batch placed back into one).
 
 Each is one numba call that copies each byte once (the torch route pads or gathers whole padded rows
 first: two copies and a padded temporary the size of the batch). The copy runs on machine words as
@@ -50,6 +52,17 @@ def _scatter(dst, slots, offsets, values):
         a = offsets[i]
         n = offsets[i + 1] - a
         dst[slots[i], :n] = values[a : a + n]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _segments(src, src_starts, dst, dst_starts, lengths):
+    for i in range(lengths.shape[0]):
+        a, b, n = src_starts[i], dst_starts[i], lengths[i]
+        if n < 0 or a < 0 or b < 0 or a + n > src.shape[0] or b + n > dst.shape[0]:
+            raise IndexError("copy_segments: a segment lies outside its tensor")
+    for i in range(lengths.shape[0]):
+        a, b, n = src_starts[i], dst_starts[i], lengths[i]
+        dst[b : b + n] = src[a : a + n]
 
 
 def _word(token_bytes: int) -> tuple[int, torch.dtype]:
@@ -107,9 +120,44 @@ def scatter_prefixes(array: torch.Tensor, slots: torch.Tensor, offsets: torch.Te
         _scatter(a, s, o, flat)
 
 
+def copy_segments(src: torch.Tensor, src_starts: torch.Tensor, dst: torch.Tensor, dst_starts: torch.Tensor,
+                  lengths: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``dst[dst_starts[i] : + lengths[i]] = src[src_starts[i] : + lengths[i]]`` for every ``i`` (tokens
+    along dim 0; ``src`` and ``dst`` contiguous CPU tensors of one dtype and per-token shape). Every
+    segment is checked before any is copied. Returns ``dst``."""
+    if src.dtype != dst.dtype or tuple(src.shape[1:]) != tuple(dst.shape[1:]) or src.dim() < 1:
+        raise ValueError(f"copy_segments: {src.dtype} {tuple(src.shape)} into {dst.dtype} {tuple(dst.shape)}")
+    if (
+        src.device.type != "cpu"
+        or dst.device.type != "cpu"
+        or not (src.is_contiguous() and dst.is_contiguous())
+    ):
+        raise ValueError("copy_segments: src and dst must be contiguous CPU tensors")
+    if not (src_starts.numel() == dst_starts.numel() == lengths.numel()):
+        raise ValueError("copy_segments: src_starts, dst_starts and lengths differ in length")
+    if lengths.numel() == 0:
+        return dst
+    token_bytes = math.prod(src.shape[1:]) * src.element_size()
+    if token_bytes == 0:
+        return dst
+    size, word = _word(token_bytes)
+    per = token_bytes // size
+
+    def words(t: torch.Tensor):
+        return t.reshape(-1).view(torch.uint8).view(word).numpy()
+
+    def scaled(t: torch.Tensor):
+        return (t.to(torch.int64) * per).contiguous().numpy()
+
+    _segments(words(src), scaled(src_starts), words(dst), scaled(dst_starts), scaled(lengths))
+    return dst
+
+
 def warm_ragged_kernels() -> None:
     """Load (or compile, on a cold cache) the kernels for the int64 word signature verl's fields use."""
     array = torch.zeros(2, 2, dtype=torch.int64)
     offsets = torch.tensor([0, 1])
     gather_prefixes(array, torch.tensor([1]), offsets, torch.empty(1, dtype=torch.int64))
     scatter_prefixes(array, torch.tensor([1]), offsets, torch.ones(1, dtype=torch.int64))
+    one = torch.tensor([1])
+    copy_segments(array.view(-1), one, torch.empty(2, dtype=torch.int64), one, one)

@@ -74,3 +74,29 @@ def test_mismatched_inputs_are_named():
         gather_prefixes(array, torch.tensor([0, 1]), _offsets([1]), torch.empty(1, dtype=torch.int64))
     with pytest.raises(ValueError, match="contiguous"):
         gather_prefixes(array.t(), torch.tensor([0]), _offsets([1]), torch.empty(1, dtype=torch.int64))
+
+
+def test_copy_segments_checks_every_segment_before_copying():
+    from conduit.buffer.ragged_kernels import copy_segments
+
+    src = torch.arange(10, dtype=torch.int64)
+    dst = torch.zeros(6, dtype=torch.int64)
+    copy_segments(src, torch.tensor([7, 0]), dst, torch.tensor([0, 3]), torch.tensor([3, 2]))
+    assert dst.tolist() == [7, 8, 9, 0, 1, 0]
+    with pytest.raises(IndexError, match="outside its tensor"):
+        copy_segments(src, torch.tensor([0, 9]), dst, torch.tensor([0, 3]), torch.tensor([1, 2]))
+    assert dst.tolist() == [7, 8, 9, 0, 1, 0]  # the good first segment was not copied either
+
+
+@pytest.mark.parametrize(("dtype", "rest"), CASES)
+def test_ragged_index_on_cpu_equals_per_item_slices(dtype, rest):
+    from conduit import Ragged
+
+    lengths = [4, 0, 2, 7, 1]
+    offsets = _offsets(lengths)
+    r = Ragged(_values(int(offsets[-1]), rest, dtype, 3), offsets)
+    idx = torch.tensor([3, 3, 0, 1, 4])
+    got = r.index(idx)
+    want = torch.cat([r.values[int(offsets[i]) : int(offsets[i + 1])] for i in idx.tolist()])
+    assert torch.equal(got.values, want)
+    assert got.lengths.tolist() == [lengths[i] for i in idx.tolist()]

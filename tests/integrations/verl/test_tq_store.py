@@ -235,3 +235,22 @@ def test_field_schema_equals_transfer_queues_own():
     columns = {k: column_of(k, td.get(k)) for k in td.keys()}
     assert field_schema(td, columns) == extract_field_schema(td)
     assert list(field_schema(td, columns)) == list(td.keys())
+
+
+def test_merge_puts_each_part_back_at_its_positions():
+    from conduit_verl.tq_store.columns import Column
+
+    whole = TensorDict(
+        {"r": jagged([3, 0, 5, 2, 1], torch.float32), "s": torch.arange(5.0), "o": NonTensorStack(*"abcde")},
+        [5],
+    )
+    cols = {k: column_of(k, whole.get(k)) for k in whole.keys()}
+    positions = [torch.tensor([4, 1]), torch.tensor([0, 3, 2])]
+    for k, col in cols.items():
+        merged = Column.merge([col.select(p) for p in positions], positions, 5)
+        if col.kind == JAGGED:
+            assert rows(field_of(merged)) == rows(whole[k])
+        elif col.kind == SCALAR:
+            assert torch.equal(merged.data, whole[k])
+        else:
+            assert merged.data == list("abcde")

@@ -258,9 +258,8 @@ class ConduitStorageManager(StorageManager):
         if len(parts) == 1:
             columns = parts[0]
         else:
-            order = torch.cat([pos for _, pos in routes if pos is not None])
-            back = torch.argsort(order)
-            columns = {f: Column.cat([p[f] for p in parts]).select(back) for f in names}
+            positions = [pos for _, pos in routes]
+            columns = {f: Column.merge([p[f] for p in parts], positions, len(gis)) for f in names}
         return TensorDict({f: field_of(columns[f]) for f in names}, batch_size=len(gis))
 
     async def _read(self, i: int, gis: torch.Tensor, names: list[str], own: bool) -> dict[str, Column]:

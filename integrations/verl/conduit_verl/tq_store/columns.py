@@ -24,6 +24,8 @@ import torch
 from tensordict import NonTensorStack
 
 from conduit import Ragged
+from conduit.buffer.ragged_kernels import copy_segments
+from conduit.buffer.recycled import host_pool
 from conduit_verl.errors import StorageBackendError
 
 SCALAR, JAGGED, OBJECT = "scalar", "jagged", "object"
@@ -67,15 +69,33 @@ class Column:
         return Column(OBJECT, [self.data[i] for i in positions.tolist()])
 
     @staticmethod
-    def cat(parts: Sequence[Column]) -> Column:
-        if len(parts) == 1:
-            return parts[0]
+    def merge(parts: Sequence[Column], positions: Sequence[torch.Tensor], size: int) -> Column:
+        """One column of ``size`` samples with ``parts[k]``'s sample ``i`` at ``positions[k][i]`` (the
+        parts of a get answered by several stores): each byte copied once, into pooled memory."""
         kind = parts[0].kind
+        if kind == OBJECT:
+            items: list[Any] = [None] * size
+            for p, pos in zip(parts, positions):
+                for i, x in zip(pos.tolist(), p.data):
+                    items[i] = x
+            return Column(OBJECT, items)
         if kind == SCALAR:
-            return Column(SCALAR, torch.cat([p.data for p in parts]))
-        if kind == JAGGED:
-            return Column(JAGGED, Ragged.cat([p.data for p in parts]))
-        return Column(OBJECT, [x for p in parts for x in p.data])
+            first = parts[0].data
+            out = torch.empty((size, *first.shape[1:]), dtype=first.dtype)
+            for p, pos in zip(parts, positions):
+                out.index_copy_(0, pos, p.data)
+            return Column(SCALAR, out)
+        lengths = torch.zeros(size, dtype=torch.int64)
+        for p, pos in zip(parts, positions):
+            lengths[pos] = p.data.lengths
+        offsets = torch.zeros(size + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        values0 = parts[0].data.values
+        values = host_pool().empty((int(offsets[-1]), *values0.shape[1:]), values0.dtype)
+        for p, pos in zip(parts, positions):
+            r: Ragged = p.data
+            copy_segments(r.values.contiguous(), r.offsets[:-1], values, offsets[pos], r.lengths)
+        return Column(JAGGED, Ragged(values, offsets))
 
 
 def column_of(name: str, value: Any) -> Column:
