@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -103,8 +104,13 @@ def test_many_small_puts_read_back_as_one_batch(one_node):
 
 def test_a_dead_storage_actor_gives_a_clear_error_not_a_hang(one_node):
     tq.kv_batch_put(keys=["x"], partition_id="train", fields=TensorDict({"responses": jagged([2])}, [1]))
-    for actor in storage_actors():
+    actors = storage_actors()
+    pids = ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in actors])
+    for actor in actors:
         ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 30  # ray.kill returns before the process is gone (its port still answers)
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
     t0 = time.monotonic()
     with pytest.raises(
         Exception, match="Conduit storage actor .* (died|not reachable|did not answer)"

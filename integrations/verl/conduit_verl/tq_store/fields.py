@@ -2,8 +2,8 @@
 
 A field is one preallocated array on one tier: scalars ``[capacity]``; jagged fields row-padded
 ``[capacity, max_len, *rest]`` with a length per row (Conduit's ring layout: a write or a read of a
-whole batch is one ``index_copy_`` / one gather, no per-sample work), and per global index the row
-that holds it. Capacity and ``max_len`` grow by doubling (one copy). Objects (strings, dicts) are kept
+whole batch is one compiled pass over its rows' valid prefixes, :mod:`conduit.buffer.ragged_kernels`,
+no padding and no per-sample Python), and per global index the row that holds it. Capacity and ``max_len`` grow by doubling (one copy). Objects (strings, dicts) are kept
 in a list.
 
 A writer on the same node can fill rows itself (:func:`write_mapped`): the store reserves fresh rows
@@ -11,8 +11,8 @@ for it (a write plan), the writer scatters its tensor into the mapped file (one 
 points the indexes at the rows. A plan whose field grew into a new file meanwhile is refused (its
 rows were written into the old file); the writer plans again or sends the data.
 
-Tiers: ``shm`` (the default without a planner; a named file under ``/dev/shm`` that readers on the same node map and gather
-from directly), ``disk`` (the same, under a directory), ``host`` (pageable), ``pinned`` and ``cuda``
+Tiers: ``shm`` (the default without a planner; a named file under ``/dev/shm`` that readers on the
+same node map and gather from directly), ``disk`` (the same, under a directory), ``host`` (pageable), ``pinned`` and ``cuda``
 (GPU machines). Each tier can have a byte budget; a field that would not fit its tier's remaining
 budget goes to the next tier in :data:`SPILL_ORDER` that has room (logged, and counted in ``stats``);
 if none has, :class:`StorageBackendError` names the field, the bytes it needs and what is free.

@@ -1,0 +1,105 @@
+"""The storage actor's data port without Ray: a NodeStore answered over ZMQ, calls matched by id."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transfer_queue")
+
+import conduit_verl.tq_store.data_port as data_port  # noqa: E402
+from conduit_verl.errors import StorageBackendError  # noqa: E402
+from conduit_verl.tq_store.columns import column_of, field_of, from_wire, to_wire  # noqa: E402
+from conduit_verl.tq_store.data_port import PortClient, StorePort  # noqa: E402
+from conduit_verl.tq_store.store import NodeStore  # noqa: E402
+
+
+def jagged(lengths: list[int], start: int = 0) -> torch.Tensor:
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    return torch.nested.nested_tensor_from_jagged(torch.arange(start, start + int(offsets[-1])), offsets)
+
+
+@pytest.fixture
+def port():
+    store = NodeStore(default_tier="shm")
+    server = StorePort(store, threading.Lock(), "127.0.0.1")
+    yield server
+    server.close()
+    store.close()
+
+
+async def _never_dead() -> None:
+    return None
+
+
+def test_calls_round_trip_and_many_in_flight_are_matched_by_id(port):
+    async def main() -> list:
+        client = PortClient(port.address)
+        puts = [
+            client.call(
+                "put",
+                (np.array([k]), {"r": to_wire(column_of("r", jagged([k + 1], 100 * k)))}),
+                10,
+                _never_dead,
+            )
+            for k in range(20)
+        ]
+        await asyncio.gather(*puts)
+        gets = [client.call("get", (np.array([k]), ["r"]), 10, _never_dead) for k in reversed(range(20))]
+        out = await asyncio.gather(*gets)
+        client.close()
+        return out
+
+    out = asyncio.run(main())
+    for k, wires in zip(reversed(range(20)), out):
+        assert field_of(from_wire(wires["r"], writable=True)).values().tolist() == list(
+            range(100 * k, 100 * k + k + 1)
+        )
+
+
+def test_the_stores_error_is_raised_at_the_caller_and_unknown_methods_are_refused(port):
+    async def main() -> None:
+        client = PortClient(port.address)
+        with pytest.raises(StorageBackendError, match=r"field 'r' is not stored for global indexes \[5\]"):
+            await client.call("get", (np.array([5]), ["r"]), 10, _never_dead)
+        with pytest.raises(ValueError, match="does not answer 'close'"):
+            await client.call("close", (), 10, _never_dead)
+        client.close()
+
+    asyncio.run(main())
+
+
+def test_a_silent_port_asks_whether_the_store_lives_then_times_out(monkeypatch):
+    monkeypatch.setattr(data_port, "LIVENESS_SLICE_S", 0.1)
+    asked: list[int] = []
+
+    async def alive() -> None:
+        asked.append(1)
+
+    async def main() -> None:
+        client = PortClient("tcp://127.0.0.1:9")  # nobody answers there
+        with pytest.raises(TimeoutError, match="get unanswered after 0.5s"):
+            await client.call("get", (np.array([0]), ["r"]), 0.5, alive)
+        client.close()
+
+    asyncio.run(main())
+    assert len(asked) >= 4
+
+    class Dead(Exception):
+        pass
+
+    async def dead() -> None:
+        raise Dead("the store's actor died")
+
+    async def main_dead() -> None:
+        client = PortClient("tcp://127.0.0.1:9")
+        with pytest.raises(Dead):
+            await client.call("get", (np.array([0]), ["r"]), 30, dead)
+        client.close()
+
+    asyncio.run(main_dead())
