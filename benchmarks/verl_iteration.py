@@ -167,10 +167,14 @@ def conduit_knobs(args: argparse.Namespace, system: str) -> list[str]:
 
 def tq_seconds_per_iteration(work: Path) -> dict[str, float]:
     """Mean seconds per iteration inside TQ storage put/get calls, summed over every process of the run
-    (the harness times each storage manager's ``put_data`` / ``get_data``; ``summary.json``)."""
+    (the harness times each storage manager's ``put_data`` / ``get_data``; ``summary.json``), over the
+    iterations after the warm-up one where the run recorded them (as wall and exposed time are)."""
     path = work / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
-    calls, n = summary.get("tq_calls") or {}, max(1, int(summary.get("iterations") or 1))
+    if summary.get("tq_calls_after_warmup") is not None and summary.get("iterations_after_warmup"):
+        calls, n = summary["tq_calls_after_warmup"], max(1, int(summary["iterations_after_warmup"]))
+    else:
+        calls, n = summary.get("tq_calls") or {}, max(1, int(summary.get("iterations") or 1))
     return {f"tq_{op}_s_per_iter": round(calls.get(f"tq_{op}_s", 0.0) / n, 4) for op in ("put", "get")}
 
 

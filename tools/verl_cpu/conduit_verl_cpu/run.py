@@ -284,6 +284,12 @@ def write_summary(args: argparse.Namespace, metrics_path: Path, wall_s: float) -
             work
         ),  # seconds and calls in TQ storage put/get/clear, all processes
     }
+    # the same after the warm-up iteration (its first calls wait for each process's storage manager:
+    # Ray handles, compiled kernels), over the iterations after it
+    cutoff = tq_stats.warmup_end(work)
+    if cutoff is not None:
+        summary["tq_calls_after_warmup"] = tq_stats.call_totals(work, after=cutoff)
+        summary["iterations_after_warmup"] = summary["iterations"] - 1
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

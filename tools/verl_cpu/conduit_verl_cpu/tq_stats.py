@@ -121,12 +121,28 @@ def install_timing() -> None:
     StorageManagerFactory.create = classmethod(create)  # type: ignore[method-assign, assignment]
 
 
-def call_totals(work: str | Path) -> dict[str, float]:
-    """Seconds and calls per storage op over every process of a run (``tq_put_s``, ``tq_put_calls``, ...)."""
+def call_totals(work: str | Path, after: float | None = None) -> dict[str, float]:
+    """Seconds and calls per storage op over every process of a run (``tq_put_s``, ``tq_put_calls``, ...);
+    with ``after`` (a ``time.time()``), only the calls that ended after it."""
     out: dict[str, float] = {}
     for log in sorted((Path(work) / "tq_calls").glob("*.jsonl")):
         for line in log.read_text().splitlines():
             rec = json.loads(line)
+            if after is not None and rec.get("t", 0.0) <= after:
+                continue
             out[f"tq_{rec['op']}_s"] = out.get(f"tq_{rec['op']}_s", 0.0) + rec["s"]
             out[f"tq_{rec['op']}_calls"] = out.get(f"tq_{rec['op']}_calls", 0) + 1
     return out
+
+
+def warmup_end(work: str | Path) -> float | None:
+    """When the run's second iteration began generating (``gen_events.jsonl``: the first response of
+    weight version 2), the end of the warm-up iteration; None if the run has no second iteration."""
+    path = Path(work) / "gen_events.jsonl"
+    if not path.exists():
+        return None
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    versions = sorted({e["version"] for e in events})
+    if len(versions) < 2:
+        return None
+    return min(e["t0"] for e in events if e["version"] == versions[1])
