@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -141,20 +142,26 @@ def test_a_field_on_a_tier_the_writer_cannot_map_goes_the_old_way(one_node):
     tq.kv_clear(keys=keys, partition_id="train")
 
 
-def test_a_field_growing_between_plan_and_commit_is_planned_again(one_node, monkeypatch):
+@pytest.mark.parametrize("threads", [False, True], ids=["inline", "copy-threads"])
+def test_a_field_growing_between_plan_and_commit_is_planned_again(one_node, monkeypatch, threads):
+    if threads:
+        monkeypatch.setattr(backend, "PARALLEL_COPY_MIN_BYTES", 0)
     actor = storage_actors()[0]
     real = backend.write_mapped
     grown: list[int] = []
+    once = threading.Lock()  # the copy threads write two fields at once
+    longer = 5000 if not threads else 20_000  # longer than any row stored before: the field must grow
 
     def write_after_a_growth(layout, rows, column):
-        if not grown:  # another writer's longer rows move the field to a new file meanwhile
-            long = TensorDict({"responses": torch.arange(5000).view(1, 5000)}, [1])
-            ray.get(
-                actor.put.remote(
-                    np.array([90_000]), {"responses": to_wire(column_of("responses", long["responses"]))}
+        with once:
+            if not grown:  # another writer's longer rows move the field to a new file meanwhile
+                long = TensorDict({"responses": torch.arange(longer).view(1, longer)}, [1])
+                ray.get(
+                    actor.put.remote(
+                        np.array([90_000]), {"responses": to_wire(column_of("responses", long["responses"]))}
+                    )
                 )
-            )
-            grown.append(1)
+                grown.append(1)
         return real(layout, rows, column)
 
     monkeypatch.setattr(backend, "write_mapped", write_after_a_growth)
@@ -165,7 +172,7 @@ def test_a_field_growing_between_plan_and_commit_is_planned_again(one_node, monk
     s1 = stats()
     stale = delta(s0, s1, "plans_refused") + delta(s0, s1, "plans_abandoned")  # at commit, or at the write
     assert grown and stale == 1  # the stale plan was refused, then made again
-    grower = column_of("responses", torch.arange(5000).view(1, 5000)).nbytes
+    grower = column_of("responses", torch.arange(longer).view(1, longer)).nbytes
     assert delta(s0, s1, "bytes_put_copied") == grower  # only the growing put; the retry went in place
     assert s1["plans_open"] == 0
     assert_same(tq.kv_batch_get(keys=keys, partition_id="train"), td)
@@ -246,3 +253,26 @@ def test_a_put_of_another_dtype_is_refused_naming_the_field(one_node):
         tq.kv_batch_put(
             keys=["e0"], partition_id="train", fields=TensorDict({"rm_scores": torch.tensor([1])}, [1])
         )
+
+
+def test_large_puts_and_gets_copy_their_fields_on_threads_and_read_back_bit_identical(one_node, monkeypatch):
+    used: list[int] = []
+    real = backend._copy_pool
+
+    def spy():
+        used.append(1)
+        return real()
+
+    monkeypatch.setattr(backend, "_copy_pool", spy)
+    monkeypatch.setattr(backend, "PARALLEL_COPY_MIN_BYTES", 0)  # every put and get here goes on threads
+    s0 = stats()
+    for round_ in range(3):  # rows grow round by round (the fields move to larger files)
+        lengths = [37 * (round_ + 1) + i for i in range(12)]
+        keys = [f"t{round_}-{i}" for i in range(12)]
+        td = grpo_batch(lengths, seed=40 + round_)
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=td)
+        assert_same(tq.kv_batch_get(keys=keys, partition_id="train"), td)
+        tq.kv_clear(keys=keys, partition_id="train")
+    assert len(used) >= 6  # one put and one get per round at least
+    s1 = stats()
+    assert s1["plans_open"] == s0["plans_open"] and delta(s0, s1, "bytes_put_copied") == 0

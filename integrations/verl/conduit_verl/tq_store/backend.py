@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -63,6 +65,9 @@ logger = logging.getLogger(__name__)
 NAME = "Conduit"
 NAMESPACE = "transfer_queue"
 DEFAULT_TIMEOUT_S = 60.0
+#: a get or put whose mapped fields hold at least this many bytes (a get counts 8 per token) copies
+#: them on threads, one field each
+PARALLEL_COPY_MIN_BYTES = 4 << 20
 LIVENESS_TIMEOUT_S = 5.0  # a store that does not answer a data-port call is asked this long if it lives
 #: a same-node put of fewer payload bytes sends its data through Ray (one round trip) instead of
 #: writing in place (two round trips, plan and commit, ~3.5 ms each here): verl's agent loop puts one
@@ -279,7 +284,7 @@ class ConduitStorageManager(StorageManager):
                 if not entries:
                     break
                 try:
-                    lengths = _write_planned(entries, columns)
+                    lengths = await _write_planned(entries, columns)
                 except StaleLayoutError:  # the field grew into a new file since the plan
                     await self._call(i, "abandon", plan_id)
                     continue
@@ -308,24 +313,31 @@ class ConduitStorageManager(StorageManager):
         return TensorDict({f: field_of(columns[f]) for f in names}, batch_size=len(gis))
 
     async def _read(self, i: int, gis: torch.Tensor, names: list[str], own: bool) -> dict[str, Column]:
-        """One store's part of a get. ``own``: the columns are returned as they are, so arrays from Ray's
-        (read-only) object store are copied; parts that are merged afterwards are read in place."""
+        """One store's part of a get. ``own``: the columns are returned as they are, so arrays from the
+        data port (read-only) are copied; parts that are merged afterwards are read in place. Mapped
+        fields are gathered on the reader pool's threads when the get is large (the copies release
+        the GIL: two fields copy at once, and the event loop is not blocked meanwhile)."""
         plan = await self._call(i, "read_plan", gis.numpy(), names, self.node)
         out: dict[str, Column] = {}
-        retry: list[str] = []
+        mapped: dict[str, tuple] = {}
         for name, entry in plan.items():
             if entry[0] != "mapped":
                 out[name] = from_wire(entry, writable=own)
                 continue
             _, kind, layout, lengths, rows = entry
             lens = None if lengths is None else torch.from_numpy(np.array(lengths, copy=True))
-            try:
-                out[name] = read_mapped(
-                    _layout(layout), torch.from_numpy(np.array(rows, copy=True)), lens, kind
-                )
-            except StaleLayoutError:  # the field grew into a new file since the plan
-                retry.append(name)
-        if retry:
+            mapped[name] = (_layout(layout), torch.from_numpy(np.array(rows, copy=True)), lens, kind)
+        nbytes = sum(int(e[2].sum()) * 8 for e in mapped.values() if e[2] is not None)
+        if len(mapped) > 1 and nbytes >= PARALLEL_COPY_MIN_BYTES:
+            loop = asyncio.get_running_loop()
+            results = await asyncio.gather(
+                *(loop.run_in_executor(_copy_pool(), _read_field, *e) for e in mapped.values())
+            )
+        else:
+            results = [_read_field(*e) for e in mapped.values()]
+        retry = [name for name, col in zip(mapped, results) if col is None]
+        out.update({name: col for name, col in zip(mapped, results) if col is not None})
+        if retry:  # those fields grew into new files since the plan
             wires = await self._call(i, "get", gis.numpy(), retry)
             out.update({n: from_wire(w, writable=own) for n, w in wires.items()})
         return out
@@ -351,13 +363,62 @@ class ConduitStorageManager(StorageManager):
         return ray.get([a.stats.remote() for a in self._handles()], timeout=self.timeout_s)
 
 
-def _write_planned(entries: dict[str, tuple], columns: dict[str, Column]) -> dict[str, np.ndarray | None]:
-    """Each planned field's rows scattered into the store's mapped file (one copy); the lengths to commit."""
-    out: dict[str, np.ndarray | None] = {}
-    for name, (layout, rows) in entries.items():
-        lengths = write_mapped(_layout(layout), torch.from_numpy(np.array(rows, copy=True)), columns[name])
-        out[name] = None if lengths is None else lengths.numpy()
-    return out
+async def _write_planned(
+    entries: dict[str, tuple], columns: dict[str, Column]
+) -> dict[str, np.ndarray | None]:
+    """Each planned field's rows scattered into the store's mapped file (one copy; large puts one field
+    per copy thread); the lengths to commit. Every field's copy has ended before an error is raised
+    (a stale plan's rows go back to the store, and no thread may still write into them)."""
+    jobs = [
+        (name, _layout(layout), torch.from_numpy(np.array(rows, copy=True)))
+        for name, (layout, rows) in entries.items()
+    ]
+    nbytes = sum(columns[name].nbytes for name, _, _ in jobs)
+    if len(jobs) > 1 and nbytes >= PARALLEL_COPY_MIN_BYTES:
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(
+            *(
+                loop.run_in_executor(_copy_pool(), write_mapped, lay, rows, columns[name])
+                for name, lay, rows in jobs
+            ),
+            return_exceptions=True,
+        )
+    else:
+        results = []
+        for name, lay, rows in jobs:
+            try:
+                results.append(write_mapped(lay, rows, columns[name]))
+            except Exception as e:  # noqa: BLE001  (raised below, once every field is done)
+                results.append(e)
+                break
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return {name: None if r is None else r.numpy() for (name, _, _), r in zip(jobs, results)}
+
+
+def _read_field(layout: Layout, rows: torch.Tensor, lengths: torch.Tensor | None, kind: str) -> Column | None:
+    """A mapped field's gather; None if its file was replaced since the plan (the caller asks again)."""
+    try:
+        return read_mapped(layout, rows, lengths, kind)
+    except StaleLayoutError:
+        return None
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    """This process's threads for large mapped reads and writes (two: the cores of the smallest machine
+    this targets; the copies release the GIL)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(
+                max_workers=min(2, os.cpu_count() or 1), thread_name_prefix="conduit-tq-read"
+            )
+        return _POOL
 
 
 def _layout(layout: Any) -> Layout:

@@ -166,7 +166,10 @@ def field_of(column: Column) -> Any:
         # the min/max length travel with the nested tensor (as TQ's own `as_nested_tensor` gives them):
         # without them `to_padded_tensor` pads every row to the total number of tokens
         lengths = r.lengths
-        bounds = {"min_seqlen": int(lengths.min()), "max_seqlen": int(lengths.max())} if len(lengths) else {}
+        bounds = {}
+        if len(lengths):
+            low, high = torch.aminmax(lengths)
+            bounds = {"min_seqlen": int(low), "max_seqlen": int(high)}
         return torch.nested.nested_tensor_from_jagged(r.values, r.offsets, **bounds)
     items = column.data
     if items and all(isinstance(x, torch.Tensor) for x in items):
