@@ -89,25 +89,21 @@ CONDUIT_COPIES = {
     # same-node writer with a write plan: one scatter of its rows straight into the mapped /dev/shm
     # file (fields.write_mapped: ragged_kernels.scatter_prefixes), then a metadata-only commit
     "put_direct": 1,
-    # as above after the per-owner select (Column.select gather) of a batch spanning several actors
-    "put_direct_multi_owner": 2,
     # the data path (puts under direct_put_min_bytes, fields the writer cannot map, writers on another
-    # node, plans refused 3 times): writer -> Ray object store (actor-call args); in the actor the
-    # read-only object-store array is scattered straight into the /dev/shm array (from_wire makes a
-    # view; FieldArray.put: ragged_kernels.scatter_prefixes)
-    "put_same_node": 2,
-    # as above plus one select (Column.select gather) per owner when the batch spans several storage
-    # actors, plus Ray's node-to-node transfer for the owners on other nodes
-    "put_multi_node_local_owner": 3,
-    "put_multi_node_remote_owner": 4,
+    # node, plans refused 3 times) over the store's data port: the writer's arrays go out as raw
+    # frames (TCP send: kernel copy), the store receives them (one copy into ZMQ's message) and
+    # scatters them into its array (from_wire makes a view; ragged_kernels.scatter_prefixes)
+    "put_sent": 3,
+    # a batch spanning several storage actors: one select (Ragged.index: copy_segments) per owner first
+    "put_select": 1,
     # same-node reader: gather straight from the mapped /dev/shm file into its own tensor
     "get_mapped": 1,
-    # store gathers, Ray puts the return value in the object store, the reader copies it out (writable)
-    "get_copied_same_node": 3,
-    # plus Ray's node-to-node transfer
-    "get_copied_remote": 4,
-    # a get spanning several storage actors concatenates the parts and restores the batch order
-    "get_multi_owner_extra": 2,
+    # the store gathers, sends raw frames (kernel copy), the reader receives them (one copy)
+    "get_sent": 3,
+    # a get answered by one store hands out the received (read-only) frames copied once more; one
+    # answered by several merges the parts into the batch's order instead (Column.merge: one copy)
+    "get_own_copy": 1,
+    "get_merge": 1,
 }
 
 NIXL_NOTE = (
@@ -563,8 +559,7 @@ def time_memcpy(values: list[Any], into: list[Any] | None = None, min_total_s: f
     return best
 
 
-def conduit_copies(op: str, nodes: int, counters: list[list[dict]] | None, node_a: str | None,
-                   node_b: str | None) -> float | None:  # fmt: skip
+def conduit_copies(op: str, counters: list[list[dict]] | None) -> float | None:
     """Copies per payload byte on Conduit's path for this op (counters x per-path copies)."""
     if not counters:
         return None
@@ -575,35 +570,22 @@ def conduit_copies(op: str, nodes: int, counters: list[list[dict]] | None, node_
             for k in COUNTERS:
                 totals[(k, actor["node"])] = totals.get((k, actor["node"]), 0) + actor[k]
     owners = len(counters[0])
+    select = c["put_select"] if owners > 1 else 0
     if op == "put":
-        written = {n: v for (k, n), v in totals.items() if k == "bytes_put"}
+        total = sum(v for (k, _), v in totals.items() if k == "bytes_put")
         direct = sum(v for (k, _), v in totals.items() if k == "bytes_put_direct")  # same-node writer only
-        total = sum(written.values())
         if not total:
             return None
-        if owners == 1:
-            return (direct * c["put_direct"] + (total - direct) * c["put_same_node"]) / total
-        local = written.get(node_a, 0) - direct
-        return (
-            direct * c["put_direct_multi_owner"]
-            + local * c["put_multi_node_local_owner"]
-            + (total - direct - local) * c["put_multi_node_remote_owner"]
-        ) / total
+        return (direct * (c["put_direct"] + select) + (total - direct) * (c["put_sent"] + select)) / total
     mapped = sum(v for (k, _), v in totals.items() if k == "bytes_get_mapped")
-    copied_local = sum(v for (k, n), v in totals.items() if k == "bytes_get_copied" and n == node_b)
-    copied_remote = sum(v for (k, n), v in totals.items() if k == "bytes_get_copied" and n != node_b)
-    if nodes == 1:
-        copied_local, copied_remote = copied_local + copied_remote, 0
-    total = mapped + copied_local + copied_remote
+    copied = sum(v for (k, _), v in totals.items() if k == "bytes_get_copied")
+    total = mapped + copied
     if not total:
         return None
-    extra = c["get_multi_owner_extra"] if owners > 1 else 0
-    weighted = (
-        mapped * (c["get_mapped"] + extra)
-        + copied_local * (c["get_copied_same_node"] + extra)
-        + copied_remote * (c["get_copied_remote"] + extra)
-    )
-    return weighted / total
+    merge = c["get_merge"] if owners > 1 else 0
+    return (
+        mapped * (c["get_mapped"] + merge) + copied * (c["get_sent"] + (merge or c["get_own_copy"]))
+    ) / total
 
 
 def run_phase(nodes: int, cells: list[tuple[int, int]], systems: list[str], rounds: int, logdir: Path,
@@ -684,11 +666,7 @@ def run_phase(nodes: int, cells: list[tuple[int, int]], systems: list[str], roun
                 for op in ("put", "get"):
                     secs = [x[f"{op}_s"] for x in runs]
                     counters = [x[f"{op}_counters"] for x in runs if x.get(f"{op}_counters")]
-                    copies = (
-                        conduit_copies(op, nodes, counters, runs[0].get("node_a"), runs[0].get("node_b"))
-                        if s == "Conduit"
-                        else None
-                    )
+                    copies = conduit_copies(op, counters) if s == "Conduit" else None
                     row = make_row(s, op, nodes, samples, tokens, nbytes, per_field, secs, copies,
                                    "counters x per-path copies (CONDUIT_COPIES)" if copies else None,
                                    med_memcpy)  # fmt: skip
@@ -827,7 +805,7 @@ def evaluate_targets(rows: list[dict]) -> dict[str, dict]:
 def format_table(rows: list[dict], systems: list[str]) -> str:
     cols = [s for s in systems if any(r["system"] == s for r in rows)]
     head = ["nodes", "samples x tokens", "MiB", "op", *[f"{s} GB/s" for s in cols], "clone GB/s",
-            "copy_ GB/s", "Conduit/Simple", "Conduit/clone", "Conduit copies/B"]  # fmt: skip
+            "copy_ GB/s", "Conduit/Simple", "Conduit/copy_", "Conduit copies/B"]  # fmt: skip
     lines = []
     for nodes, b, t in cells_of(rows):
         memcpy = find(rows, "memcpy", "copy", nodes, b, t)
@@ -844,7 +822,7 @@ def format_table(rows: list[dict], systems: list[str]) -> str:
                 f"{memcpy['gb_per_s']:.2f}" if memcpy else "-",
                 f"{into['gb_per_s']:.2f}" if into else "-",
                 f"{c['gb_per_s'] / s['gb_per_s']:.2f}x" if c and s else "-",
-                f"{c['gb_per_s'] / memcpy['gb_per_s']:.0%}" if c and memcpy else "-",
+                f"{c['gb_per_s'] / into['gb_per_s']:.0%}" if c and into else "-",
                 f"{c['copies_per_byte']:.2f}" if c and c["copies_per_byte"] is not None else "-",
             ])  # fmt: skip
     widths = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(head)]
