@@ -112,6 +112,9 @@ class PortClient:
             self.socket.connect(self.address)
             self.loop = loop
             self.reader = loop.create_task(self._read(self.socket))
+            # the reader lives as long as its loop: a loop closed under it (TQ's client shuts down
+            # without awaiting its storage manager) is the normal end, not a lost task worth a log line
+            self.reader._log_destroy_pending = False  # type: ignore[attr-defined]
         return self.socket
 
     async def _read(self, socket: zmq.asyncio.Socket) -> None:
