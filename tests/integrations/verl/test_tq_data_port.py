@@ -103,3 +103,25 @@ def test_a_silent_port_asks_whether_the_store_lives_then_times_out(monkeypatch):
         client.close()
 
     asyncio.run(main_dead())
+
+
+def test_garbage_on_the_port_is_answered_with_an_error_and_the_port_keeps_serving(port):
+    import zmq
+
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(port.address)
+    raw.send_multipart([b"not a pickle", b"junk"])
+    assert raw.poll(5000), "the port did not answer a malformed request"
+    call_id, ok, err = data_port._load([zmq.Frame(f) for f in raw.recv_multipart()])
+    assert (call_id, ok) == (-1, False) and isinstance(err, Exception)
+    raw.close()
+    ctx.term()
+
+    async def main() -> None:
+        client = PortClient(port.address)
+        await client.call("clear", (np.array([0]),), 10, _never_dead)
+        client.close()
+
+    asyncio.run(main())  # still serving

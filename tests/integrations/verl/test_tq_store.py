@@ -254,3 +254,22 @@ def test_merge_puts_each_part_back_at_its_positions():
             assert torch.equal(merged.data, whole[k])
         else:
             assert merged.data == list("abcde")
+
+
+@pytest.mark.parametrize(
+    ("section", "match"),
+    [
+        ({"placment": {"responses": "shm"}}, r"unknown key\(s\) \['placment'\]"),
+        ({"timeout_s": 0}, r"timeout_s=0: want a number of seconds > 0"),
+        ({"timeout_s": "60"}, r"timeout_s='60'"),
+        ({"direct_put_min_bytes": -1}, r"direct_put_min_bytes=-1: want a whole number of bytes >= 0"),
+        ({"direct_put_min_bytes": 1.5}, r"direct_put_min_bytes=1.5"),
+        ({"direct_put_min_bytes": True}, r"direct_put_min_bytes=True"),
+    ],
+)
+def test_a_bad_backend_section_is_refused_naming_the_key(section, match):
+    from conduit_verl.tq_store.backend import check_section
+
+    with pytest.raises(StorageBackendError, match=match):
+        check_section(section)
+    check_section({"placement": {}, "timeout_s": 5, "direct_put_min_bytes": 1 << 20, "actors": ["a"]})

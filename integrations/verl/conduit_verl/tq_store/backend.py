@@ -138,9 +138,39 @@ def _section(conf: Any) -> dict[str, Any]:
     return dict(raw or {})
 
 
+#: the keys of ``transfer_queue.backend.Conduit`` (``actors`` is written by the bootstrap)
+SECTION_KEYS = (
+    "placement",
+    "budgets",
+    "default_tier",
+    "directory",
+    "timeout_s",
+    "direct_put_min_bytes",
+    "actors",
+)
+
+
+def check_section(section: dict[str, Any]) -> None:
+    """Raise :class:`StorageBackendError` naming an unknown key or a bad value of the backend's config."""
+    unknown = sorted(set(section) - set(SECTION_KEYS))
+    if unknown:
+        raise StorageBackendError(
+            f"transfer_queue.backend.{NAME}: unknown key(s) {unknown}; known: {', '.join(SECTION_KEYS)}"
+        )
+    for key, low in (("timeout_s", 1e-9), ("direct_put_min_bytes", 0)):
+        if key not in section:
+            continue
+        value = section[key]
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= low
+        if not ok or (key == "direct_put_min_bytes" and not float(value).is_integer()):
+            want = "a number of seconds > 0" if key == "timeout_s" else "a whole number of bytes >= 0"
+            raise StorageBackendError(f"transfer_queue.backend.{NAME}.{key}={value!r}: want {want}")
+
+
 def bootstrap(conf: DictConfig) -> list[Any]:
     """TQ's storage bootstrap for ``Conduit``: one storage actor per alive node (run by ``tq.init``)."""
     section = _section(conf.backend.get(NAME))
+    check_section(section)
     placement = dict(section.get("placement") or {})
     check_placement(placement)
     kwargs = {
@@ -182,6 +212,7 @@ class ConduitStorageManager(StorageManager):
                 "Install conduit-rl[verl] (it registers the backend through verl's plugin entry point) in "
                 "every process, and let tq.init start the storage"
             )
+        check_section(section)
         super().__init__(controller_info, config, zmq_context)
         self.names: list[str] = list(names)
         self.timeout_s = float(section.get("timeout_s", DEFAULT_TIMEOUT_S))
