@@ -153,11 +153,19 @@ def copy_segments(src: torch.Tensor, src_starts: torch.Tensor, dst: torch.Tensor
     return dst
 
 
+_warmed = False
+
+
 def warm_ragged_kernels() -> None:
-    """Load (or compile, on a cold cache) the kernels for the int64 word signature verl's fields use."""
+    """Load (or compile, on a cold cache) the kernels for the int64 word signature verl's fields use;
+    once per process."""
+    global _warmed
+    if _warmed:
+        return
     array = torch.zeros(2, 2, dtype=torch.int64)
     offsets = torch.tensor([0, 1])
     gather_prefixes(array, torch.tensor([1]), offsets, torch.empty(1, dtype=torch.int64))
     scatter_prefixes(array, torch.tensor([1]), offsets, torch.ones(1, dtype=torch.int64))
     one = torch.tensor([1])
     copy_segments(array.view(-1), one, torch.empty(2, dtype=torch.int64), one, one)
+    _warmed = True

@@ -10,6 +10,7 @@ import torch
 from conduit.batch import ColumnBatch, Ragged
 from conduit.buffer.base import Storage
 from conduit.buffer.gather_kernels import gather_rows, warm_gather
+from conduit.buffer.ragged_kernels import gather_prefixes, warm_ragged_kernels
 from conduit.buffer.tiers import allocate, tier_device
 from conduit.errors import CapacityError, CheckpointError, ConfigError
 from conduit.schema import Column, Schema
@@ -66,6 +67,8 @@ class RingStorage(Storage):
         self.generation = self.meta[0]
         self.version = self.meta[1]
         warm_gather()  # load the single-threaded gather kernel now, not in the first sample()
+        if any(c.ragged for c in self.schema):
+            warm_ragged_kernels()  # the one-pass ragged read's kernels, likewise
 
     def _allocate_column(self, col: Column) -> None:
         tensors = self._new_column(col, self.tiers[col.name])
@@ -175,8 +178,9 @@ class RingStorage(Storage):
         for col in self.schema:
             at = self._on(slots, col.name, on)
             if col.ragged:
-                rows = gather_rows(self.data[col.name], at)
-                out[col.name] = Ragged.from_padded(rows, self.lengths[col.name].index_select(0, at))
+                out[col.name] = _read_ragged(
+                    self.data[col.name], at, self.lengths[col.name].index_select(0, at)
+                )
             elif into is not None and into.columns[col.name].device == self.data[col.name].device:
                 dst = into.columns[col.name]
                 assert isinstance(dst, torch.Tensor)
@@ -228,3 +232,14 @@ def _prefix(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """The part of ``dst`` that ``src`` fills: all of it, or the first ``src.shape[1]`` positions of
     each row of a widened ragged column."""
     return dst if dst.shape == src.shape else dst.narrow(1, 0, src.shape[1])
+
+
+def _read_ragged(data: torch.Tensor, at: torch.Tensor, lengths: torch.Tensor) -> Ragged:
+    """Items ``at`` of a slot-padded ragged column: on CPU one pass over their valid prefixes (each
+    token copied once, no padded temporary); on a device a row gather then one masked copy."""
+    if data.device.type != "cpu" or not data.is_contiguous():
+        return Ragged.from_padded(gather_rows(data, at), lengths)
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    values = torch.empty((int(offsets[-1]), *data.shape[2:]), dtype=data.dtype)
+    return Ragged(gather_prefixes(data, at, offsets, values), offsets)

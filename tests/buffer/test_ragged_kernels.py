@@ -100,3 +100,18 @@ def test_ragged_index_on_cpu_equals_per_item_slices(dtype, rest):
     want = torch.cat([r.values[int(offsets[i]) : int(offsets[i + 1])] for i in idx.tolist()])
     assert torch.equal(got.values, want)
     assert got.lengths.tolist() == [lengths[i] for i in idx.tolist()]
+
+
+@pytest.mark.parametrize(("dtype", "rest"), CASES)
+def test_the_buffers_ragged_read_equals_the_padded_gather_and_mask(dtype, rest):
+    from conduit import Ragged
+    from conduit.buffer.gather_kernels import gather_rows
+    from conduit.buffer.storage import _read_ragged
+
+    rows, max_len = 11, 6
+    data = _values(rows * max_len, rest, dtype, 5).view(rows, max_len, *rest).contiguous()
+    at = torch.tensor([3, 0, 10, 3, 7])
+    lengths = torch.tensor([6, 0, 2, 6, 1])
+    got = _read_ragged(data, at, lengths)
+    want = Ragged.from_padded(gather_rows(data, at), lengths)
+    assert torch.equal(got.offsets, want.offsets) and torch.equal(got.values, want.values)
