@@ -102,6 +102,36 @@ def test_many_small_puts_read_back_as_one_batch(one_node):
     tq.kv_clear(keys=keys, partition_id="train")
 
 
+def test_concurrent_small_puts_are_combined_and_each_reads_back(one_node):
+    import asyncio
+
+    import transfer_queue.interface as tqi
+
+    store = storage_actors()[0]
+    before = ray.get(store.stats.remote()).get("puts", 0)
+    n = 24
+
+    async def all_puts() -> None:
+        await asyncio.gather(
+            *(
+                tqi.async_kv_batch_put(
+                    keys=[f"c{i}"],
+                    partition_id="train",
+                    fields=TensorDict({"responses": jagged([i + 1], 10 * i)}, [1]),
+                )
+                for i in range(n)
+            )
+        )
+
+    tqi._maybe_create_tq_client()._run_coroutine(all_puts())
+    calls = ray.get(store.stats.remote())["puts"] - before
+    assert calls < n  # puts queued behind a call in flight went together
+    keys = [f"c{i}" for i in range(n)]
+    out = tq.kv_batch_get(keys=keys, partition_id="train")
+    assert rows(out["responses"]) == [list(range(10 * i, 10 * i + i + 1)) for i in range(n)]
+    tq.kv_clear(keys=keys, partition_id="train")
+
+
 def test_a_dead_storage_actor_gives_a_clear_error_not_a_hang(one_node):
     tq.kv_batch_put(keys=["x"], partition_id="train", fields=TensorDict({"responses": jagged([2])}, [1]))
     actors = storage_actors()

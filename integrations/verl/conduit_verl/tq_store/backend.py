@@ -58,6 +58,7 @@ from conduit_verl.tq_store.columns import (
 )
 from conduit_verl.tq_store.data_port import METHODS, PortClient, StorePort
 from conduit_verl.tq_store.fields import Layout, StaleLayoutError, read_mapped, write_mapped
+from conduit_verl.tq_store.put_batcher import PutBatcher
 from conduit_verl.tq_store.store import AUTO, NodeStore, check_placement
 
 logger = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ class ConduitStorageManager(StorageManager):
         self._actors: list[Any] | None = None
         self._nodes: list[str] = []
         self._ports: list[PortClient] = []
+        self._batchers: dict[int, PutBatcher] = {}
         self.node = ray.get_runtime_context().get_node_id()
         warm_ragged_kernels()  # load the compiled copy kernels now, not in the first get
 
@@ -308,7 +310,8 @@ class ConduitStorageManager(StorageManager):
     async def _put(self, i: int, keys: torch.Tensor, columns: dict[str, Column]) -> None:
         """One store's part of a put: in place through a write plan where the store is on this node."""
         gis = keys.numpy()
-        if self._nodes[i] == self.node and sum(c.nbytes for c in columns.values()) >= self.direct_min_bytes:
+        nbytes = sum(c.nbytes for c in columns.values())
+        if self._nodes[i] == self.node and nbytes >= self.direct_min_bytes:
             specs = {f: spec_of(c) for f, c in columns.items()}
             for _ in range(PLAN_TRIES):
                 plan_id, entries = await self._call(i, "write_plan", gis, specs, self.node)
@@ -322,7 +325,19 @@ class ConduitStorageManager(StorageManager):
                 rest = {f: to_wire(c) for f, c in columns.items() if f not in entries}
                 if await self._call(i, "commit", plan_id, gis, lengths, rest):
                     return
+        if nbytes < self.direct_min_bytes:  # small: combined with the puts queued meanwhile
+            await self._batcher(i).put(gis, columns)
+        else:
+            await self._send_put(i, gis, columns)
+
+    async def _send_put(self, i: int, gis: np.ndarray, columns: dict[str, Column]) -> None:
         await self._call(i, "put", gis, {f: to_wire(c) for f, c in columns.items()})
+
+    def _batcher(self, i: int) -> PutBatcher:
+        batcher = self._batchers.get(i)
+        if batcher is None:
+            batcher = self._batchers[i] = PutBatcher(lambda gis, cols: self._send_put(i, gis, cols))
+        return batcher
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
         if metadata.size == 0:

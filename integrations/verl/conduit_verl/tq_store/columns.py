@@ -69,6 +69,18 @@ class Column:
         return Column(OBJECT, [self.data[i] for i in positions.tolist()])
 
     @staticmethod
+    def cat(parts: Sequence[Column]) -> Column:
+        """The samples of ``parts`` one after another (one copy)."""
+        if len(parts) == 1:
+            return parts[0]
+        kind = parts[0].kind
+        if kind == SCALAR:
+            return Column(SCALAR, torch.cat([p.data for p in parts]))
+        if kind == JAGGED:
+            return Column(JAGGED, Ragged.cat([p.data for p in parts]))
+        return Column(OBJECT, [x for p in parts for x in p.data])
+
+    @staticmethod
     def merge(parts: Sequence[Column], positions: Sequence[torch.Tensor], size: int) -> Column:
         """One column of ``size`` samples with ``parts[k]``'s sample ``i`` at ``positions[k][i]`` (the
         parts of a get answered by several stores): each byte copied once, into pooled memory."""
