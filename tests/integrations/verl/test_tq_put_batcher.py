@@ -40,7 +40,7 @@ class FakeStore:
             self.stored[g] = r.values[int(r.offsets[i]) : int(r.offsets[i + 1])].tolist()
 
 
-def test_puts_queued_together_go_in_one_call_and_each_is_stored():
+def test_puts_queued_behind_two_calls_in_flight_go_in_one_call_and_each_is_stored():
     store = FakeStore()
 
     async def main() -> None:
@@ -48,7 +48,8 @@ def test_puts_queued_together_go_in_one_call_and_each_is_stored():
         await asyncio.gather(*(b.put(np.array([k]), cols(k)) for k in range(10)))
 
     asyncio.run(main())
-    assert store.calls == [list(range(10))]  # all queued before the first call left: one call
+    # two calls go at once; the eight puts queued behind them go in the next call, together
+    assert store.calls == [[0], [1], list(range(2, 10))]
     assert store.stored == {k: list(range(k + 1)) for k in range(10)}
 
 

@@ -2,9 +2,10 @@
 
 verl's agent loop puts each trajectory as it finishes, many at once from one process. Sent one by one,
 every small put pays a call and the store's per-call bookkeeping, and the store answers them in turn.
-:class:`PutBatcher` (one per store and process) sends a put at once when none is in flight; puts that
-arrive while one is in flight wait, and the next call carries all of them — as one put when they
-bring the same fields and disjoint keys, else one after another in arrival order. Each put's caller is
+:class:`PutBatcher` (one per store and process) sends a put at once while fewer than two calls are in
+flight (a lone put waits for nothing); puts that arrive while two are in flight wait, and the next
+call carries all of them — as one put when they bring the same fields and disjoint keys, else one
+after another in arrival order. Each put's caller is
 answered when its data is stored. When a combined put fails, its parts are sent again one by one, so
 each caller gets the error of its own put (a bad dtype in one trajectory fails only that one).
 """
@@ -23,27 +24,36 @@ Send = Callable[[np.ndarray, dict[str, Column]], Awaitable[None]]
 
 
 class PutBatcher:
-    """Combines the puts to one store queued while a call to it is in flight (use from one event loop)."""
+    """Combines the puts to one store queued while ``max_in_flight`` calls to it are in flight (use from
+    one event loop)."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, max_in_flight: int = 2) -> None:
         self.send = send
+        self.max_in_flight = max_in_flight
         self.pending: list[tuple[np.ndarray, dict[str, Column], asyncio.Future]] = []
-        self.draining: asyncio.Task | None = None
+        self.in_flight = 0
         self.calls = 0  # calls made (the store's side of the batching, for tests and stats)
 
     async def put(self, gis: np.ndarray, columns: dict[str, Column]) -> None:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
         self.pending.append((gis, columns, future))
-        if self.draining is None or self.draining.done():
-            self.draining = loop.create_task(self._drain())
+        self._pump()
         await future
 
-    async def _drain(self) -> None:
-        while self.pending:
+    def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.pending and self.in_flight < self.max_in_flight:
             batch, self.pending = self.pending, []
+            self.in_flight += 1
+            loop.create_task(self._send_batch(batch))
+
+    async def _send_batch(self, batch: list) -> None:
+        try:
             for group in _groups(batch):
                 await self._send_group(group)
+        finally:
+            self.in_flight -= 1
+            self._pump()
 
     async def _send_group(self, group: list[tuple[np.ndarray, dict[str, Column], asyncio.Future]]) -> None:
         if len(group) > 1:
