@@ -26,7 +26,9 @@ _WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _check(rows, width, slots, offsets):
+def _prefixes(array, slots, offsets, flat, into_array):
+    """``flat`` rows to or from the prefixes of ``array``'s rows ``slots``; every row checked first."""
+    rows, width = array.shape
     for i in range(slots.shape[0]):
         s = slots[i]
         n = offsets[i + 1] - offsets[i]
@@ -34,24 +36,13 @@ def _check(rows, width, slots, offsets):
             raise IndexError("ragged rows: slot out of range")
         if n < 0 or n > width:
             raise IndexError("ragged rows: a row is longer than the array's max_len (or offsets decrease)")
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def _gather(src, slots, offsets, out):
-    _check(src.shape[0], src.shape[1], slots, offsets)
     for i in range(slots.shape[0]):
         a = offsets[i]
         n = offsets[i + 1] - a
-        out[a : a + n] = src[slots[i], :n]
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def _scatter(dst, slots, offsets, values):
-    _check(dst.shape[0], dst.shape[1], slots, offsets)
-    for i in range(slots.shape[0]):
-        a = offsets[i]
-        n = offsets[i + 1] - a
-        dst[slots[i], :n] = values[a : a + n]
+        if into_array:
+            array[slots[i], :n] = flat[a : a + n]
+        else:
+            flat[a : a + n] = array[slots[i], :n]
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -108,7 +99,7 @@ def gather_prefixes(array: torch.Tensor, slots: torch.Tensor, offsets: torch.Ten
     """Copy ``array[slots[i], :len_i]`` to ``out[offsets[i]:offsets[i + 1]]`` for every ``i``; returns ``out``."""
     if slots.numel():
         a, flat, o, s = _views(array, out, offsets, slots)
-        _gather(a, s, o, flat)
+        _prefixes(a, s, o, flat, False)
     return out
 
 
@@ -117,7 +108,7 @@ def scatter_prefixes(array: torch.Tensor, slots: torch.Tensor, offsets: torch.Te
     """Copy ``values[offsets[i]:offsets[i + 1]]`` to ``array[slots[i], :len_i]`` for every ``i``."""
     if slots.numel():
         a, flat, o, s = _views(array, values, offsets, slots)
-        _scatter(a, s, o, flat)
+        _prefixes(a, s, o, flat, True)
 
 
 def copy_segments(src: torch.Tensor, src_starts: torch.Tensor, dst: torch.Tensor, dst_starts: torch.Tensor,
