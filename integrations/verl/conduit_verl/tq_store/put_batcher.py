@@ -32,7 +32,6 @@ class PutBatcher:
         self.max_in_flight = max_in_flight
         self.pending: list[tuple[np.ndarray, dict[str, Column], asyncio.Future]] = []
         self.in_flight = 0
-        self.calls = 0  # calls made (the store's side of the batching, for tests and stats)
 
     async def put(self, gis: np.ndarray, columns: dict[str, Column]) -> None:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -60,7 +59,6 @@ class PutBatcher:
             gis = np.concatenate([g for g, _, _ in group])
             columns = {name: Column.cat([c[name] for _, c, _ in group]) for name in group[0][1]}
             try:
-                self.calls += 1
                 await self.send(gis, columns)
             except Exception:  # noqa: BLE001  (each part is sent again below and gets its own answer)
                 pass
@@ -71,7 +69,6 @@ class PutBatcher:
                 return
         for gis, columns, future in group:
             try:
-                self.calls += 1
                 await self.send(gis, columns)
             except Exception as e:  # noqa: BLE001  (handed to the put's caller)
                 if not future.done():
