@@ -117,7 +117,8 @@ def column_of(name: str, value: Any) -> Column:
             if value.layout == torch.jagged and getattr(value, "_lengths", None) is not None:
                 value = value.contiguous()  # a jagged view with holes (explicit lengths): compact it
             if value.layout == torch.jagged and getattr(value, "_ragged_idx", 1) == 1:
-                return Column(JAGGED, Ragged(value.values(), value.offsets().to(torch.int64)))
+                values, offsets = _jagged_parts(value)
+                return Column(JAGGED, Ragged(values, offsets.to(torch.int64)))
             return Column(OBJECT, list(value.unbind()))
         if value.dim() == 1:
             return Column(SCALAR, value)
@@ -178,11 +179,10 @@ def field_of(column: Column) -> Any:
         # the min/max length travel with the nested tensor (as TQ's own `as_nested_tensor` gives them):
         # without them `to_padded_tensor` pads every row to the total number of tokens
         lengths = r.lengths
-        bounds = {}
-        if len(lengths):
-            low, high = torch.aminmax(lengths)
-            bounds = {"min_seqlen": int(low), "max_seqlen": int(high)}
-        return torch.nested.nested_tensor_from_jagged(r.values, r.offsets, **bounds)
+        if not len(lengths):
+            return torch.nested.nested_tensor_from_jagged(r.values, r.offsets)
+        low, high = torch.aminmax(lengths)
+        return _jagged_tensor(r.values, r.offsets, int(low), int(high))
     items = column.data
     if items and all(isinstance(x, torch.Tensor) for x in items):
         try:
@@ -190,6 +190,42 @@ def field_of(column: Column) -> Any:
         except (RuntimeError, TypeError):
             pass
     return NonTensorStack(*items)
+
+
+# -- jagged nested tensors without the dispatcher ---------------------------------------------------
+# ``nt.values()``, ``nt.offsets()`` and ``nested_tensor_from_jagged`` each go through torch's
+# ``__torch_function__`` / dispatch layers (~25-75 us a call, 5 fields per put and get); the nested
+# tensor's own fields and constructor give the same tensors in a few microseconds. Where this torch
+# lacks them the public calls are used (tests compare both).
+
+
+def _jagged_parts(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(nt.values(), nt.offsets())`` of a contiguous jagged nested tensor."""
+    values, offsets = getattr(nt, "_values", None), getattr(nt, "_offsets", None)
+    if isinstance(values, torch.Tensor) and isinstance(offsets, torch.Tensor):
+        return values, offsets
+    return nt.values(), nt.offsets()
+
+
+def _jagged_tensor(values: torch.Tensor, offsets: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """``nested_tensor_from_jagged(values, offsets, min_seqlen=low, max_seqlen=high)`` (the nested
+    tensor holds ``values`` itself; fresh memory here, so no autograd view is needed)."""
+    if _NESTED is not None and not values.requires_grad:
+        cls, store = _NESTED
+        cache = {"min_seqlen": store(low), "max_seqlen": store(high)}
+        return cls(values, offsets, _ragged_idx=1, _metadata_cache=cache)
+    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=low, max_seqlen=high)
+
+
+def _nested_internals() -> tuple[Any, Any] | None:
+    try:
+        from torch.nested._internal.nested_tensor import NestedTensor, _store_val_in_tensor
+    except ImportError:
+        return None
+    return NestedTensor, _store_val_in_tensor
+
+
+_NESTED = _nested_internals()
 
 
 # -- the wire: numpy arrays travel through Ray's shared-memory object store without pickling -------
