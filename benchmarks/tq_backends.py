@@ -823,7 +823,7 @@ def evaluate_targets(rows: list[dict]) -> dict[str, dict]:
                 continue
             ratio = c["gb_per_s"] / r["gb_per_s"]
             cell = {"samples": b, "tokens_per_sample": t, "ratio": round(ratio, 3), "pass": ratio >= factor}
-            if ref != "memcpy" and c.get("client_seconds"):
+            if c.get("client_seconds"):
                 # the ratio a backend taking no time at all would reach, given the TQ client's own time
                 cell["bound"] = round(r["seconds"] / c["client_seconds"], 2)
             cells.append(cell)
@@ -905,7 +905,7 @@ def format_targets(targets: dict[str, dict]) -> str:
         verdict = "n/a (no cells)" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
         cells = ", ".join(
             f"{c['samples']}x{c['tokens_per_sample']}: {c['ratio']:.2f}"
-            + (f" (bound {c['bound']:.1f})" if "bound" in c else "")
+            + (f" (bound {c['bound']:.2f})" if "bound" in c else "")
             for c in t["cells"]
         )
         out.append(f"  [{verdict}] {t['rule']}" + (f"\n         ratios: {cells}" if cells else ""))
@@ -1079,7 +1079,8 @@ def main(argv: list[str] | None = None) -> int:
             "backend_seconds": "time inside the TQ storage manager's put_data / get_data, less the controller "
             "notification TQ's base class sends from put_data; client_seconds: the rest of the call "
             "(TransferQueue's client and controller, the same for every backend); a target cell's 'bound' is "
-            "SimpleStorage's seconds / Conduit's client_seconds: the ratio a backend taking no time would reach",
+            "the reference's seconds (SimpleStorage or memcpy) / Conduit's client_seconds: the ratio a backend "
+            "taking no time would reach",
             "ray": "same node: ray.init(address='local', num_cpus=3, 127.0.0.1, no dashboard); cross node: "
             "ray.cluster_utils.Cluster, 3 nodes x num_cpus=2 on 127.0.0.1 (logical CPUs; see docstring)",
             "simplestorage": tq_config("SimpleStorage")["backend"]["SimpleStorage"],
