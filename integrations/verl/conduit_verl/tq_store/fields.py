@@ -250,9 +250,8 @@ class FieldArray:
             ragged: Ragged = column.data
             if self.data.device.type == "cpu":  # one pass, each byte copied once (ragged_kernels)
                 scatter_prefixes(self.data, rows, ragged.offsets, ragged.values.contiguous())
-            else:
-                padded = _pad_to_longest(ragged, longest)  # the batch's longest, not the field's
-                self.data[:, :longest].index_copy_(0, rows.to(self.data.device), padded.to(self.data.device))
+            else:  # the valid tokens to the device once, then one scatter there
+                scatter_tokens(self.data, rows, ragged.offsets, ragged.values)
             self.lengths.index_copy_(0, rows, ragged.lengths)
 
     def reserve(self, n: int, longest: int) -> torch.Tensor:
@@ -375,18 +374,40 @@ def write_mapped(layout: Layout, rows: torch.Tensor, column: Column) -> torch.Te
     return lengths
 
 
-_SAME_WIDTH_FLOAT = {torch.int64: torch.float64, torch.int32: torch.float32, torch.int16: torch.float16}
+def token_positions(
+    rows: torch.Tensor, offsets: torch.Tensor, max_len: int, device: torch.device
+) -> torch.Tensor:
+    """Flat positions, in a ``[capacity, max_len]`` array viewed as ``[capacity * max_len]``, of every
+    valid token of a batch whose sample ``i`` is the prefix of row ``rows[i]`` with ``offsets[i + 1] -
+    offsets[i]`` tokens, in the batch's token order. Vectorised, built on ``device`` (token ``k`` of
+    sample ``i`` sits at ``rows[i] * max_len + k - offsets[i]``)."""
+    total = int(offsets[-1]) if offsets.numel() else 0
+    rows, offsets = rows.to(device), offsets.to(device)
+    starts = rows * max_len - offsets[:-1]
+    lengths = offsets[1:] - offsets[:-1]
+    within = torch.repeat_interleave(starts, lengths, output_size=total)
+    return within + torch.arange(total, device=device, dtype=within.dtype)
 
 
-def _pad_to_longest(ragged: Ragged, longest: int) -> torch.Tensor:
-    """``[B, longest, *rest]`` right-padded with zeros (torch's jagged-to-padded kernel, through a
-    same-width float view for integers)."""
-    fast = _SAME_WIDTH_FLOAT.get(ragged.values.dtype)
-    values = ragged.values.view(fast) if fast is not None else ragged.values
-    if len(ragged) == 0 or longest == 0:
-        return values.new_zeros((len(ragged), longest, *values.shape[1:]))
-    nt = torch.nested.nested_tensor_from_jagged(values, ragged.offsets, max_seqlen=longest)
-    return torch.nested.to_padded_tensor(nt, 0.0)
+def _flat(array: torch.Tensor) -> torch.Tensor:
+    return array.view(array.shape[0] * array.shape[1], *array.shape[2:])
+
+
+def scatter_tokens(
+    array: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor
+) -> None:
+    """:func:`~conduit.buffer.ragged_kernels.scatter_prefixes` for an array on a device: the valid
+    tokens cross to the device once (no padding), then one ``index_copy_`` there."""
+    lengths = offsets[1:] - offsets[:-1]
+    if lengths.numel() and int(lengths.max()) > array.shape[1]:
+        raise StorageBackendError(f"a row of {int(lengths.max())} tokens in rows of {array.shape[1]}")
+    positions = token_positions(rows, offsets, array.shape[1], array.device)
+    _flat(array).index_copy_(0, positions, values.to(array.device, array.dtype))
+
+
+def gather_tokens(array: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The valid tokens of ``rows`` (lengths from ``offsets``), flat, on the array's device: one gather."""
+    return _flat(array).index_select(0, token_positions(rows, offsets, array.shape[1], array.device))
 
 
 def gather_padded(array: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> Ragged:
@@ -394,8 +415,8 @@ def gather_padded(array: torch.Tensor, slots: torch.Tensor, lengths: torch.Tenso
 
     On CPU one pass copies each valid token once (:func:`conduit.buffer.ragged_kernels.gather_prefixes`)
     into memory from the process's :class:`~conduit.buffer.recycled.HostPool`: once the consumer drops
-    an earlier batch, the next one reuses its pages instead of faulting in fresh ones. On a device the
-    rows are gathered whole and their prefixes concatenated by torch.
+    an earlier batch, the next one reuses its pages instead of faulting in fresh ones. On a device one
+    gather there (:func:`gather_tokens`), and only the valid tokens cross to the host.
     """
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=offsets[1:])
@@ -403,16 +424,7 @@ def gather_padded(array: torch.Tensor, slots: torch.Tensor, lengths: torch.Tenso
     if array.device.type == "cpu":
         out = host_pool().empty((int(offsets[-1]), *rest), array.dtype)
         return Ragged(gather_prefixes(array, slots, offsets, out), offsets)
-    fast = _SAME_WIDTH_FLOAT.get(array.dtype)
-    source = array.view(fast) if fast is not None else array
-    rows = source.index_select(0, slots.to(array.device)).to("cpu")
-    max_len = array.shape[1]
-    if lengths.numel() == 0:
-        values = rows.reshape(0, *rest)
-    else:
-        sizes = torch.stack([lengths, max_len - lengths], 1).reshape(-1).tolist()
-        values = torch.cat(rows.reshape(-1, *rest).split(sizes)[::2])
-    return Ragged(values.view(array.dtype) if fast is not None else values, offsets)
+    return Ragged(gather_tokens(array, slots, offsets).to("cpu"), offsets)
 
 
 def _grow(t: torch.Tensor, n: int, fill: int = 0) -> torch.Tensor:
