@@ -41,31 +41,19 @@ import provenance  # noqa: E402
 from conduit_verl.tq_store.columns import column_of, from_wire, to_wire  # noqa: E402
 from conduit_verl.tq_store.fields import gather_tokens  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
+from tq_backends import make_arrays, make_batch, payload_bytes  # noqa: E402
 
 FIELDS = ("input_ids", "responses", "response_mask", "old_log_probs", "rm_scores")
 
 
 def grpo_batch(samples: int, tokens: int, seed: int) -> dict[str, Any]:
-    """The batch's wire form (what a storage actor receives) and its flat values, for checking."""
-    from tensordict import TensorDict
-
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(max(tokens // 2, 1), tokens + 1, (samples,), generator=g)
-    offsets = torch.zeros(samples + 1, dtype=torch.int64)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    total = int(offsets[-1])
-    flat = {
-        "input_ids": torch.randint(0, 151_936, (total,), generator=g),
-        "responses": torch.randint(0, 151_936, (total,), generator=g),
-        "response_mask": torch.randint(0, 2, (total,), generator=g),
-        "old_log_probs": -5.0 * torch.rand(total, generator=g),
-    }
-    fields = {k: torch.nested.nested_tensor_from_jagged(v, offsets) for k, v in flat.items()}
-    fields["rm_scores"] = torch.randn(samples, generator=g)
-    td = TensorDict(fields, batch_size=samples)
+    """The batch of ``tq_backends.py`` in wire form (what a storage actor receives) and its flat
+    values, for checking."""
+    arrays = make_arrays(samples, tokens, seed)
+    td = make_batch(arrays)
     wires = {k: to_wire(column_of(k, td.get(k))) for k in FIELDS}
-    nbytes = sum(int(v.nbytes) for v in flat.values()) + samples * 4
-    return {"wires": wires, "flat": flat, "scores": fields["rm_scores"], "offsets": offsets, "bytes": nbytes}
+    return {"wires": wires, "flat": arrays["values"], "scores": arrays["rm_scores"],
+            "offsets": arrays["offsets"], "bytes": payload_bytes(arrays)}  # fmt: skip
 
 
 def check_store(store: NodeStore, gis: np.ndarray, batch: dict[str, Any], tier: str) -> None:
