@@ -52,7 +52,9 @@ search for ``w_d``).
 
 **Streaming** (verl's pieces, :func:`stream_end`): groups finish at known times; a piece waits for
 ``g`` groups, takes every finished one and ingests them at ``t_ing``; the end of the last piece is the
-exposed tail.
+exposed tail. Pieces ingested while generation still runs on the same cores run ``k`` times slower;
+:func:`fit_slowed` fits ``t_ing`` and ``k`` together (``seconds = k^o * t_ing``, ``o`` = 1 for those
+pieces), so that the slowdown is not read as cost.
 
 **Staleness** is declared with every prediction (:class:`Staleness`): async ingestion may hold up to
 ``depth * g_ing`` puts not yet sampleable; a delivery drawn ahead has not seen the priority updates of
@@ -146,23 +148,69 @@ def _split_evenly(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return per_call / 2, per_call / 2 / items_per_call
 
 
+#: the slowdowns :func:`fit_slowed` tries, 1 (no contention) to 4x, in steps of 0.05
+SLOWDOWNS = np.round(np.linspace(1.0, 4.0, 61), 2)
+
+
+def fit_slowed(
+    samples: Sequence[Sample], slowed: Sequence[bool], bandwidth: float | None = None
+) -> tuple[OperatorCost, float]:
+    """An operator's own cost and the slowdown ``k`` of the calls in ``slowed`` (those that ran beside
+    other work on the same cores or device): ``seconds = k * t(n, m)`` for them, ``t(n, m)`` for the
+    rest. For each ``k`` of :data:`SLOWDOWNS` the slowed samples' seconds are divided by ``k`` and
+    :meth:`OperatorCost.fit` fits ``t``; the ``k`` with the least squared error over the measured
+    seconds wins (the smallest on a tie). With only one kind measured, ``k = 1``.
+
+    Fitting both kinds as one line instead reads the slowdown as cost: light calls that ran slowed
+    beside heavy ones that did not flatten the per-item term to zero and inflate the fixed cost.
+    """
+    if len(slowed) != len(samples):
+        raise ConfigError(f"{len(samples)} samples but {len(slowed)} slowed flags")
+    if all(slowed) or not any(slowed):
+        return OperatorCost.fit(samples, bandwidth), 1.0
+    seconds = np.array([s.seconds for s in samples])
+    flags = np.array(slowed, dtype=bool)
+    best: tuple[float, OperatorCost, float] | None = None
+    for k in SLOWDOWNS:
+        scaled = [
+            dataclasses.replace(s, seconds=s.seconds / k) if o else s
+            for s, o in zip(samples, slowed, strict=True)
+        ]
+        cost = OperatorCost.fit(scaled, bandwidth)
+        pred = np.array([cost.seconds(s.items, s.nbytes, s.calls) for s in samples])
+        err = float(np.sum((seconds - np.where(flags, k, 1.0) * pred) ** 2))
+        if best is None or err < best[0] * (1 - 1e-9):
+            best = (err, cost, float(k))
+    assert best is not None
+    return best[1], best[2]
+
+
 class CostWindow:
-    """The last ``size`` samples of one operator, refitted on demand (:meth:`OperatorCost.fit`)."""
+    """The last ``size`` samples of one operator, refitted on demand (:meth:`OperatorCost.fit`;
+    :meth:`fit_slowed` for samples flagged as run beside other work)."""
 
     def __init__(self, size: int, bandwidth: float | None = None) -> None:
         if size < 1:
             raise ConfigError(f"cost window size must be >= 1, got {size!r}")
         self.samples: deque[Sample] = deque(maxlen=size)
+        self.slowed: deque[bool] = deque(maxlen=size)
         self.bandwidth = bandwidth
 
-    def record(self, calls: float, items: float, seconds: float, nbytes: float = 0.0) -> None:
+    def record(
+        self, calls: float, items: float, seconds: float, nbytes: float = 0.0, slowed: bool = False
+    ) -> None:
         self.samples.append(Sample(calls, items, nbytes, seconds))
+        self.slowed.append(slowed)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def fit(self) -> OperatorCost:
         return OperatorCost.fit(list(self.samples), self.bandwidth)
+
+    def fit_slowed(self) -> tuple[OperatorCost, float]:
+        """The operator's own cost and the slowdown of the flagged samples (:func:`fit_slowed`)."""
+        return fit_slowed(list(self.samples), list(self.slowed), self.bandwidth)
 
 
 def link_bandwidth(topology: Topology, src: str, dst: str) -> float:
@@ -417,21 +465,31 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def stream_end(
-    finish: Sequence[float], g: int, cost: OperatorCost, unit: int, work: Sequence[float] | None = None
+    finish: Sequence[float],
+    g: int,
+    cost: OperatorCost,
+    unit: int,
+    work: Sequence[float] | None = None,
+    slowdown: float = 1.0,
 ) -> float:
     """When the last streamed piece's ingestion ends, for groups finishing at ``finish`` (sorted).
 
     A piece waits for ``g`` groups, then takes every finished one (whole multiples of ``unit``, at
     least ``g``, never more than is left) and is ingested in ``cost.seconds(its groups' work)``;
     ``work[i]`` is the work (items, tokens) of the group finishing ``i``-th (None: 1 per group).
+    Until the last group finishes (generation ends) a piece runs ``slowdown`` times slower (shared
+    cores or device: :func:`fit_slowed`'s ``k``), at full speed after.
     """
     done = list(itertools.accumulate(work, initial=0.0)) if work is not None else None
     total, taken, t = len(finish), 0, 0.0
+    end_gen = finish[-1] if finish else 0.0
     while taken < total:
         want = min(g, total - taken)
         t = max(t, finish[taken + want - 1])
         ready = bisect.bisect_right(finish, t) - taken
         k = min(total - taken, max(want, ready // unit * unit))
-        t += cost.seconds(k if done is None else done[taken + k] - done[taken])
+        alone = cost.seconds(k if done is None else done[taken + k] - done[taken])
+        slowed = max(0.0, end_gen - t)  # seconds of this piece's run that fall before generation ends
+        t += alone * slowdown if alone * slowdown <= slowed else slowed + (alone - slowed / slowdown)
         taken += k
     return t

@@ -16,6 +16,7 @@ from conduit.costmodel import (
     Sample,
     Workload,
     calibrate_overlap,
+    fit_slowed,
     stream_end,
 )
 from conduit.errors import ConfigError
@@ -192,3 +193,40 @@ def test_stream_end_replays_the_streaming_schedule() -> None:
     finish = [1.0, 2.0, 3.0, 4.0]
     assert stream_end(finish, 4, cost, 1) == pytest.approx(5.4)
     assert stream_end(finish, 2, cost, 1) == pytest.approx(5.2)
+
+
+def test_fit_slowed_separates_contention_from_cost() -> None:
+    """Light pieces ingested beside generation ran 2x slower; heavy ones after it did not. One line
+    through all of them reads the slowdown as cost (no per-item term); the joint fit recovers both."""
+    truth = OperatorCost(0.05, 0.001)
+    light = [Sample(1, n, 0, 2.0 * truth.seconds(n)) for n in (200, 250, 300, 350)]
+    heavy = [Sample(1, n, 0, truth.seconds(n)) for n in (400, 450)]
+    samples, slowed = light + heavy, [True] * 4 + [False] * 2
+    naive = OperatorCost.fit(samples)
+    assert naive.b == 0.0 and naive.a > 0.5  # slope gone, fixed cost inflated 10x
+    cost, k = fit_slowed(samples, slowed)
+    assert k == pytest.approx(2.0)
+    assert cost.a == pytest.approx(0.05) and cost.b == pytest.approx(0.001)
+    window = CostWindow(8)
+    for s, o in zip(samples, slowed, strict=True):
+        window.record(s.calls, s.items, s.seconds, slowed=o)
+    assert window.fit_slowed()[1] == pytest.approx(2.0)
+
+
+def test_fit_slowed_is_the_plain_fit_with_one_kind_and_checks_its_flags() -> None:
+    samples = [Sample(1, n, 0, 0.1 + 0.01 * n) for n in (1, 4, 9)]
+    for flags in ([False] * 3, [True] * 3):
+        cost, k = fit_slowed(samples, flags)
+        assert k == 1.0 and cost == OperatorCost.fit(samples)
+    with pytest.raises(ConfigError, match="slowed flags"):
+        fit_slowed(samples, [True])
+
+
+def test_stream_end_slows_pieces_while_generation_runs() -> None:
+    cost = OperatorCost(0.0, 1.0)
+    # generation ends at 4: a piece of 1 group from 1 takes 2 s (ends 3), the next from 3 runs 1 s
+    # slowed (half its work) then the other half at full speed: ends 4.5; the last from 4.5: 5.5
+    assert stream_end([1.0, 3.0, 4.0], 1, cost, 1, slowdown=2.0) == pytest.approx(5.5)
+    assert stream_end([1.0, 3.0, 4.0], 1, cost, 1) == pytest.approx(5.0)
+    # one whole-batch piece starts when generation has ended: never slowed
+    assert stream_end([1.0, 3.0, 4.0], 3, cost, 1, slowdown=3.0) == pytest.approx(7.0)

@@ -2,29 +2,34 @@
 
 ``auto`` has two parts.
 
-The core's cost model (``conduit.costmodel``) picks how to stream. It keeps
-``seconds = a + b * work`` for one piece's ingestion (an ``OperatorCost`` fitted by least squares
-over recent pieces: ``a`` is the per-call cost of the worker calls and TQ round trips, ``b`` the
-compute per unit of work; the streaming step measures work in tokens, ``seq_len`` summed over the
-piece's samples, because the groups that finish last hold the longest responses and cost the most
-to ingest) and the finish times and work of the last step's groups (from the completion channel;
-all groups are submitted at once, so they finish in clusters, not at a rate; groups are matched to
-finish times in the order they were taken, the lighter first within a piece). For each candidate
-``g`` it replays the streaming schedule on those finish times (the model's streaming composition,
-``stream_end``, with each piece costing its groups' work: wait for ``g`` groups, take every
-finished one, ingest, repeat) and keeps the ``g`` whose last piece is ingested first — the
-exposed tail. Ties go to the larger ``g`` (fewer pieces,
-less work); the current ``g`` is kept unless another is predicted ``HYSTERESIS`` faster (timings
-are noisy). Until a step has been measured: four pieces (a quarter of the groups each), so the
-first fit sees pieces of different work. The warm-up step's pieces are not recorded (first calls
-are slow for reasons of their own).
+The core's cost model (``conduit.costmodel``) picks how to stream. It keeps ``seconds = a + b *
+work`` for one piece's ingestion (an ``OperatorCost`` fitted by least squares over recent pieces:
+``a`` is the per-call cost of the worker calls and TQ round trips, ``b`` the compute per unit of
+work; the streaming step measures work in tokens, ``seq_len`` summed over the piece's samples,
+because the groups that finish last hold the longest responses and cost the most to ingest) and the
+finish times and work of the last step's groups (from the completion channel; all groups are
+submitted at once, so they finish in clusters, not at a rate; groups are matched to finish times in
+the order they were taken, the lighter first within a piece). For each candidate ``g`` it replays
+the streaming schedule on those finish times (the model's streaming composition, ``stream_end``,
+with each piece costing its groups' work, ``contention`` times that while generation still runs:
+wait for ``g`` groups, take every finished one, ingest, repeat) and keeps the ``g`` with the
+shortest exposed tail (from the last group's finish to the end of the last piece). Tails within
+``TIE`` of the shortest go to the larger ``g`` (fewer pieces, less work); the current ``g`` is kept
+unless another's tail is predicted ``HYSTERESIS`` shorter (timings are noisy). Hysteresis and ties
+are shares of the tail, not of the step's end: a 0.15 s shorter tail is 40% of the tail but 2% of a
+7 s step. Until a step has been measured: four pieces (a quarter of the groups each), so the first
+fit sees pieces of different work. The warm-up step's pieces are not recorded (first calls are slow
+for reasons of their own).
 
-What the model leaves out is what overlap costs generation when both share the same cores or
-device (ingestion during generation slows it). The policy estimates that from the streamed steps
-themselves: pieces ingested while generation still runs (``overlapped``) are compared with pieces
-ingested after it ended (each step's last piece), both against the fitted cost: their ratio
-``contention`` (1 = separate hardware, ~2 = two equal jobs on the same cores) says what share
-``1 - 1 / contention`` of the overlapped ingestion time generation lost. A streamed step's
+Where generation shares the cores or device, pieces ingested while it still runs
+(``overlapped``) run slower than pieces ingested after it ended (each step's last piece). The fit
+takes that into account: ``seconds = k^o * (a + b * work)`` with ``o`` = 1 for overlapped pieces
+(the core's ``fit_slowed``), so ``a`` and ``b`` are the pieces' own cost and ``contention = k``
+(1 = separate hardware, ~2 = two equal jobs on the same cores). One line through both kinds would
+read the slowdown as cost (light early pieces, slowed, as slow as the heavy last one: ``b`` fitted
+to 0, ``a`` inflated, and the model then picks too few pieces). What the model leaves out is what
+overlap costs generation: the policy takes it as the share ``1 - 1 / contention`` of the overlapped
+ingestion time. A streamed step's
 predicted gain over one whole-batch piece is then ``cost(all groups) - exposed tail - lost``, the
 exposed tail being what streaming left after generation: from the last group's finish to the end of
 the last piece (that piece's ingestion, plus any wait for an overlapped piece still running when
@@ -53,8 +58,10 @@ from conduit.costmodel import CostWindow, OperatorCost, stream_end
 
 #: pieces remembered for the cost fit
 WINDOW = 32
-#: relative predicted gain needed to change ``g``
-HYSTERESIS = 0.05
+#: relative predicted gain (of the exposed tail) needed to change ``g``
+HYSTERESIS = 0.1
+#: exposed tails within this share of the shortest are a tie (the larger ``g`` wins: fewer pieces)
+TIE = 0.01
 #: measured iterations per arm before choosing, and how often the other arm is re-measured
 PROBES = 3
 REPROBE_EVERY = 10
@@ -64,15 +71,22 @@ PAYS = 0.2
 
 
 def simulate(
-    finish: list[float], g: int, a: float, b: float, unit: int, work: Sequence[float] | None = None
+    finish: list[float],
+    g: int,
+    a: float,
+    b: float,
+    unit: int,
+    work: Sequence[float] | None = None,
+    slowdown: float = 1.0,
 ) -> float:
     """When the last piece's ingestion ends, for groups finishing at ``finish`` (sorted, seconds).
 
     Pieces are whole multiples of ``unit`` groups, at least ``g`` (never over what is left). A piece
-    costs ``a + b * (its groups' work)``; ``work[i]`` is the work of the group finishing ``i``-th
-    (None: 1 per group, the core's ``stream_end``).
+    costs ``a + b * (its groups' work)``, ``slowdown`` times that while generation still runs;
+    ``work[i]`` is the work of the group finishing ``i``-th (None: 1 per group; the core's
+    ``stream_end``).
     """
-    return stream_end(finish, g, OperatorCost(a, b), unit, work)
+    return stream_end(finish, g, OperatorCost(a, b), unit, work, slowdown)
 
 
 class PiecePolicy:
@@ -82,9 +96,9 @@ class PiecePolicy:
         self.setting = g_ing
         self.groups = groups
         self.unit = unit
+        #: the pieces after the warm-up step; those ingested beside generation flagged ``slowed``
         self.pieces = CostWindow(WINDOW)
-        #: (overlapped, work, seconds) of the pieces after the warm-up step, for ``contention``
-        self.kinds: deque[tuple[bool, float, float]] = deque(maxlen=WINDOW)
+        self._fit: tuple[OperatorCost, float] | None = None
         #: predicted gains (seconds) of the last streamed steps over one whole-batch piece
         self.gains: deque[float] = deque(maxlen=PROBES)
         self._overlapped_s = 0.0
@@ -145,8 +159,8 @@ class PiecePolicy:
             return
         per_group = sorted(work) if work is not None else [1.0] * groups
         items = float(sum(per_group))
-        self.pieces.record(1, items, seconds)
-        self.kinds.append((overlapped, items, seconds))
+        self.pieces.record(1, items, seconds, slowed=overlapped)
+        self._fit = None
         self._step_pieces += 1
         self._step_work += per_group
         if overlapped:
@@ -172,20 +186,17 @@ class PiecePolicy:
             self.gains.append(self.predicted_gain(self._overlapped_s, tail))
         self._overlapped_s, self._tail_s, self._step_pieces, self._step_work = 0.0, 0.0, 0, []
 
+    def fitted(self) -> tuple[OperatorCost, float]:
+        """The pieces' own cost (as if run alone) and how much slower pieces ran beside generation
+        (the core's :func:`~conduit.costmodel.fit_slowed` over the window; cached until the next piece)."""
+        if self._fit is None:
+            self._fit = self.pieces.fit_slowed()
+        return self._fit
+
     def contention(self) -> float:
-        """How much slower overlapped pieces ran than pieces after generation, against the cost fit
-        (medians; 1.0 until both kinds were measured, never below 1)."""
-        fit = self.pieces.fit() if len(self.pieces) else None
-        if fit is None:
-            return 1.0
-
-        def residuals(overlapped: bool) -> list[float]:
-            return [s / max(fit.seconds(w), 1e-9) for o, w, s in self.kinds if o == overlapped]
-
-        over, after = residuals(True), residuals(False)
-        if not over or not after:
-            return 1.0
-        return max(1.0, statistics.median(over) / max(statistics.median(after), 1e-9))
+        """How much slower pieces ingested beside generation ran than pieces after it (1.0 until both
+        kinds were measured)."""
+        return self.fitted()[1] if len(self.pieces) else 1.0
 
     def predicted_gain(self, overlapped_s: float, tail_s: float) -> float:
         """Seconds a streamed step saved against one whole-batch piece: the whole batch's predicted
@@ -195,7 +206,7 @@ class PiecePolicy:
 
     def whole_s(self) -> float:
         """Predicted ingestion of the whole batch in one piece (the last step's work)."""
-        return self.pieces.fit().seconds(self.step_work)
+        return self.fitted()[0].seconds(self.step_work)
 
     def streaming_pays(self) -> bool:
         """The median predicted gain of the last streamed steps is over ``PAYS`` of the whole batch's
@@ -218,7 +229,7 @@ class PiecePolicy:
 
     def cost(self) -> tuple[float, float]:
         """``(a, b)`` of ``seconds = a + b * work`` (the core's least-squares fit over the window)."""
-        fit = self.pieces.fit()
+        fit = self.fitted()[0]
         return fit.a, fit.b
 
     def best(self, a: float, b: float) -> int:
@@ -228,8 +239,11 @@ class PiecePolicy:
         if work is None or len(work) != len(self.finish):  # the fit is per unit of work: spread it
             work = [self.step_work / max(len(self.finish), 1)] * len(self.finish)
         candidates = range(self.unit, self.groups + 1, self.unit)
-        ends = {g: simulate(self.finish, g, a, b, self.unit, work) for g in candidates}
-        first = min(ends.values())
-        if ends.get(self.chosen, math.inf) <= first * (1 + HYSTERESIS):
+        last = self.finish[-1] if self.finish else 0.0
+        # compare exposed tails (end of the last piece after the last group finished), not ends
+        k = self.contention()
+        tails = {g: simulate(self.finish, g, a, b, self.unit, work, k) - last for g in candidates}
+        first = min(tails.values())
+        if tails.get(self.chosen, math.inf) <= first * (1 + HYSTERESIS):
             return self.chosen
-        return max(g for g, end in ends.items() if end <= first * 1.001)
+        return max(g for g, tail in tails.items() if tail <= first * (1 + TIE))

@@ -199,3 +199,33 @@ def test_auto_fits_cost_per_token_and_matches_work_to_finish_order() -> None:
     g = policy.g_ing()
     ends = {k: simulate(policy.finish or [], k, a, b, 1, policy.work) for k in (1, 2, 3, 4)}
     assert g in (1, 3) and ends[g] == pytest.approx(5.0) and ends[2] > 5.0 and ends[4] > 5.0
+
+
+def test_auto_takes_more_pieces_when_contention_not_cost_slows_the_early_ones() -> None:
+    """The run that kept four pieces: light pieces ingested beside generation ran 2x slower, the heavy
+    last one alone. One line through them read the slowdown as a large fixed cost per piece (fewer
+    pieces looked cheaper); the joint fit sees the contention and the per-token cost, and a smaller
+    ``g`` shortens the exposed tail by far more than the hysteresis (a share of the tail)."""
+    finish = [1.0 + 0.5 * i for i in range(16)]
+    work = [100.0 + 20.0 * i for i in range(16)]  # later groups hold longer responses
+
+    def cost(w: float) -> float:
+        return 0.02 + 0.001 * w
+
+    policy = PiecePolicy("auto", groups=16, unit=1)
+    for step in range(2):  # the warm-up step, then one measured
+        assert policy.begin_step(100.0 * step) == 4
+        for i in range(4):
+            w = work[4 * i : 4 * i + 4]
+            last = i == 3
+            policy.record_piece(4, cost(sum(w)) * (1.0 if last else 2.0), overlapped=not last, work=w)
+        policy.record_step(finish)
+    assert policy.contention() == pytest.approx(2.0)
+    a, b = policy.cost()
+    assert a == pytest.approx(0.02, abs=1e-6) and b == pytest.approx(0.001)
+    g = policy.g_ing()
+    assert g < 4
+    tail = {k: simulate(finish, k, a, b, 1, work, 2.0) - finish[-1] for k in (g, 4)}
+    assert tail[g] < tail[4] * (1 - HYSTERESIS)
+    # the one-line fit the policy used before: the fixed cost per piece inflated 50x (pieces look dear)
+    assert policy.pieces.fit().a > 50 * 0.02
