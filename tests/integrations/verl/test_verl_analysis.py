@@ -52,3 +52,19 @@ def test_profile_splits_exposed_time_into_wait_last_piece_delivery_and_probes(tm
     assert profile["last_piece_s"] == pytest.approx(0.34)
     assert profile["pieces_streamed"] == 5.0 and profile["contention_last"] == 1.1
     assert exposed_profile(rows_for_run(tmp_path / "run", "grpo", "verl_sync", 1, {}), "verl_sync") == {}
+
+
+def test_losses_are_equal_only_to_a_loss_the_baseline_itself_produced() -> None:
+    from verl_analysis import baseline_repeats, losses_equal
+
+    def row(system: str, rnd: int, it: int, loss: float) -> dict[str, object]:
+        return {"system": system, "round": rnd, "iteration": it, "actor_loss": loss}
+
+    # verl's two rounds differ at iteration 2 (0.5 vs 0.6): either value is verl's own outcome
+    base = [row("v", 0, 1, 0.1), row("v", 0, 2, 0.5), row("v", 1, 1, 0.1), row("v", 1, 2, 0.6)]
+    assert baseline_repeats(base, "v") == {"iterations_repeated": 2, "iterations_differing": 1}
+    assert losses_equal([*base, row("c", 0, 1, 0.1), row("c", 0, 2, 0.5), row("c", 1, 2, 0.6)], "c", "v")
+    # a value verl never produced there is a difference, in any round
+    assert not losses_equal([*base, row("c", 0, 1, 0.1), row("c", 1, 2, 0.55)], "c", "v")
+    assert not losses_equal([*base, row("c", 1, 1, 0.5)], "c", "v")  # 0.5 was verl's at iteration 2, not 1
+    assert losses_equal([*base, row("c", 0, 9, 0.1)], "c", "v") is None  # no common iteration
