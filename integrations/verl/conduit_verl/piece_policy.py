@@ -34,10 +34,11 @@ predicted gain over one whole-batch piece is then ``cost(all groups) - exposed t
 exposed tail being what streaming left after generation: from the last group's finish to the end of
 the last piece (that piece's ingestion, plus any wait for an overlapped piece still running when
 generation ended — where generation is short, pieces queue behind each other). While the median
-gain of the last ``PROBES`` streamed steps is over ``PAYS`` of the whole-batch cost, ``auto`` keeps
-streaming and measures nothing else (no whole-batch probes). (A predicted loss is not acted on
-directly: the fit is taken over pieces that ran beside generation and, under contention, can
-flatten to a constant and underrate the whole batch; the measured periods below decide instead.)
+gain of the last ``PROBES`` streamed steps, each re-predicted by the current fit, is over ``PAYS``
+of the whole-batch cost, ``auto`` keeps streaming and measures nothing else (no whole-batch
+probes); after the first streamed step alone it streams on (``MIN_STREAMED``: a fit from one step's
+few pieces cannot tell yet). (A predicted loss is not acted on directly: the model leaves out how
+generation itself is slowed and the fit may still be off; the measured periods below decide instead.)
 
 Otherwise the step time decides whether to stream at all: the policy measures whole iterations
 (start of one step to the start of the next) under the model's ``g`` ("stream") and under one
@@ -65,6 +66,8 @@ TIE = 0.01
 #: measured iterations per arm before choosing, and how often the other arm is re-measured
 PROBES = 3
 REPROBE_EVERY = 10
+#: streamed steps measured before their predicted gains may stop streaming
+MIN_STREAMED = 2
 #: streaming is kept without whole-batch probes while its predicted gain exceeds this share of the
 #: whole-batch ingestion cost
 PAYS = 0.2
@@ -99,8 +102,8 @@ class PiecePolicy:
         #: the pieces after the warm-up step; those ingested beside generation flagged ``slowed``
         self.pieces = CostWindow(WINDOW)
         self._fit: tuple[OperatorCost, float] | None = None
-        #: predicted gains (seconds) of the last streamed steps over one whole-batch piece
-        self.gains: deque[float] = deque(maxlen=PROBES)
+        #: (overlapped seconds, exposed tail seconds, work) of the last streamed steps
+        self.streamed: deque[tuple[float, float, float]] = deque(maxlen=PROBES)
         self._overlapped_s = 0.0
         self._tail_s = 0.0
         self._step_pieces = 0
@@ -183,7 +186,7 @@ class PiecePolicy:
             tail = self._tail_s
             if ended is not None and finish:  # the exposed tail, waits for earlier pieces included
                 tail = max(tail, ended - max(finish))
-            self.gains.append(self.predicted_gain(self._overlapped_s, tail))
+            self.streamed.append((self._overlapped_s, tail, float(sum(self._step_work))))
         self._overlapped_s, self._tail_s, self._step_pieces, self._step_work = 0.0, 0.0, 0, []
 
     def fitted(self) -> tuple[OperatorCost, float]:
@@ -198,21 +201,33 @@ class PiecePolicy:
         kinds were measured)."""
         return self.fitted()[1] if len(self.pieces) else 1.0
 
-    def predicted_gain(self, overlapped_s: float, tail_s: float) -> float:
+    def predicted_gain(self, overlapped_s: float, tail_s: float, work: float | None = None) -> float:
         """Seconds a streamed step saved against one whole-batch piece: the whole batch's predicted
-        ingestion, less the last piece, less what overlapped pieces cost generation."""
+        ingestion (of ``work``; None: the last step's), less the exposed tail, less what overlapped
+        pieces cost generation."""
         lost = overlapped_s * (1.0 - 1.0 / self.contention())
-        return self.whole_s() - tail_s - lost
+        return self.whole_s(work) - tail_s - lost
 
-    def whole_s(self) -> float:
-        """Predicted ingestion of the whole batch in one piece (the last step's work)."""
-        return self.fitted()[0].seconds(self.step_work)
+    @property
+    def gains(self) -> list[float]:
+        """Predicted gains of the last streamed steps, by the current fit (a fit from one step's few
+        pieces can be far off; each new piece refines the gains of earlier steps too)."""
+        if not len(self.pieces):
+            return []
+        return [self.predicted_gain(o, t, w or None) for o, t, w in self.streamed]
+
+    def whole_s(self, work: float | None = None) -> float:
+        """Predicted ingestion of the whole batch in one piece (``work``; None: the last step's)."""
+        return self.fitted()[0].seconds(self.step_work if work is None else work)
 
     def streaming_pays(self) -> bool:
         """The median predicted gain of the last streamed steps is over ``PAYS`` of the whole batch's
-        ingestion: keep streaming, with no whole-batch probes."""
-        if not self.gains or not len(self.pieces) or self.chosen >= self.groups:
+        ingestion: keep streaming, with no whole-batch probes. After one streamed step only, streaming
+        goes on (its fit, from that step's few pieces, cannot yet tell)."""
+        if not self.streamed or not len(self.pieces) or self.chosen >= self.groups:
             return False
+        if len(self.streamed) < MIN_STREAMED:
+            return True
         return statistics.median(self.gains) > PAYS * self.whole_s()
 
     def report(self) -> dict[str, float]:

@@ -229,3 +229,24 @@ def test_auto_takes_more_pieces_when_contention_not_cost_slows_the_early_ones() 
     assert tail[g] < tail[4] * (1 - HYSTERESIS)
     # the one-line fit the policy used before: the fixed cost per piece inflated 50x (pieces look dear)
     assert policy.pieces.fit().a > 50 * 0.02
+
+
+def test_one_streamed_step_with_a_poor_fit_does_not_start_whole_batch_probes() -> None:
+    """The first measured step's four similar pieces fit badly (here: its gain predicted negative);
+    ``auto`` streams on, and the later steps' pieces re-predict that step's gain with the better fit."""
+    policy = PiecePolicy("auto", groups=8, unit=1)
+    finish = [0.5 * i for i in range(1, 9)]
+    policy.begin_step(0.0)
+    policy.record_step(finish)  # the warm-up step
+    policy.begin_step(10.0)
+    for i in range(4):  # pieces of 2 groups, one size: a and b cannot be told apart; 2x contention
+        policy.record_piece(2, 0.5 if i < 3 else 0.25, overlapped=i < 3, work=[1.0, 1.0])
+    policy.record_step(finish)
+    first = policy.gains[0]
+    assert first < 0.0  # generation predicted to lose more than streaming hid: streaming looks lost
+    assert policy.streaming_pays()  # one step is not enough to start probing
+    assert policy.begin_step(20.0) < 8 and policy.arm == "stream"
+    for k, last in ((1, False), (1, False), (2, False), (4, True)):  # pieces of other sizes
+        policy.record_piece(k, 0.1 + 0.1 * k, overlapped=not last, work=[1.0] * k)
+    policy.record_step(finish)
+    assert policy.gains[0] != first  # re-predicted by the current fit
