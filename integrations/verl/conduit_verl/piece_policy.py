@@ -13,13 +13,13 @@ the order they were taken, the lighter first within a piece). For each candidate
 the streaming schedule on those finish times (the model's streaming composition, ``stream_end``,
 with each piece costing its groups' work, ``contention`` times that while generation still runs:
 wait for ``g`` groups, take every finished one, ingest, repeat) and keeps the ``g`` with the
-shortest exposed tail (from the last group's finish to the end of the last piece). Tails within
-``TIE`` of the shortest go to the larger ``g`` (fewer pieces, less work); the current ``g`` is kept
-unless another's tail is predicted ``HYSTERESIS`` shorter (timings are noisy). Hysteresis and ties
-are shares of the tail, not of the step's end: a 0.15 s shorter tail is 40% of the tail but 2% of a
-7 s step. Until a step has been measured: four pieces (a quarter of the groups each), so the first
-fit sees pieces of different work. The warm-up step's pieces are not recorded (first calls are slow
-for reasons of their own).
+shortest exposed tail (from the last group's finish to the end of the last piece), averaged over the
+last ``PROBES`` steps' finish times. Tails within ``TIE`` of the shortest go to the larger ``g``
+(fewer pieces, less work); the current ``g`` is kept unless another's tail is predicted
+``HYSTERESIS`` shorter (timings are noisy). Hysteresis and ties are shares of the tail, not of the
+step's end: a 0.15 s shorter tail is 40% of the tail but 2% of a 7 s step. Until a step has been
+measured: four pieces (a quarter of the groups each), so the first fit sees pieces of different
+work. The warm-up step's pieces are not recorded (first calls are slow for reasons of their own).
 
 Where generation shares the cores or device, pieces ingested while it still runs
 (``overlapped``) run slower than pieces ingested after it ended (each step's last piece). The fit
@@ -112,6 +112,8 @@ class PiecePolicy:
         #: work of the last step's groups, in finish order (None: 1 per group), and its sum
         self.work: list[float] | None = None
         self.step_work = float(groups)
+        #: (finish times, work) of the last complete steps: the candidates are replayed on each
+        self.recent: deque[tuple[list[float], list[float]]] = deque(maxlen=PROBES)
         self.chosen = self._round(math.ceil(groups / 4))
         self.periods: dict[str, deque[float]] = {
             "stream": deque(maxlen=PROBES),
@@ -179,6 +181,8 @@ class PiecePolicy:
             self.work = self._step_work
         if self._step_work:
             self.step_work = float(sum(self._step_work))
+        if len(self.finish) == self.groups:
+            self.recent.append((self.finish, self._spread(self.finish, self.work)))
         if self.setting == "auto" and len(self.finish) == self.groups and len(self.pieces):
             a, b = self.cost()
             self.chosen = self.best(a, b)
@@ -247,17 +251,26 @@ class PiecePolicy:
         fit = self.fitted()[0]
         return fit.a, fit.b
 
+    def _spread(self, finish: list[float], work: list[float] | None) -> list[float]:
+        """Each group's work in finish order; unknown: the step's work spread evenly."""
+        if work is None or len(work) != len(finish):  # the fit is per unit of work: spread it
+            return [self.step_work / max(len(finish), 1)] * len(finish)
+        return work
+
     def best(self, a: float, b: float) -> int:
-        """The candidate ``g`` with the earliest predicted end of the last piece."""
+        """The candidate ``g`` with the shortest mean predicted exposed tail (end of the last piece
+        after the last group finished) over the last steps' finish times (one step's clusters of
+        finishing groups would over-fit the choice)."""
         assert self.finish is not None
-        work = self.work
-        if work is None or len(work) != len(self.finish):  # the fit is per unit of work: spread it
-            work = [self.step_work / max(len(self.finish), 1)] * len(self.finish)
+        steps = list(self.recent) or [(self.finish, self._spread(self.finish, self.work))]
         candidates = range(self.unit, self.groups + 1, self.unit)
-        last = self.finish[-1] if self.finish else 0.0
-        # compare exposed tails (end of the last piece after the last group finished), not ends
         k = self.contention()
-        tails = {g: simulate(self.finish, g, a, b, self.unit, work, k) - last for g in candidates}
+        tails = {
+            g: statistics.fmean(
+                simulate(f, g, a, b, self.unit, w, k) - (f[-1] if f else 0.0) for f, w in steps
+            )
+            for g in candidates
+        }
         first = min(tails.values())
         if tails.get(self.chosen, math.inf) <= first * (1 + HYSTERESIS):
             return self.chosen

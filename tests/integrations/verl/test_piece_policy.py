@@ -250,3 +250,29 @@ def test_one_streamed_step_with_a_poor_fit_does_not_start_whole_batch_probes() -
         policy.record_piece(k, 0.1 + 0.1 * k, overlapped=not last, work=[1.0] * k)
     policy.record_step(finish)
     assert policy.gains[0] != first  # re-predicted by the current fit
+
+
+def test_auto_replays_the_last_steps_not_only_the_last() -> None:
+    """A step whose groups finished in two clusters makes every ``g`` up to 4 tie (the last cluster
+    is the last piece whatever ``g``) and 4 is kept; on a step with groups spread out, 4
+    leaves three times the tail of 1. Replayed over both steps, ``auto`` takes 1."""
+    spread = [1.0 + 0.5 * i for i in range(8)]
+    clustered = [1.0] * 4 + [4.5] * 4
+
+    def policy_after(steps: list[list[float]]) -> PiecePolicy:
+        policy = PiecePolicy("auto", groups=8, unit=1)
+        policy.chosen = 4  # as if chosen before
+        policy.begin_step(0.0)  # the warm-up step
+        policy.record_step(steps[0])
+        for i, finish in enumerate(steps):
+            policy.begin_step(10.0 * (i + 1))
+            for k in (1, 2, 4, 1):  # seconds = 0.05 + 0.1 per group, no contention
+                policy.record_piece(k, 0.05 + 0.1 * k, work=[1.0] * k)
+            policy.record_step(finish)
+        return policy
+
+    assert policy_after([clustered]).g_ing() == 4
+    both = policy_after([spread, clustered])
+    assert both.g_ing() == 1
+    assert simulate(spread, 1, 0.05, 0.1, 1) - spread[-1] == pytest.approx(0.15)
+    assert simulate(spread, 4, 0.05, 0.1, 1) - spread[-1] == pytest.approx(0.45)
