@@ -83,6 +83,7 @@ def rows_for_run(
                 "wall_s": round(t.get("step", 0.0), 4),
                 "exposed_s": round(wait + ingest, 4),
                 "actor_loss": m.get("actor/pg_loss"),
+                "critic_loss": m.get("critic/vf_loss"),
                 "g_ing": m.get("conduit/g_ing"),
                 "score": m.get("critic/score/mean"),
                 "work": {k: int(g.get(k, 0)) for k in ("responses", "response_tokens")},
@@ -160,9 +161,13 @@ def _same(x: float, y: float, rel: float) -> bool:
     return abs(x - y) <= rel * max(abs(x), abs(y)) + 1e-6
 
 
-def losses_equal(rows: list[dict[str, Any]], a: str, b: str, rel: float = 1e-4) -> bool | None:
-    """Whether every actor loss of ``a`` (each round, each iteration) equals a loss ``b`` produced at
-    that iteration in one of its rounds (None: no common iteration).
+def losses_equal(
+    rows: list[dict[str, Any]], a: str, b: str, rel: float = 1e-4, key: str = "actor_loss"
+) -> bool | None:
+    """Whether every loss ``key`` of ``a`` (each round, each iteration) equals a loss ``b`` produced
+    at that iteration in one of its rounds (None: no common iteration). PPO's actor loss is ~1e-8
+    (whitened advantages at ratio 1) and equal to anything within the absolute tolerance: PPO is
+    judged by the critic's loss too (``key="critic_loss"``).
 
     Several values of ``b`` count because verl's own runs differ between rounds at a few iterations
     (the order in which finished samples reach a batch follows arrival; the next iteration agrees
@@ -170,12 +175,12 @@ def losses_equal(rows: list[dict[str, Any]], a: str, b: str, rel: float = 1e-4) 
     """
     lb: dict[int, list[float]] = {}
     for r in rows:
-        if r["system"] == b and r["actor_loss"] is not None:
-            lb.setdefault(r["iteration"], []).append(r["actor_loss"])
+        if r["system"] == b and r.get(key) is not None:
+            lb.setdefault(r["iteration"], []).append(r[key])
     pairs = [
-        (r["actor_loss"], lb[r["iteration"]])
+        (r[key], lb[r["iteration"]])
         for r in rows
-        if r["system"] == a and r["iteration"] in lb and r["actor_loss"] is not None
+        if r["system"] == a and r["iteration"] in lb and r.get(key) is not None
     ]
     if not pairs:
         return None
@@ -221,6 +226,9 @@ def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 
                 out[f"{key.removesuffix('_s')}/conduit_steady_over_{base}"] = round(c / b, 3)
         for system in mine:
             out[f"losses_equal/{system}_vs_{base}"] = losses_equal(rows, system, base)
+            critic = losses_equal(rows, system, base, key="critic_loss")
+            if critic is not None:
+                out[f"critic_losses_equal/{system}_vs_{base}"] = critic
         out[f"repeats/{base}"] = baseline_repeats(rows, base)
     for system in systems:
         out[f"median_wall_s/{system}"] = median(rows, system, "wall_s")
@@ -249,7 +257,8 @@ def targets(ratio: dict[str, Any], sweep_ratios: dict[str, dict[str, Any]]) -> d
         "ratios_used": base,
         "exposed<=0.3x": exposed is not None and exposed <= 0.3,
         "wall<=0.85x": wall is not None and wall <= 0.85,
-        "losses_equal": ratio.get("losses_equal/conduit_vs_verl_sync_tuned") is True,
+        "losses_equal": ratio.get("losses_equal/conduit_vs_verl_sync_tuned") is True
+        and ratio.get("critic_losses_equal/conduit_vs_verl_sync_tuned") is not False,
     }
     if sweep_ratios:
         walls = {k: r.get("wall/conduit_over_verl_sync_tuned") for k, r in sweep_ratios.items()}

@@ -68,3 +68,28 @@ def test_losses_are_equal_only_to_a_loss_the_baseline_itself_produced() -> None:
     assert not losses_equal([*base, row("c", 0, 1, 0.1), row("c", 1, 2, 0.55)], "c", "v")
     assert not losses_equal([*base, row("c", 1, 1, 0.5)], "c", "v")  # 0.5 was verl's at iteration 2, not 1
     assert losses_equal([*base, row("c", 0, 9, 0.1)], "c", "v") is None  # no common iteration
+
+
+def test_ppo_is_judged_by_the_critic_loss_too() -> None:
+    """PPO's actor loss is ~1e-8 and equal to anything within the absolute tolerance; the critic's
+    loss tells runs apart."""
+    from verl_analysis import losses_equal, ratios
+
+    def row(system: str, loss: float, critic: float) -> dict[str, object]:
+        work = {"responses": 8, "response_tokens": 80}
+        return {
+            "system": system,
+            "round": 0,
+            "iteration": 2,
+            "actor_loss": loss,
+            "critic_loss": critic,
+            "wall_s": 1.0,
+            "exposed_s": 0.5,
+            "work": work,
+        }
+
+    rows = [row("verl_sync_tuned", 2e-8, 0.31), row("conduit", -5e-8, 0.47)]
+    assert losses_equal(rows, "conduit", "verl_sync_tuned") is True  # vacuous for PPO
+    assert losses_equal(rows, "conduit", "verl_sync_tuned", key="critic_loss") is False
+    found = ratios(rows, ["verl_sync_tuned"])
+    assert found["critic_losses_equal/conduit_vs_verl_sync_tuned"] is False
