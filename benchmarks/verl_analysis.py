@@ -161,6 +161,15 @@ def _same(x: float, y: float, rel: float) -> bool:
     return abs(x - y) <= rel * max(abs(x), abs(y)) + 1e-6
 
 
+def _by_iteration(rows: list[dict[str, Any]], system: str, key: str) -> dict[int, list[float]]:
+    """``system``'s values of ``key`` by iteration, one per round that has it."""
+    by: dict[int, list[float]] = {}
+    for r in rows:
+        if r["system"] == system and r.get(key) is not None:
+            by.setdefault(r["iteration"], []).append(r[key])
+    return by
+
+
 def losses_equal(
     rows: list[dict[str, Any]], a: str, b: str, rel: float = 1e-4, key: str = "actor_loss"
 ) -> bool | None:
@@ -173,10 +182,7 @@ def losses_equal(
     (the order in which finished samples reach a batch follows arrival; the next iteration agrees
     again): ``b`` is held to no more than what it repeats itself (:func:`baseline_repeats`).
     """
-    lb: dict[int, list[float]] = {}
-    for r in rows:
-        if r["system"] == b and r.get(key) is not None:
-            lb.setdefault(r["iteration"], []).append(r[key])
+    lb = _by_iteration(rows, b, key)
     pairs = [
         (r[key], lb[r["iteration"]])
         for r in rows
@@ -189,10 +195,7 @@ def losses_equal(
 
 def baseline_repeats(rows: list[dict[str, Any]], system: str, rel: float = 1e-4) -> dict[str, int]:
     """How many iterations ``system``'s rounds agree on, and at how many they differ (its loss)."""
-    by: dict[int, list[float]] = {}
-    for r in rows:
-        if r["system"] == system and r["actor_loss"] is not None:
-            by.setdefault(r["iteration"], []).append(r["actor_loss"])
+    by = _by_iteration(rows, system, "actor_loss")
     repeated = [it for it, ys in by.items() if len(ys) > 1]
     differ = [it for it in repeated if not all(_same(by[it][0], y, rel) for y in by[it][1:])]
     return {"iterations_repeated": len(repeated), "iterations_differing": len(differ)}

@@ -489,7 +489,9 @@ def stream_end(
         ready = bisect.bisect_right(finish, t) - taken
         k = min(total - taken, max(want, ready // unit * unit))
         alone = cost.seconds(k if done is None else done[taken + k] - done[taken])
-        slowed = max(0.0, end_gen - t)  # seconds of this piece's run that fall before generation ends
-        t += alone * slowdown if alone * slowdown <= slowed else slowed + (alone - slowed / slowdown)
+        before_end = max(0.0, end_gen - t)  # seconds of this piece's run before generation ends
+        t += (
+            alone * slowdown if alone * slowdown <= before_end else before_end + alone - before_end / slowdown
+        )
         taken += k
     return t

@@ -183,9 +183,9 @@ class PiecePolicy:
             self.step_work = float(sum(self._step_work))
         if len(self.finish) == self.groups:
             self.recent.append((self.finish, self._spread(self.finish, self.work)))
-        if self.setting == "auto" and len(self.finish) == self.groups and len(self.pieces):
-            a, b = self.cost()
-            self.chosen = self.best(a, b)
+            if self.setting == "auto" and len(self.pieces):
+                a, b = self.cost()
+                self.chosen = self.best(a, b)
         if self._step_pieces > 1 and len(self.pieces):
             tail = self._tail_s
             if ended is not None and finish:  # the exposed tail, waits for earlier pieces included
@@ -261,8 +261,7 @@ class PiecePolicy:
         """The candidate ``g`` with the shortest mean predicted exposed tail (end of the last piece
         after the last group finished) over the last steps' finish times (one step's clusters of
         finishing groups would over-fit the choice)."""
-        assert self.finish is not None
-        steps = list(self.recent) or [(self.finish, self._spread(self.finish, self.work))]
+        steps = list(self.recent)
         candidates = range(self.unit, self.groups + 1, self.unit)
         k = self.contention()
         tails = {
