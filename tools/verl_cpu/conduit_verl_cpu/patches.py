@@ -177,7 +177,7 @@ def apply() -> None:
     register_rollout()
     from conduit_verl._post_import import when_imported
 
-    from conduit_verl_cpu import tq_stats
+    from conduit_verl_cpu import piece_trace, tq_stats
     from conduit_verl_cpu.dump import DUMP_ENV, install
 
     when_imported("verl.utils.model", _patch_valuehead_model)
@@ -188,4 +188,6 @@ def apply() -> None:
     if os.environ.get(tq_stats.STATS_ENV):
         when_imported("transfer_queue.interface", tq_stats.install)
         when_imported("transfer_queue.storage.managers.base", tq_stats.install_timing)
+    if os.environ.get(piece_trace.SCHEDULE_ENV) or os.environ.get(piece_trace.TRACE_ENV):
+        piece_trace.hook()
     logger.debug("conduit_verl CPU mode applied in pid %s", os.getpid())

@@ -65,6 +65,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument(
         "--pace-scale", type=float, default=1.0, help="paced: multiplies every modelled time (0: no waiting)"
     )
+    p.add_argument(
+        "--g-schedule",
+        default=None,
+        help="conduit mode, benchmarks: g_ing of step 1, 2, ... (comma list, last repeats; 0 = whole step); "
+        "the policy still fits and chooses as auto (piece_trace.py)",
+    )
     p.add_argument("--dump-samples", action="store_true", help="write <work-dir>/samples.jsonl per step")
     p.add_argument("--work-dir", default=None, help="default: a new temp dir")
     p.add_argument(
@@ -92,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         p.error(str(e))
     if args.tq_placement and args.tq_backend != "conduit":
         p.error("--tq-placement needs --tq-backend conduit")
+    if args.g_schedule is not None:
+        if args.trainer_mode != "conduit":
+            p.error("--g-schedule applies to --trainer-mode conduit only")
+        from conduit_verl_cpu.piece_trace import g_schedule
+
+        g_schedule(args.g_schedule)  # ConfigError if malformed
     if args.response_length is None:
         args.response_length = 256 if args.rollout == "paced" else 16
     args.pace = pace_settings(args)
@@ -219,6 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     overrides, metrics_path = prepare(args)
     set_cpu_env(metrics_path, args.poll_interval, args.seed)
     reach_plugin()
+    if args.trainer_mode == "conduit":  # the piece policy's per-step trace (piece_trace.py)
+        from conduit_verl_cpu.piece_trace import SCHEDULE_ENV, TRACE_ENV
+
+        trace = metrics_path.parent / "pieces.jsonl"
+        trace.unlink(missing_ok=True)  # a reused work dir: never mix in an earlier run's steps
+        os.environ[TRACE_ENV] = str(trace)
+        if args.g_schedule is not None:
+            os.environ[SCHEDULE_ENV] = args.g_schedule
     if args.dump_samples:
         from conduit_verl_cpu.dump import DUMP_ENV
 

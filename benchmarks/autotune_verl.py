@@ -1,0 +1,303 @@
+"""verl CPU mode (paced rollout): the piece-size model against measured steps, and ``auto`` against every fixed ``g``.
+
+    python benchmarks/autotune_verl.py [--quick] [--medians 32,64,128] [--grid 1,2,3,4,6,8,12,16]
+
+For each workload (median response length; tail and R as the paced defaults, calibrated per workload
+like ``verl_iteration.py``'s paced points):
+
+1. **Grid**: one conduit run whose ``g_ing`` follows a schedule (``--g-schedule``, harness only): three
+   settling steps (warm-up, 4, 2), then every ``g`` of the grid ``--reps`` times, each repetition in
+   a new random order (seeded), so drift in the machine's load does not favour one ``g``. The policy
+   fits every piece as ``auto`` does; before each step, its model predicts the exposed tail of every
+   candidate ``g`` on that step's finish times from the fit of the *earlier* steps (the trace,
+   ``pieces.jsonl``: the prediction has not seen the step it predicts).
+2. **Auto**: a conduit run with ``g_ing=auto`` (the default) on the same workload.
+
+Per workload: Kendall's τ between the predicted and the measured exposed tail over the grid (and
+against the measured iteration time), the same τ between two measured repetitions (the ceiling
+noise puts on any model), the best 3 by prediction against the best 3 measured, the model's pick in
+the grid and ``auto``'s own run against the best fixed ``g`` (iteration time, medians), and how many of
+``auto``'s steps were whole-batch probes. A paced row is a model of separate rollout hardware (see
+``verl_iteration.py``), not a GPU measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+from autotune import kendall  # noqa: E402
+from verl_analysis import calibration, rows_for_run  # noqa: E402
+from verl_iteration import calibrate, harness_args, machine, run  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: the grid run's first steps: warm-up, then two streamed steps so the first fit sees varied pieces
+SETTLE = (4, 4, 2)
+TOP = 3
+#: targets of the issue: tau >= 0.8, auto within 5% of the best fixed g
+TAU_TARGET, GAP_TARGET = 0.8, 0.05
+
+
+def schedule(grid: list[int], reps: int, seed: int) -> list[int]:
+    """``SETTLE`` then each ``g`` of ``grid`` ``reps`` times, every repetition in a new random order."""
+    rng = random.Random(seed)
+    return [*SETTLE, *(g for _ in range(reps) for g in rng.sample(grid, len(grid)))]
+
+
+def read_trace(work: Path) -> dict[int, dict[str, Any]]:
+    """The piece policy's per-step trace (``pieces.jsonl``), by step."""
+    path = work / "pieces.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {int(r["step"]): r for r in map(json.loads, lines)}
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def grid_view(
+    rows: list[dict[str, Any]], trace: dict[int, dict[str, Any]], grid: list[int]
+) -> dict[str, Any]:
+    """Per ``g`` of the grid: measured wall / exposed / tail per step, and the predicted tail of the
+    steps it ran (each from the fit before that step); medians of each."""
+    per: dict[int, dict[str, list[float]]] = {
+        g: {"wall": [], "exposed": [], "tail": [], "pred": []} for g in grid
+    }
+    errors: list[float] = []
+    for row in rows:
+        step = trace.get(int(row["iteration"]))
+        if step is None or step.get("g") not in per or step.get("tail") is None:
+            continue
+        mine = per[step["g"]]
+        mine["wall"].append(row["wall_s"])
+        mine["exposed"].append(row["exposed_s"])
+        mine["tail"].append(step["tail"])
+        pred = (step.get("predicted_tail") or {}).get(str(step["g"]))
+        if pred is not None:
+            mine["pred"].append(pred)
+            if step["tail"] > 0:
+                errors.append(abs(pred - step["tail"]) / step["tail"])
+    medians = {str(g): {k: _median(v) for k, v in d.items()} for g, d in per.items()}
+    return {
+        "per_g": {str(g): d for g, d in per.items()},
+        "medians": medians,
+        "prediction_error": _median(errors),
+    }
+
+
+def _ranked(values: dict[str, float | None]) -> list[int]:
+    """``g`` by value, then the larger ``g`` first (fewer pieces) on ties."""
+    known = [(v, -int(g)) for g, v in values.items() if v is not None]
+    return [-g for _, g in sorted(known)]
+
+
+def repeatability(per_g: dict[str, dict[str, list[float]]], key: str) -> float | None:
+    """τ between the first and second measured repetition of every ``g`` (None: under two each)."""
+    pairs = [(v[key][0], v[key][1]) for v in per_g.values() if len(v[key]) >= 2]
+    if len(pairs) < 3:
+        return None
+    return kendall([p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def evaluate(
+    view: dict[str, Any], auto_rows: list[dict[str, Any]], auto_trace: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    """τ, top-3 agreement, the model's pick and ``auto``'s run against the best fixed ``g``."""
+    med = view["medians"]
+    measured = [g for g, m in med.items() if m["tail"] is not None and m["pred"] is not None]
+    pred = [med[g]["pred"] for g in measured]
+    tau_tail = kendall(pred, [med[g]["tail"] for g in measured]) if len(measured) >= 3 else None
+    tau_wall = kendall(pred, [med[g]["wall"] for g in measured]) if len(measured) >= 3 else None
+    by_wall = _ranked({g: m["wall"] for g, m in med.items()})
+    by_pred = _ranked({g: m["pred"] for g, m in med.items()})
+    best = by_wall[0] if by_wall else None
+    best_wall = med[str(best)]["wall"] if best is not None else None
+    pick = by_pred[0] if by_pred else None
+    out: dict[str, Any] = {
+        "tau_tail": tau_tail,
+        "tau_wall": tau_wall,
+        "repeat_tau_tail": repeatability(view["per_g"], "tail"),
+        "repeat_tau_wall": repeatability(view["per_g"], "wall"),
+        f"top{TOP}_predicted": by_pred[:TOP],
+        f"top{TOP}_measured": by_wall[:TOP],
+        f"top{TOP}_overlap": len(set(by_pred[:TOP]) & set(by_wall[:TOP])),
+        "best_g": best,
+        "best_wall_s": best_wall,
+        "model_pick": pick,
+        "model_pick_gap": (med[str(pick)]["wall"] / best_wall - 1)
+        if pick is not None and best_wall
+        else None,
+        "prediction_error": view["prediction_error"],
+    }
+    walls = [r["wall_s"] for r in auto_rows]
+    steps = [auto_trace[int(r["iteration"])] for r in auto_rows if int(r["iteration"]) in auto_trace]
+    auto_wall = _median(walls)
+    out.update(
+        auto_wall_s=auto_wall,
+        auto_gap=(auto_wall / best_wall - 1) if auto_wall is not None and best_wall else None,
+        auto_g=[s["g"] for s in steps],
+        auto_probes=sum(1 for s in steps if s.get("arm") == "whole"),
+        auto_steps=len(auto_rows),
+    )
+    out["targets"] = {
+        "tau_tail>=0.8": tau_tail is not None and tau_tail >= TAU_TARGET,
+        "auto_within_5%": out["auto_gap"] is not None and out["auto_gap"] <= GAP_TARGET,
+    }
+    return out
+
+
+def plot(points: list[dict[str, Any]], path: Path) -> None:
+    """Per workload: measured and predicted exposed tail against ``g`` (top), iteration time against
+    ``g`` with ``auto``'s run (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(points), figsize=(4.2 * len(points), 6.5), squeeze=False)
+    for col, point in enumerate(points):
+        view, ev = point["grid"], point["evaluation"]
+        gs = sorted(int(g) for g in view["per_g"])
+        top, bottom = axes[0][col], axes[1][col]
+        for g in gs:
+            d = view["per_g"][str(g)]
+            top.scatter([g] * len(d["tail"]), d["tail"], s=10, color="grey", alpha=0.6)
+            bottom.scatter([g] * len(d["wall"]), d["wall"], s=10, color="grey", alpha=0.6)
+        med = view["medians"]
+        top.plot(gs, [med[str(g)]["tail"] for g in gs], "o-", color="black", label="measured (median)")
+        top.plot(gs, [med[str(g)]["pred"] for g in gs], "s--", color="tab:blue", label="predicted (median)")
+        bottom.plot(gs, [med[str(g)]["wall"] for g in gs], "o-", color="black", label="fixed g (median)")
+        if ev["auto_wall_s"] is not None:
+            bottom.axhline(
+                ev["auto_wall_s"], color="tab:red", label=f"auto run (median, {ev['auto_probes']} probes)"
+            )
+        top.set_title(f"median {point['median']} tokens: tau {_fmt(ev['tau_tail'])}")
+        top.set_ylabel("exposed tail (s)")
+        bottom.set_ylabel("iteration (s)")
+        bottom.set_xlabel("g_ing (groups per piece; 16 = whole batch)")
+        top.legend(fontsize=7)
+        bottom.legend(fontsize=7)
+    fig.suptitle(
+        "verl CPU GRPO, PACED rollout (modelled separate rollout hardware): piece-size model vs measured"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, Any]:
+    """Calibrate, run the grid schedule and the auto run for one median response length."""
+    a = copy.copy(args)
+    a.pace_median = median
+    here = root / f"median{median}"
+    cal = calibration(calibrate(here, a, args.tail))
+    harness = harness_args(a, args.tail, args.R * cal["time_scale_per_R"])
+    plan = schedule(args.grid, args.reps, args.seed + median)
+    extra = ["--g-schedule", ",".join(map(str, plan)), "+trainer.v1.conduit.g_ing=auto", *harness]
+    point: dict[str, Any] = {"median": median, "calibration": cal, "schedule": plan, "errors": {}}
+    rc, log = run(here / "grid", "conduit", len(plan), a, extra)
+    if rc:
+        point["errors"]["grid"] = log
+        return point
+    rows = rows_for_run(here / "grid", "grpo", "conduit", len(SETTLE), {})
+    point["grid"] = grid_view(rows, read_trace(here / "grid"), args.grid)
+    rc, log = run(
+        here / "auto", "conduit", args.auto_steps + 1, a, ["+trainer.v1.conduit.g_ing=auto", *harness]
+    )
+    auto_rows = [] if rc else rows_for_run(here / "auto", "grpo", "conduit", 1, {})
+    if rc:
+        point["errors"]["auto"] = log
+    point["auto_rows"] = [{k: r[k] for k in ("iteration", "wall_s", "exposed_s", "g_ing")} for r in auto_rows]
+    point["evaluation"] = evaluate(point["grid"], auto_rows, read_trace(here / "auto"))
+    return point
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="one workload, one repetition, a short auto run")
+    p.add_argument("--medians", default=None, help="median response lengths (default 32,64,128; quick 64)")
+    p.add_argument("--grid", default="1,2,3,4,6,8,12,16", help="fixed g_ing values (16 = the whole batch)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions of the grid (default 3; quick 1)")
+    p.add_argument(
+        "--auto-steps", type=int, default=None, help="measured steps of the auto run (default 10; quick 5)"
+    )
+    p.add_argument("--tail", type=float, default=4.0, help="p99 / median response length")
+    p.add_argument("--R", type=float, default=4.0, help="generation time / measured ingestion time")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=int, default=1200)
+    p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
+    p.add_argument("--reuse", action="store_true", help="with --work: re-analyse runs already there")
+    p.add_argument(
+        "--out", default=None, help="JSON path (default benchmarks/results/autotune_verl[_quick].json)"
+    )
+    args = p.parse_args(argv)
+    args.medians = [int(m) for m in (args.medians or ("64" if args.quick else "32,64,128")).split(",")]
+    args.grid = sorted({int(g) for g in args.grid.split(",")})
+    args.reps = args.reps or (1 if args.quick else 3)
+    args.auto_steps = args.auto_steps or (5 if args.quick else 10)
+    # the shape verl_iteration.py's paced points use (its run / calibrate / harness_args read these)
+    args.rollout, args.algo, args.batch_size, args.n, args.response_length = "paced", "grpo", 16, 8, 256
+    if max(args.grid) > args.batch_size or min(args.grid) < 1:
+        p.error(f"--grid values must lie in 1..{args.batch_size} (prompt groups per step)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    prov = provenance.start()
+    root = Path(args.work or tempfile.mkdtemp(prefix="autotune_verl_"))
+    out = Path(args.out) if args.out else RESULTS / f"autotune_verl{'_quick' * args.quick}.json"
+    points = []
+    for median in args.medians:
+        point = run_point(root, args, median)
+        points.append(point)
+        ev = point.get("evaluation")
+        if ev:
+            print(
+                f"[autotune_verl] median {median}: tau tail {_fmt(ev['tau_tail'])} (repeat {_fmt(ev['repeat_tau_tail'])}), "
+                f"tau wall {_fmt(ev['tau_wall'])}, top{TOP} {ev[f'top{TOP}_overlap']}/{TOP}, best g {ev['best_g']}, "
+                f"model pick {ev['model_pick']} ({_fmt(ev['model_pick_gap'])}), auto {_fmt(ev['auto_gap'])} off the best, "
+                f"{ev['auto_probes']}/{ev['auto_steps']} probes",
+                flush=True,
+            )
+    result: dict[str, Any] = {
+        "rollout": "paced",
+        "points": points,
+        "machine": machine(),
+        "method": {
+            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+            "paced": "PACED: real tokens released at a modelled inference server's times; a model of "
+            "separate rollout hardware, not a GPU measurement (verl_iteration.py)",
+            "grid": f"one run per workload, g per step: settle {SETTLE}, then grid {args.grid} x {args.reps} "
+            "in seeded random orders; rows after the settling steps",
+            "prediction": "each step's predicted tail from the policy's fit of the earlier steps' pieces "
+            "(conduit_verl_cpu/piece_trace.py), replayed on that step's finish times",
+            "auto": f"a separate run, g_ing=auto, {args.auto_steps} measured steps after warm-up",
+            "shape": "GRPO 16 prompts x n=8, responses <= 256 tokens, lognormal lengths (median per workload, "
+            f"p99/median {args.tail:g}), R {args.R:g}",
+        },
+    }
+    result["machine"].update(provenance.finish(prov))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    done = [p for p in points if "evaluation" in p]
+    if done:
+        plot(done, out.with_suffix(".png"))
+    print(f"[autotune_verl] wrote {out}")
+    return 0 if len(done) == len(points) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
