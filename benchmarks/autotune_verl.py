@@ -14,11 +14,14 @@ like ``verl_iteration.py``'s paced points):
 2. **Auto**: a conduit run with ``g_ing=auto`` (the default) on the same workload.
 
 Per workload: Kendall's τ between the predicted and the measured exposed tail over the grid (and
-against the measured iteration time), the same τ between two measured repetitions (the ceiling
-noise puts on any model), the best 3 by prediction against the best 3 measured, the model's pick in
-the grid and ``auto``'s own run against the best fixed ``g`` (iteration time, medians), and how many of
-``auto``'s steps were whole-batch probes. A paced row is a model of separate rollout hardware (see
-``verl_iteration.py``), not a GPU measurement.
+against the measured iteration less its modelled generation, ``rest``: steps draw different responses,
+so whole iterations of different steps would rank the data, not ``g``), the same τ between two measured
+repetitions (the ceiling noise puts on any model), the best 3 by prediction against the best 3
+measured, the model's pick in the grid and ``auto``'s own run against the best fixed ``g``, and how
+many of ``auto``'s steps were whole-batch probes. Predictions come twice: ``recorded`` (the run's own
+policy) and ``replayed`` (this checkout's policy code fed the run's recorded pieces, so a changed model
+is judged on the same steps; ``--reuse`` re-analyses a run). A paced row is a model of separate
+rollout hardware (see ``verl_iteration.py``), not a GPU measurement.
 """
 
 from __future__ import annotations
@@ -64,14 +67,52 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def recorded(trace: dict[int, dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Each step's predicted tails as the run's own policy made them (``predicted_tail``)."""
+    return {s: t["predicted_tail"] for s, t in trace.items() if t.get("predicted_tail")}
+
+
+def replay(trace: dict[int, dict[str, Any]], groups: int, unit: int = 1) -> dict[int, dict[str, float]]:
+    """Each step's predicted tails by *this checkout's* policy code, fed the run's pieces step by step:
+    before each step, the fit of the earlier steps' pieces only (as in the run), replayed on that
+    step's finish times. Judges a changed model on recorded steps; the tails it is compared with were
+    measured under the run's schedule, which no model changes."""
+    from conduit_verl.piece_policy import PiecePolicy
+    from conduit_verl_cpu.piece_trace import predicted_tails
+
+    policy = PiecePolicy("auto", groups, unit)
+    out: dict[int, dict[str, float]] = {}
+    for step in sorted(trace):
+        t = trace[step]
+        policy.begin_step(100.0 * step)
+        if len(policy.pieces) and len(t["finish"]) == groups:
+            cost, k = policy.fitted()
+            tails = predicted_tails(policy, t["finish"], t["work"], (cost.a, cost.b, cost.per_byte, k))
+            out[step] = {str(g): v for g, v in tails.items()}
+        for piece in t["pieces"]:
+            policy.record_piece(piece["groups"], piece["seconds"], piece["overlapped"], piece["work"])
+        policy.record_step(t["finish"], t["ended"])
+    return out
+
+
+def rest_s(row: dict[str, Any], scale: float) -> float:
+    """The iteration less its modelled generation (``model_gen_s`` x the run's time scale): the part
+    a piece size can change. Steps draw different responses, so their generation differs by seconds;
+    comparing whole iterations of different steps would rank the data, not ``g``."""
+    return row["wall_s"] - float(row.get("model_gen_s") or 0.0) * scale
+
+
 def grid_view(
-    rows: list[dict[str, Any]], trace: dict[int, dict[str, Any]], grid: list[int]
+    rows: list[dict[str, Any]],
+    trace: dict[int, dict[str, Any]],
+    grid: list[int],
+    predictions: dict[int, dict[str, float]],
+    scale: float,
 ) -> dict[str, Any]:
-    """Per ``g`` of the grid: measured wall / exposed / tail per step, and the predicted tail of the
-    steps it ran (each from the fit before that step); medians of each."""
-    per: dict[int, dict[str, list[float]]] = {
-        g: {"wall": [], "exposed": [], "tail": [], "pred": []} for g in grid
-    }
+    """Per ``g`` of the grid: measured wall, iteration less generation (``rest``), exposed time and
+    exposed tail per step, and the tail ``predictions`` gave for the ``g`` each step ran; medians."""
+    keys = ("wall", "rest", "exposed", "tail", "pred")
+    per: dict[int, dict[str, list[float]]] = {g: {k: [] for k in keys} for g in grid}
     errors: list[float] = []
     for row in rows:
         step = trace.get(int(row["iteration"]))
@@ -79,18 +120,21 @@ def grid_view(
             continue
         mine = per[step["g"]]
         mine["wall"].append(row["wall_s"])
+        mine["rest"].append(rest_s(row, scale))
         mine["exposed"].append(row["exposed_s"])
         mine["tail"].append(step["tail"])
-        pred = (step.get("predicted_tail") or {}).get(str(step["g"]))
+        pred = predictions.get(int(row["iteration"]), {}).get(str(step["g"]))
         if pred is not None:
             mine["pred"].append(pred)
             if step["tail"] > 0:
                 errors.append(abs(pred - step["tail"]) / step["tail"])
     medians = {str(g): {k: _median(v) for k, v in d.items()} for g, d in per.items()}
+    walls = [w for d in per.values() for w in d["wall"]]
     return {
         "per_g": {str(g): d for g, d in per.items()},
         "medians": medians,
         "prediction_error": _median(errors),
+        "median_wall_s": _median(walls),
     }
 
 
@@ -109,44 +153,64 @@ def repeatability(per_g: dict[str, dict[str, list[float]]], key: str) -> float |
 
 
 def evaluate(
-    view: dict[str, Any], auto_rows: list[dict[str, Any]], auto_trace: dict[int, dict[str, Any]]
+    view: dict[str, Any],
+    auto_rows: list[dict[str, Any]],
+    auto_trace: dict[int, dict[str, Any]],
+    scale: float,
 ) -> dict[str, Any]:
-    """τ, top-3 agreement, the model's pick and ``auto``'s run against the best fixed ``g``."""
+    """τ, top-3 agreement, the model's pick and ``auto``'s run against the best fixed ``g``. Gaps are
+    in iteration less modelled generation (:func:`rest_s`), as a share of the grid's median iteration."""
     med = view["medians"]
     measured = [g for g, m in med.items() if m["tail"] is not None and m["pred"] is not None]
     pred = [med[g]["pred"] for g in measured]
     tau_tail = kendall(pred, [med[g]["tail"] for g in measured]) if len(measured) >= 3 else None
-    tau_wall = kendall(pred, [med[g]["wall"] for g in measured]) if len(measured) >= 3 else None
-    by_wall = _ranked({g: m["wall"] for g, m in med.items()})
+    tau_rest = kendall(pred, [med[g]["rest"] for g in measured]) if len(measured) >= 3 else None
+    by_rest = _ranked({g: m["rest"] for g, m in med.items()})
     by_pred = _ranked({g: m["pred"] for g, m in med.items()})
-    best = by_wall[0] if by_wall else None
-    best_wall = med[str(best)]["wall"] if best is not None else None
+    best = by_rest[0] if by_rest else None
+    best_rest = med[str(best)]["rest"] if best is not None else None
     pick = by_pred[0] if by_pred else None
+    iteration = view["median_wall_s"]
+
+    def gap(rest: float | None) -> float | None:
+        return (
+            (rest - best_rest) / iteration
+            if rest is not None and best_rest is not None and iteration
+            else None
+        )
+
     out: dict[str, Any] = {
         "tau_tail": tau_tail,
-        "tau_wall": tau_wall,
+        "tau_rest": tau_rest,
         "repeat_tau_tail": repeatability(view["per_g"], "tail"),
-        "repeat_tau_wall": repeatability(view["per_g"], "wall"),
+        "repeat_tau_rest": repeatability(view["per_g"], "rest"),
         f"top{TOP}_predicted": by_pred[:TOP],
-        f"top{TOP}_measured": by_wall[:TOP],
-        f"top{TOP}_overlap": len(set(by_pred[:TOP]) & set(by_wall[:TOP])),
+        f"top{TOP}_measured": by_rest[:TOP],
+        f"top{TOP}_overlap": len(set(by_pred[:TOP]) & set(by_rest[:TOP])),
         "best_g": best,
-        "best_wall_s": best_wall,
+        "best_rest_s": best_rest,
         "model_pick": pick,
-        "model_pick_gap": (med[str(pick)]["wall"] / best_wall - 1)
-        if pick is not None and best_wall
-        else None,
+        "model_pick_gap": gap(med[str(pick)]["rest"]) if pick is not None else None,
         "prediction_error": view["prediction_error"],
     }
+    rests = [rest_s(r, scale) for r in auto_rows]
+    pairs = [
+        (rest_s(r, scale), auto_trace[int(r["iteration"])])
+        for r in auto_rows
+        if int(r["iteration"]) in auto_trace
+    ]
+    streamed = [w for w, s in pairs if s.get("arm") != "whole"]
+    probes = [w for w, s in pairs if s.get("arm") == "whole"]
+    # what the whole-batch probes cost: their time over the median streamed step, of the run's time
+    excess = sum(max(0.0, w - statistics.median(streamed)) for w in probes) if streamed else 0.0
     walls = [r["wall_s"] for r in auto_rows]
-    steps = [auto_trace[int(r["iteration"])] for r in auto_rows if int(r["iteration"]) in auto_trace]
-    auto_wall = _median(walls)
     out.update(
-        auto_wall_s=auto_wall,
-        auto_gap=(auto_wall / best_wall - 1) if auto_wall is not None and best_wall else None,
-        auto_g=[s["g"] for s in steps],
-        auto_probes=sum(1 for s in steps if s.get("arm") == "whole"),
+        auto_rest_s=_median(rests),
+        auto_gap=gap(_median(rests)),
+        auto_g=[s["g"] for _, s in pairs],
+        auto_probes=len(probes),
         auto_steps=len(auto_rows),
+        auto_probe_share=excess / sum(walls) if walls else None,
     )
     out["targets"] = {
         "tau_tail>=0.8": tau_tail is not None and tau_tail >= TAU_TARGET,
@@ -156,8 +220,8 @@ def evaluate(
 
 
 def plot(points: list[dict[str, Any]], path: Path) -> None:
-    """Per workload: measured and predicted exposed tail against ``g`` (top), iteration time against
-    ``g`` with ``auto``'s run (bottom)."""
+    """Per workload: measured and predicted exposed tail against ``g`` (top), iteration less modelled
+    generation against ``g`` with ``auto``'s run (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,24 +229,28 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
 
     fig, axes = plt.subplots(2, len(points), figsize=(4.2 * len(points), 6.5), squeeze=False)
     for col, point in enumerate(points):
-        view, ev = point["grid"], point["evaluation"]
+        view = point["views"]["recorded"]
         gs = sorted(int(g) for g in view["per_g"])
         top, bottom = axes[0][col], axes[1][col]
         for g in gs:
             d = view["per_g"][str(g)]
             top.scatter([g] * len(d["tail"]), d["tail"], s=10, color="grey", alpha=0.6)
-            bottom.scatter([g] * len(d["wall"]), d["wall"], s=10, color="grey", alpha=0.6)
+            bottom.scatter([g] * len(d["rest"]), d["rest"], s=10, color="grey", alpha=0.6)
         med = view["medians"]
         top.plot(gs, [med[str(g)]["tail"] for g in gs], "o-", color="black", label="measured (median)")
-        top.plot(gs, [med[str(g)]["pred"] for g in gs], "s--", color="tab:blue", label="predicted (median)")
-        bottom.plot(gs, [med[str(g)]["wall"] for g in gs], "o-", color="black", label="fixed g (median)")
-        if ev["auto_wall_s"] is not None:
-            bottom.axhline(
-                ev["auto_wall_s"], color="tab:red", label=f"auto run (median, {ev['auto_probes']} probes)"
-            )
-        top.set_title(f"median {point['median']} tokens: tau {_fmt(ev['tau_tail'])}")
+        for name, style in (("recorded", "s--"), ("replayed", "^:")):
+            ev = point["evaluation"][name]
+            m = point["views"][name]["medians"]
+            label = f"predicted, {name} (tau {_fmt(ev['tau_tail'])})"
+            top.plot(gs, [m[str(g)]["pred"] for g in gs], style, label=label)
+        bottom.plot(gs, [med[str(g)]["rest"] for g in gs], "o-", color="black", label="fixed g (median)")
+        ev = point["evaluation"]["recorded"]
+        if ev["auto_rest_s"] is not None:
+            label = f"auto run (median, {ev['auto_probes']}/{ev['auto_steps']} probes)"
+            bottom.axhline(ev["auto_rest_s"], color="tab:red", label=label)
+        top.set_title(f"median response {point['median']} tokens")
         top.set_ylabel("exposed tail (s)")
-        bottom.set_ylabel("iteration (s)")
+        bottom.set_ylabel("iteration less modelled generation (s)")
         bottom.set_xlabel("g_ing (groups per piece; 16 = whole batch)")
         top.legend(fontsize=7)
         bottom.legend(fontsize=7)
@@ -203,24 +271,34 @@ def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, An
     a.pace_median = median
     here = root / f"median{median}"
     cal = calibration(calibrate(here, a, args.tail))
-    harness = harness_args(a, args.tail, args.R * cal["time_scale_per_R"])
+    scale = args.R * cal["time_scale_per_R"]
+    harness = harness_args(a, args.tail, scale)
     plan = schedule(args.grid, args.reps, args.seed + median)
     extra = ["--g-schedule", ",".join(map(str, plan)), "+trainer.v1.conduit.g_ing=auto", *harness]
-    point: dict[str, Any] = {"median": median, "calibration": cal, "schedule": plan, "errors": {}}
+    point: dict[str, Any] = {"median": median, "calibration": cal, "time_scale": scale, "schedule": plan}
+    point["errors"] = {}
     rc, log = run(here / "grid", "conduit", len(plan), a, extra)
     if rc:
         point["errors"]["grid"] = log
         return point
     rows = rows_for_run(here / "grid", "grpo", "conduit", len(SETTLE), {})
-    point["grid"] = grid_view(rows, read_trace(here / "grid"), args.grid)
+    trace = read_trace(here / "grid")
     rc, log = run(
         here / "auto", "conduit", args.auto_steps + 1, a, ["+trainer.v1.conduit.g_ing=auto", *harness]
     )
     auto_rows = [] if rc else rows_for_run(here / "auto", "grpo", "conduit", 1, {})
     if rc:
         point["errors"]["auto"] = log
-    point["auto_rows"] = [{k: r[k] for k in ("iteration", "wall_s", "exposed_s", "g_ing")} for r in auto_rows]
-    point["evaluation"] = evaluate(point["grid"], auto_rows, read_trace(here / "auto"))
+    keep = ("iteration", "wall_s", "exposed_s", "g_ing", "model_gen_s")
+    point["auto_rows"] = [{k: r.get(k) for k in keep} for r in auto_rows]
+    sources = {"recorded": recorded(trace), "replayed": replay(trace, args.batch_size)}
+    point["views"] = {
+        name: grid_view(rows, trace, args.grid, preds, scale) for name, preds in sources.items()
+    }
+    auto_trace = read_trace(here / "auto")
+    point["evaluation"] = {
+        name: evaluate(view, auto_rows, auto_trace, scale) for name, view in point["views"].items()
+    }
     return point
 
 
@@ -259,17 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance.start()
     root = Path(args.work or tempfile.mkdtemp(prefix="autotune_verl_"))
     out = Path(args.out) if args.out else RESULTS / f"autotune_verl{'_quick' * args.quick}.json"
+    earlier = json.loads(out.read_text()) if args.reuse and out.exists() else None
     points = []
     for median in args.medians:
         point = run_point(root, args, median)
         points.append(point)
-        ev = point.get("evaluation")
-        if ev:
+        for name, ev in point.get("evaluation", {}).items():
             print(
-                f"[autotune_verl] median {median}: tau tail {_fmt(ev['tau_tail'])} (repeat {_fmt(ev['repeat_tau_tail'])}), "
-                f"tau wall {_fmt(ev['tau_wall'])}, top{TOP} {ev[f'top{TOP}_overlap']}/{TOP}, best g {ev['best_g']}, "
-                f"model pick {ev['model_pick']} ({_fmt(ev['model_pick_gap'])}), auto {_fmt(ev['auto_gap'])} off the best, "
-                f"{ev['auto_probes']}/{ev['auto_steps']} probes",
+                f"[autotune_verl] median {median}, {name}: tau tail {_fmt(ev['tau_tail'])} "
+                f"(repeat {_fmt(ev['repeat_tau_tail'])}), tau rest {_fmt(ev['tau_rest'])} "
+                f"(repeat {_fmt(ev['repeat_tau_rest'])}), top{TOP} {ev[f'top{TOP}_overlap']}/{TOP}, "
+                f"best g {ev['best_g']}, model pick {ev['model_pick']} ({_fmt(ev['model_pick_gap'])}), "
+                f"auto {_fmt(ev['auto_gap'])} off the best, {ev['auto_probes']}/{ev['auto_steps']} probes",
                 flush=True,
             )
     result: dict[str, Any] = {
@@ -282,14 +361,21 @@ def main(argv: list[str] | None = None) -> int:
             "separate rollout hardware, not a GPU measurement (verl_iteration.py)",
             "grid": f"one run per workload, g per step: settle {SETTLE}, then grid {args.grid} x {args.reps} "
             "in seeded random orders; rows after the settling steps",
-            "prediction": "each step's predicted tail from the policy's fit of the earlier steps' pieces "
-            "(conduit_verl_cpu/piece_trace.py), replayed on that step's finish times",
+            "recorded": "each step's predicted tail as the run's policy made it, from the fit of the earlier "
+            "steps' pieces (conduit_verl_cpu/piece_trace.py), replayed on that step's finish times",
+            "replayed": "the same with this checkout's policy code, fed the run's recorded pieces (replay())",
+            "rest": "iteration less its modelled generation (model_gen_s x time scale): steps draw different "
+            "responses, so whole iterations of different steps would rank the data, not g; gaps are rest "
+            "differences as a share of the grid's median iteration",
             "auto": f"a separate run, g_ing=auto, {args.auto_steps} measured steps after warm-up",
             "shape": "GRPO 16 prompts x n=8, responses <= 256 tokens, lognormal lengths (median per workload, "
             f"p99/median {args.tail:g}), R {args.R:g}",
         },
     }
     result["machine"].update(provenance.finish(prov))
+    if earlier is not None:  # a re-analysis: the provenance is the runs', this one is noted beside it
+        result["reanalysis"] = result["machine"]
+        result["machine"] = earlier["machine"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     done = [p for p in points if "evaluation" in p]

@@ -11,8 +11,9 @@ the bandwidth of the link the bytes cross (measured by ``conduit.discovery``; se
 least squares over measured calls (one row per sample: ``calls``, ``items``, ``bytes``, ``seconds``;
 per-iteration totals are fine: ``seconds = a * calls + b * items + bytes / W``). Coefficients are
 kept >= 0 (a negative per-item or per-byte term is dropped and the rest refitted; a negative ``a``
-becomes 0). When the samples cannot separate ``a`` from ``b`` (one call size only) the mean per-call
-time is split evenly between them.
+becomes 0). A fitted per-byte term that moves with the items is left out; where every call had the
+same items but bytes varied, the per-item term is left out instead. When the samples cannot separate
+``a`` from ``b`` (one call size only) the mean per-call time is split evenly between them.
 
 **One iteration** (:class:`Workload`): the caller's thread runs the producer's compute ``P`` and the
 consumer's compute ``C``; it puts ``F`` fragments of ``f`` items and gets ``K`` batches of ``B`` items
@@ -51,8 +52,9 @@ iterations (:func:`calibrate_overlap`: non-negative least squares for ``w_g``, `
 search for ``w_d``).
 
 **Streaming** (verl's pieces, :func:`stream_end`): groups finish at known times; a piece waits for
-``g`` groups, takes every finished one and ingests them at ``t_ing``; the end of the last piece is the
-exposed tail. Pieces ingested while generation still runs on the same cores run ``k`` times slower;
+``g`` groups, takes every finished one and ingests them at ``t_ing(n, m)`` with ``n`` its groups and
+``m`` their work (tokens; no link applies, so the third term is fitted: per piece, per group — one
+inference micro-batch each —, per token); the end of the last piece is the exposed tail. Pieces ingested while generation still runs on the same cores run ``k`` times slower;
 :func:`fit_slowed` fits ``t_ing`` and ``k`` together (``seconds = k^o * t_ing``, ``o`` = 1 for those
 pieces), so that the slowdown is not read as cost.
 
@@ -123,13 +125,11 @@ class OperatorCost:
         y = np.array([s.seconds for s in samples], dtype=np.float64) - per_byte * x[:, 2]
         cols = [0, 1] if bandwidth is not None else [0, 1, 2]
         while True:
-            design = x[:, cols]
-            if np.linalg.matrix_rank(design) < len(cols):
-                if 2 in cols:  # bytes move with items: no separate per-byte term
-                    cols.remove(2)
-                    continue
+            independent = _independent(x, cols)
+            if independent is None:
                 return cls(*_split_evenly(x, y), per_byte=per_byte)
-            coef = np.linalg.lstsq(design, y, rcond=None)[0]
+            cols = independent
+            coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
             negative = [(c, col) for c, col in zip(coef, cols, strict=True) if col > 0 and c < 0]
             if not negative:
                 break
@@ -137,6 +137,19 @@ class OperatorCost:
         got = dict(zip(cols, (float(c) for c in coef), strict=True))
         fitted_byte = got.get(2, 0.0) if bandwidth is None else per_byte
         return cls(max(0.0, got[0]), got.get(1, 0.0), fitted_byte)
+
+
+def _independent(x: np.ndarray, cols: list[int]) -> list[int] | None:
+    """The columns of ``x`` to fit: ``cols`` if independent; else without the per-byte column (bytes
+    moved with items), else without the per-item one (every call the same size while bytes varied);
+    None when neither is (calls and items move together: :func:`_split_evenly`)."""
+    options = [cols, [c for c in cols if c != 2]]
+    if 2 in cols:
+        options.append([c for c in cols if c != 1])
+    for keep in options:
+        if np.linalg.matrix_rank(x[:, keep]) == len(keep):
+            return keep
+    return None
 
 
 def _split_evenly(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -475,8 +488,9 @@ def stream_end(
     """When the last streamed piece's ingestion ends, for groups finishing at ``finish`` (sorted).
 
     A piece waits for ``g`` groups, then takes every finished one (whole multiples of ``unit``, at
-    least ``g``, never more than is left) and is ingested in ``cost.seconds(its groups' work)``;
-    ``work[i]`` is the work (items, tokens) of the group finishing ``i``-th (None: 1 per group).
+    least ``g``, never more than is left) and is ingested in ``cost.seconds(its groups, their work)``
+    (``a + b * groups + per_byte * work``); ``work[i]`` is the work (tokens) of the group finishing
+    ``i``-th (None: no per-work term).
     Until the last group finishes (generation ends) a piece runs ``slowdown`` times slower (shared
     cores or device: :func:`fit_slowed`'s ``k``), at full speed after.
     """
@@ -488,7 +502,7 @@ def stream_end(
         t = max(t, finish[taken + want - 1])
         ready = bisect.bisect_right(finish, t) - taken
         k = min(total - taken, max(want, ready // unit * unit))
-        alone = cost.seconds(k if done is None else done[taken + k] - done[taken])
+        alone = cost.seconds(k, 0.0 if done is None else done[taken + k] - done[taken])
         before_end = max(0.0, end_gen - t)  # seconds of this piece's run before generation ends
         t += (
             alone * slowdown if alone * slowdown <= before_end else before_end + alone - before_end / slowdown

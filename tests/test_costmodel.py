@@ -230,3 +230,21 @@ def test_stream_end_slows_pieces_while_generation_runs() -> None:
     assert stream_end([1.0, 3.0, 4.0], 1, cost, 1) == pytest.approx(5.0)
     # one whole-batch piece starts when generation has ended: never slowed
     assert stream_end([1.0, 3.0, 4.0], 3, cost, 1, slowdown=3.0) == pytest.approx(7.0)
+
+
+def test_fit_keeps_the_per_byte_term_when_every_call_has_the_same_items() -> None:
+    """Pieces of four groups each whose token counts vary: items cannot be told from the fixed cost,
+    bytes can; the per-item term is left out, not the per-byte one."""
+    samples = [Sample(1, 4, m, 0.02 + 0.001 * m) for m in (300.0, 500.0, 900.0)]
+    cost = OperatorCost.fit(samples)
+    assert (cost.a, cost.b, cost.per_byte) == pytest.approx((0.02, 0.0, 0.001))
+    # bytes moving with items: the per-byte term is left out, as before
+    moving = [Sample(1, n, 8 * n, 0.1 + 0.01 * n) for n in (1, 4, 9)]
+    assert OperatorCost.fit(moving) == OperatorCost(pytest.approx(0.1), pytest.approx(0.01), 0.0)
+
+
+def test_stream_end_charges_each_piece_per_group_and_per_work() -> None:
+    cost = OperatorCost(0.1, 0.05, 0.01)  # per piece, per group, per token
+    # g=2 over [1, 2] and [3, 4] with 10 / 100 tokens per group: the first piece ends at 2 + 0.1 +
+    # 0.1 + 0.2 = 2.4, the last at 4 + 0.1 + 0.1 + 2.0
+    assert stream_end([1.0, 2.0, 3.0, 4.0], 2, cost, 1, [10.0, 10.0, 100.0, 100.0]) == pytest.approx(6.2)

@@ -3,10 +3,12 @@
 ``auto`` has two parts.
 
 The core's cost model (``conduit.costmodel``) picks how to stream. It keeps ``seconds = a + b *
-work`` for one piece's ingestion (an ``OperatorCost`` fitted by least squares over recent pieces:
-``a`` is the per-call cost of the worker calls and TQ round trips, ``b`` the compute per unit of
-work; the streaming step measures work in tokens, ``seq_len`` summed over the piece's samples,
-because the groups that finish last hold the longest responses and cost the most to ingest) and the
+groups + c * tokens`` for one piece's ingestion (an ``OperatorCost`` fitted by least squares over
+recent pieces, the tokens in its third term: ``a`` is the per-call cost of the worker calls and TQ
+round trips, ``b`` the cost per group — each group is one inference micro-batch, a forward call per
+stage —, ``c`` the compute per token, ``seq_len`` summed over the piece's samples, because the groups
+that finish last hold the longest responses and cost the most to ingest; with short responses the
+per-group term dominates: a fit on tokens alone underrated a whole-batch piece by a third) and the
 finish times and work of the last step's groups (from the completion channel; all groups are
 submitted at once, so they finish in clusters, not at a rate; groups are matched to finish times in
 the order they were taken, the lighter first within a piece). For each candidate ``g`` it replays
@@ -23,8 +25,8 @@ work. The warm-up step's pieces are not recorded (first calls are slow for reaso
 
 Where generation shares the cores or device, pieces ingested while it still runs
 (``overlapped``) run slower than pieces ingested after it ended (each step's last piece). The fit
-takes that into account: ``seconds = k^o * (a + b * work)`` with ``o`` = 1 for overlapped pieces
-(the core's ``fit_slowed``), so ``a`` and ``b`` are the pieces' own cost and ``contention = k``
+takes that into account: ``seconds = k^o * (a + b * groups + c * tokens)`` with ``o`` = 1 for
+overlapped pieces (the core's ``fit_slowed``), so ``a``, ``b``, ``c`` are the pieces' own cost and ``contention = k``
 (1 = separate hardware, ~2 = two equal jobs on the same cores). One line through both kinds would
 read the slowdown as cost (light early pieces, slowed, as slow as the heavy last one: ``b`` fitted
 to 0, ``a`` inflated, and the model then picks too few pieces). What the model leaves out is what
@@ -81,15 +83,16 @@ def simulate(
     unit: int,
     work: Sequence[float] | None = None,
     slowdown: float = 1.0,
+    per_token: float = 0.0,
 ) -> float:
     """When the last piece's ingestion ends, for groups finishing at ``finish`` (sorted, seconds).
 
     Pieces are whole multiples of ``unit`` groups, at least ``g`` (never over what is left). A piece
-    costs ``a + b * (its groups' work)``, ``slowdown`` times that while generation still runs;
-    ``work[i]`` is the work of the group finishing ``i``-th (None: 1 per group; the core's
+    costs ``a + b * groups + per_token * (its groups' work)``, ``slowdown`` times that while
+    generation still runs; ``work[i]`` is the work of the group finishing ``i``-th (the core's
     ``stream_end``).
     """
-    return stream_end(finish, g, OperatorCost(a, b), unit, work, slowdown)
+    return stream_end(finish, g, OperatorCost(a, b, per_token), unit, work, slowdown)
 
 
 class PiecePolicy:
@@ -164,7 +167,7 @@ class PiecePolicy:
             return
         per_group = sorted(work) if work is not None else [1.0] * groups
         items = float(sum(per_group))
-        self.pieces.record(1, items, seconds, slowed=overlapped)
+        self.pieces.record(1, float(len(per_group)), seconds, nbytes=items, slowed=overlapped)
         self._fit = None
         self._step_pieces += 1
         self._step_work += per_group
@@ -184,8 +187,7 @@ class PiecePolicy:
         if len(self.finish) == self.groups:
             self.recent.append((self.finish, self._spread(self.finish, self.work)))
             if self.setting == "auto" and len(self.pieces):
-                a, b = self.cost()
-                self.chosen = self.best(a, b)
+                self.chosen = self.best()
         if self._step_pieces > 1 and len(self.pieces):
             tail = self._tail_s
             if ended is not None and finish:  # the exposed tail, waits for earlier pieces included
@@ -222,7 +224,7 @@ class PiecePolicy:
 
     def whole_s(self, work: float | None = None) -> float:
         """Predicted ingestion of the whole batch in one piece (``work``; None: the last step's)."""
-        return self.fitted()[0].seconds(self.step_work if work is None else work)
+        return self.fitted()[0].seconds(self.groups, self.step_work if work is None else work)
 
     def streaming_pays(self) -> bool:
         """The median predicted gain of the last streamed steps is over ``PAYS`` of the whole batch's
@@ -240,6 +242,7 @@ class PiecePolicy:
         return {
             "a_s": a,
             "b_s": b,
+            "per_token_s": self.per_token(),
             "chosen": float(self.chosen),
             "contention": self.contention(),
             "predicted_gain_s": self.gains[-1] if self.gains else 0.0,
@@ -247,9 +250,15 @@ class PiecePolicy:
         }
 
     def cost(self) -> tuple[float, float]:
-        """``(a, b)`` of ``seconds = a + b * work`` (the core's least-squares fit over the window)."""
+        """``(a, b)`` of ``seconds = a + b * groups + c * tokens`` (the core's least-squares fit over
+        the window; ``c``: :meth:`per_token`)."""
         fit = self.fitted()[0]
         return fit.a, fit.b
+
+    def per_token(self) -> float:
+        """``c`` of ``seconds = a + b * groups + c * tokens`` (0 until measured, or where tokens
+        moved with groups in every piece)."""
+        return self.fitted()[0].per_byte if len(self.pieces) else 0.0
 
     def _spread(self, finish: list[float], work: list[float] | None) -> list[float]:
         """Each group's work in finish order; unknown: the step's work spread evenly."""
@@ -257,16 +266,16 @@ class PiecePolicy:
             return [self.step_work / max(len(finish), 1)] * len(finish)
         return work
 
-    def best(self, a: float, b: float) -> int:
+    def best(self) -> int:
         """The candidate ``g`` with the shortest mean predicted exposed tail (end of the last piece
         after the last group finished) over the last steps' finish times (one step's clusters of
-        finishing groups would over-fit the choice)."""
+        finishing groups would over-fit the choice), by the current fit."""
         steps = list(self.recent)
         candidates = range(self.unit, self.groups + 1, self.unit)
-        k = self.contention()
+        cost, k = self.fitted()
         tails = {
             g: statistics.fmean(
-                simulate(f, g, a, b, self.unit, w, k) - (f[-1] if f else 0.0) for f, w in steps
+                stream_end(f, g, cost, self.unit, w, k) - (f[-1] if f else 0.0) for f, w in steps
             )
             for g in candidates
         }

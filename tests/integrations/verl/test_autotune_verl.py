@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from autotune_verl import SETTLE, evaluate, grid_view, repeatability, schedule  # noqa: E402
+from autotune_verl import (  # noqa: E402
+    SETTLE,
+    evaluate,
+    grid_view,
+    read_trace,
+    recorded,
+    repeatability,
+    replay,
+    schedule,
+)
 from conduit_verl.piece_policy import PiecePolicy
 from conduit_verl_cpu import piece_trace
 
@@ -58,13 +67,20 @@ def test_schedule_drives_the_pieces_and_the_trace_predicts_from_earlier_steps_on
     assert [len(line["pieces"]) for line in lines] == [2, 2, 8, 1, 4]
     # the fit before step 3 saw step 2's two pieces only, not step 3's eight
     window = CostWindow(32)
-    window.record(1, 400.0, 0.5, slowed=True)
-    window.record(1, 400.0, 0.5, slowed=False)
+    window.record(1, 4.0, 0.5, nbytes=400.0, slowed=True)
+    window.record(1, 4.0, 0.5, nbytes=400.0, slowed=False)
     cost, k = window.fit_slowed()
-    assert lines[2]["fit_before"] == pytest.approx({"a": cost.a, "b": cost.b, "contention": k})
+    want = {"a": cost.a, "b": cost.b, "per_token": cost.per_byte, "contention": k}
+    assert lines[2]["fit_before"] == pytest.approx(want)
     assert lines[3]["fit_before"] != lines[2]["fit_before"]
-    tails = piece_trace.predicted_tails(policy, finish, [100.0] * 8, (cost.a, cost.b, k))
+    tails = piece_trace.predicted_tails(policy, finish, [100.0] * 8, (cost.a, cost.b, cost.per_byte, k))
     assert lines[2]["predicted_tail"] == pytest.approx({str(g): t for g, t in tails.items()})
+    # the benchmark's offline replay of the recorded pieces with this code gives the same predictions
+    trace = read_trace(traced.parent)
+    again = replay(trace, groups=8)
+    assert set(again) == set(recorded(trace)) == {3, 4, 5}
+    for step, preds in recorded(trace).items():
+        assert again[step] == pytest.approx(preds)
 
 
 def test_schedule_values_are_checked() -> None:
@@ -95,7 +111,9 @@ def _trace_and_rows(tails: dict[int, list[float]], preds: dict[int, float]) -> t
             if rep >= len(ts):
                 continue
             trace[step] = {"step": step, "g": g, "tail": ts[rep], "predicted_tail": {str(g): preds[g]}}
-            rows.append({"iteration": step, "wall_s": 10.0 + ts[rep], "exposed_s": ts[rep]})
+            # generation differs by step (3 s + 0.5 s per step, x scale 2): the rest is 4 + tail
+            row = {"iteration": step, "wall_s": 10.0 + step + ts[rep], "exposed_s": ts[rep]}
+            rows.append({**row, "model_gen_s": 3.0 + 0.5 * step})
             step += 1
     return rows, trace
 
@@ -104,17 +122,22 @@ def test_evaluation_ranks_and_gaps() -> None:
     tails = {1: [1.0, 1.1], 2: [0.6, 0.7], 4: [0.5, 0.4], 16: [2.0, 2.2]}
     preds = {1: 0.9, 2: 0.55, 4: 0.6, 16: 2.1}  # swaps 2 and 4
     rows, trace = _trace_and_rows(tails, preds)
-    view = grid_view(rows, trace, [1, 2, 4, 16])
+    view = grid_view(rows, trace, [1, 2, 4, 16], recorded(trace), scale=2.0)
     assert view["medians"]["4"]["tail"] == pytest.approx(0.45)
-    auto_rows = [{"iteration": i, "wall_s": w} for i, w in ((2, 10.5), (3, 10.4), (4, 12.0))]
+    assert view["medians"]["4"]["rest"] == pytest.approx(4.45)  # not the wall: its steps differ
+    iteration = view["median_wall_s"]
+    auto_rows = [
+        {"iteration": i, "wall_s": w, "model_gen_s": 3.0} for i, w in ((2, 10.5), (3, 10.4), (4, 12.0))
+    ]
     auto_trace = {2: {"g": 4, "arm": "stream"}, 3: {"g": 4, "arm": "stream"}, 4: {"g": 16, "arm": "whole"}}
-    ev = evaluate(view, auto_rows, auto_trace)
+    ev = evaluate(view, auto_rows, auto_trace, scale=2.0)
     assert ev["tau_tail"] == pytest.approx(4 / 6)  # 5 of 6 pairs agree
     assert ev["best_g"] == 4 and ev["model_pick"] == 2
-    assert ev["model_pick_gap"] == pytest.approx(10.65 / 10.45 - 1)
+    assert ev["model_pick_gap"] == pytest.approx((4.65 - 4.45) / iteration)
     assert ev["top3_overlap"] == 3
-    assert ev["auto_gap"] == pytest.approx(10.5 / 10.45 - 1)
+    assert ev["auto_gap"] == pytest.approx((4.5 - 4.45) / iteration)
     assert ev["auto_probes"] == 1 and ev["auto_g"] == [4, 4, 16]
+    assert ev["auto_probe_share"] == pytest.approx((6.0 - 4.45) / 32.9)
     assert ev["targets"] == {"tau_tail>=0.8": False, "auto_within_5%": True}
 
 

@@ -7,7 +7,7 @@ updates its choice (``chosen``) as ``auto`` would; only the pieces it runs follo
 
 ``CONDUIT_VERL_PIECE_TRACE=<file>``: one JSON line per step (conduit mode) with the ``g`` it ran,
 its groups' finish times and work (tokens), its pieces, when its last piece ended (seconds from the
-step's start), the policy's fit *before* the step (``a``, ``b``, ``contention``), the exposed tail the
+step's start), the policy's fit *before* the step (``a``, ``b``, ``per_token``, ``contention``), the exposed tail the
 policy's model predicts for every candidate ``g`` on this step's finish times with that fit (so the
 prediction has not seen the step it predicts), and ``auto``'s choice after the step.
 """
@@ -54,16 +54,16 @@ def scheduled_g(schedule: list[int], step: int, groups: int, unit: int) -> int:
 
 
 def predicted_tails(
-    policy: Any, finish: list[float], work: list[float], fit: tuple[float, float, float]
+    policy: Any, finish: list[float], work: list[float], fit: tuple[float, float, float, float]
 ) -> dict[int, float]:
     """Exposed tail (end of the last piece after the last group finished) the policy's model predicts
-    for each candidate ``g`` on these finish times, with the fit ``(a, b, contention)``."""
+    for each candidate ``g`` on these finish times, with the fit ``(a, b, per_token, contention)``."""
     from conduit_verl.piece_policy import simulate
 
-    a, b, k = fit
+    a, b, c, k = fit
     last = finish[-1] if finish else 0.0
     return {
-        g: simulate(finish, g, a, b, policy.unit, work, k) - last
+        g: simulate(finish, g, a, b, policy.unit, work, k, c) - last
         for g in range(policy.unit, policy.groups + 1, policy.unit)
     }
 
@@ -92,7 +92,7 @@ def install() -> None:
         fit = None
         if len(self.pieces):
             cost, k = self.fitted()
-            fit = (cost.a, cost.b, k)
+            fit = (cost.a, cost.b, cost.per_byte, k)
         self._trace = {"fit": fit, "pieces": []}
         g = begin_step(self, now)
         self._trace["g"] = g
@@ -125,7 +125,7 @@ def install() -> None:
             "ended": ended,
             "tail": (ended - done[-1]) if ended is not None and done else None,
             "pieces": trace["pieces"],
-            "fit_before": dict(zip(("a", "b", "contention"), fit, strict=True)) if fit else None,
+            "fit_before": dict(zip(("a", "b", "per_token", "contention"), fit, strict=True)) if fit else None,
             "predicted_tail": (
                 {str(g): t for g, t in predicted_tails(self, done, work, fit).items()}
                 if fit and len(done) == self.groups
