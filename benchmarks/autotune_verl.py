@@ -14,7 +14,7 @@ like ``verl_iteration.py``'s paced points):
 2. **Auto**: a conduit run with ``g_ing=auto`` (the default) on the same workload.
 
 Per workload: Kendall's τ between the predicted and the measured exposed tail over the grid (and
-against the measured iteration less its modelled generation, ``rest``: steps draw different responses,
+against the measured iteration less its modelled generation and updates, ``rest``: steps draw different responses,
 so whole iterations of different steps would rank the data, not ``g``), the same τ between two measured
 repetitions (the ceiling noise puts on any model), the best 3 by prediction against the best 3
 measured, the model's pick in the grid and ``auto``'s own run against the best fixed ``g``, and how
@@ -96,10 +96,13 @@ def replay(trace: dict[int, dict[str, Any]], groups: int, unit: int = 1) -> dict
 
 
 def rest_s(row: dict[str, Any], scale: float) -> float:
-    """The iteration less its modelled generation (``model_gen_s`` x the run's time scale): the part
-    a piece size can change. Steps draw different responses, so their generation differs by seconds;
-    comparing whole iterations of different steps would rank the data, not ``g``."""
-    return row["wall_s"] - float(row.get("model_gen_s") or 0.0) * scale
+    """The iteration less its modelled generation (``model_gen_s`` x the run's time scale) and its
+    updates: the part a piece size can change (waits, lateness, exposed ingestion). Steps draw
+    different responses, so generation and updates differ by seconds between steps; comparing whole
+    iterations of different steps would rank the data, not ``g``."""
+    stages = row.get("stages") or {}
+    updates = float(stages.get("update_actor", 0.0)) + float(stages.get("update_critic", 0.0))
+    return row["wall_s"] - float(row.get("model_gen_s") or 0.0) * scale - updates
 
 
 def grid_view(
@@ -289,7 +292,7 @@ def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, An
     auto_rows = [] if rc else rows_for_run(here / "auto", "grpo", "conduit", 1, {})
     if rc:
         point["errors"]["auto"] = log
-    keep = ("iteration", "wall_s", "exposed_s", "g_ing", "model_gen_s")
+    keep = ("iteration", "wall_s", "exposed_s", "g_ing", "model_gen_s", "stages")
     point["auto_rows"] = [{k: r.get(k) for k in keep} for r in auto_rows]
     sources = {"recorded": recorded(trace), "replayed": replay(trace, args.batch_size)}
     point["views"] = {
@@ -364,9 +367,9 @@ def main(argv: list[str] | None = None) -> int:
             "recorded": "each step's predicted tail as the run's policy made it, from the fit of the earlier "
             "steps' pieces (conduit_verl_cpu/piece_trace.py), replayed on that step's finish times",
             "replayed": "the same with this checkout's policy code, fed the run's recorded pieces (replay())",
-            "rest": "iteration less its modelled generation (model_gen_s x time scale): steps draw different "
-            "responses, so whole iterations of different steps would rank the data, not g; gaps are rest "
-            "differences as a share of the grid's median iteration",
+            "rest": "iteration less its modelled generation (model_gen_s x time scale) and its updates: steps "
+            "draw different responses, so whole iterations of different steps would rank the data, not g; "
+            "gaps are rest differences as a share of the grid's median iteration",
             "auto": f"a separate run, g_ing=auto, {args.auto_steps} measured steps after warm-up",
             "shape": "GRPO 16 prompts x n=8, responses <= 256 tokens, lognormal lengths (median per workload, "
             f"p99/median {args.tail:g}), R {args.R:g}",

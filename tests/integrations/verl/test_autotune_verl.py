@@ -112,8 +112,11 @@ def _trace_and_rows(tails: dict[int, list[float]], preds: dict[int, float]) -> t
                 continue
             trace[step] = {"step": step, "g": g, "tail": ts[rep], "predicted_tail": {str(g): preds[g]}}
             # generation differs by step (3 s + 0.5 s per step, x scale 2): the rest is 4 + tail
-            row = {"iteration": step, "wall_s": 10.0 + step + ts[rep], "exposed_s": ts[rep]}
-            rows.append({**row, "model_gen_s": 3.0 + 0.5 * step})
+            # and the update 1 s + 0.1 s per step
+            row = {"iteration": step, "wall_s": 11.0 + 1.1 * step + ts[rep], "exposed_s": ts[rep]}
+            rows.append(
+                {**row, "model_gen_s": 3.0 + 0.5 * step, "stages": {"update_actor": 1.0 + 0.1 * step}}
+            )
             step += 1
     return rows, trace
 
