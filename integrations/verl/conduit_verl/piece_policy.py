@@ -52,12 +52,15 @@ steps). Any ``g`` gives the same samples and losses; only time differs.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
 
 from conduit.costmodel import CostWindow, OperatorCost, stream_end
+
+log = logging.getLogger(__name__)
 
 #: pieces remembered for the cost fit
 WINDOW = 32
@@ -144,18 +147,37 @@ class PiecePolicy:
         self._t_step = now
         self.steps += 1
         if self.setting == "auto" and self.steps > 1:
-            self.arm = self._pick_arm()
+            arm, reason = self._pick_arm()
+            if arm != self.arm:
+                log.info("conduit g_ing=auto, step %d: %s -> %s (%s)", self.steps, self.arm, arm, reason)
+            self.arm = arm
         return self.g_ing()
 
-    def _pick_arm(self) -> str:
+    def _pick_arm(self) -> tuple[str, str]:
+        """This step's arm and why."""
         if self.streaming_pays():
-            return "stream"
+            gain = statistics.median(self.gains) if len(self.streamed) >= MIN_STREAMED else None
+            why = (
+                f"predicted gain {gain:.3f}s > {PAYS:g} x whole batch"
+                if gain is not None
+                else "first streamed step"
+            )
+            return "stream", why
         stream, whole = self.periods["stream"], self.periods["whole"]
         if len(stream) < PROBES or len(whole) < PROBES:  # probe both, alternating
-            return "whole" if len(whole) < len(stream) else "stream"
+            arm = "whole" if len(whole) < len(stream) else "stream"
+            return (
+                arm,
+                f"predicted gain small: measuring both ({len(stream)} stream, {len(whole)} whole of {PROBES})",
+            )
+        medians = (
+            f"median step stream {statistics.median(stream):.3f}s, whole {statistics.median(whole):.3f}s"
+        )
         best = "stream" if statistics.median(stream) <= statistics.median(whole) else "whole"
         other = "whole" if best == "stream" else "stream"
-        return other if self.steps % REPROBE_EVERY == 0 else best
+        if self.steps % REPROBE_EVERY == 0:
+            return other, f"re-measuring the other arm every {REPROBE_EVERY} steps; {medians}"
+        return best, medians
 
     def record_piece(
         self, groups: int, seconds: float, overlapped: bool = False, work: Sequence[float] | None = None
@@ -187,7 +209,11 @@ class PiecePolicy:
         if len(self.finish) == self.groups:
             self.recent.append((self.finish, self._spread(self.finish, self.work)))
             if self.setting == "auto" and len(self.pieces):
-                self.chosen = self.best()
+                before, self.chosen = self.chosen, self.best()
+                if self.chosen != before:
+                    log.info(
+                        "conduit g_ing=auto: %d -> %d groups per piece (%s)", before, self.chosen, self._why()
+                    )
         if self._step_pieces > 1 and len(self.pieces):
             tail = self._tail_s
             if ended is not None and finish:  # the exposed tail, waits for earlier pieces included
@@ -254,6 +280,15 @@ class PiecePolicy:
         the window; ``c``: :meth:`per_token`)."""
         fit = self.fitted()[0]
         return fit.a, fit.b
+
+    def _why(self) -> str:
+        """The fit and the predicted tail of the chosen ``g``, for the log."""
+        cost, k = self.fitted()
+        fit = f"a {cost.a:.3f}s, {cost.b:.4f}s/group, {cost.per_byte * 1e3:.4f}ms/token, contention {k:.2f}"
+        tail = statistics.fmean(
+            stream_end(f, self.chosen, cost, self.unit, w, k) - (f[-1] if f else 0.0) for f, w in self.recent
+        )
+        return f"predicted exposed tail {tail:.3f}s, the shortest within {TIE:.0%}, over the last {len(self.recent)} step(s); {fit}"
 
     def per_token(self) -> float:
         """``c`` of ``seconds = a + b * groups + c * tokens`` (0 until measured, or where tokens

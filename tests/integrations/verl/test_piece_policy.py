@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 pytest.importorskip("verl")
@@ -308,3 +310,27 @@ def test_the_fit_charges_groups_and_tokens_and_prices_the_whole_batch() -> None:
     assert policy.whole_s(16 * 330.0) == pytest.approx(whole)
     tokens_only = OperatorCost.fit([Sample(1, sum(w), 0, cost(g, sum(w))) for g, w in sizes])
     assert tokens_only.seconds(16 * 330.0) < 0.9 * whole
+
+
+def test_every_change_of_choice_is_logged_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="conduit_verl.piece_policy")
+    policy = PiecePolicy("auto", groups=8, unit=1)
+    _run_steps(policy, {"stream": 1.2, "whole": 1.0}, 20)
+    arms = [r.getMessage() for r in caplog.records if "->" in r.getMessage() and "stream" in r.getMessage()]
+    assert any("stream -> whole (predicted gain small: measuring both" in m for m in arms)
+    assert any(
+        "whole -> stream (re-measuring the other arm every 10 steps; median step stream" in m for m in arms
+    )
+    caplog.clear()
+    finish = [1.0 + 0.5 * i for i in range(16)]
+    shrinking = PiecePolicy("auto", groups=16, unit=1)
+    for step in range(2):
+        shrinking.begin_step(100.0 * step)
+        for i in range(4):
+            shrinking.record_piece(4, 0.02 + 0.004 * 4, overlapped=i < 3)
+        shrinking.record_step(finish)
+    (msg,) = [r.getMessage() for r in caplog.records if "groups per piece" in r.getMessage()]
+    assert msg.startswith(
+        f"conduit g_ing=auto: 4 -> {shrinking.chosen} groups per piece (predicted exposed tail"
+    )
+    assert "s/group" in msg and "contention" in msg
