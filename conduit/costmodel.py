@@ -54,8 +54,8 @@ search for ``w_d``).
 **Streaming** (verl's pieces, :func:`stream_end`): groups finish at known times; a piece waits for
 ``g`` groups, takes every finished one and ingests them at ``t_ing(n, m)`` with ``n`` its groups and
 ``m`` their work (tokens; no link applies, so the third term is fitted: per piece, per group — one
-inference micro-batch each —, per token); the end of the last piece is the exposed tail. Pieces ingested while generation still runs on the same cores run ``k`` times slower;
-:func:`fit_slowed` fits ``t_ing`` and ``k`` together (``seconds = k^o * t_ing``, ``o`` = 1 for those
+inference micro-batch each —, per token); the end of the last piece is the exposed tail. Pieces
+ingested while generation still runs on the same cores run ``k`` times slower; :func:`fit_slowed` fits ``t_ing`` and ``k`` together (``seconds = k^o * t_ing``, ``o`` = 1 for those
 pieces), so that the slowdown is not read as cost.
 
 **Staleness** is declared with every prediction (:class:`Staleness`): async ingestion may hold up to

@@ -26,8 +26,8 @@ work. The warm-up step's pieces are not recorded (first calls are slow for reaso
 Where generation shares the cores or device, pieces ingested while it still runs
 (``overlapped``) run slower than pieces ingested after it ended (each step's last piece). The fit
 takes that into account: ``seconds = k^o * (a + b * groups + c * tokens)`` with ``o`` = 1 for
-overlapped pieces (the core's ``fit_slowed``), so ``a``, ``b``, ``c`` are the pieces' own cost and ``contention = k``
-(1 = separate hardware, ~2 = two equal jobs on the same cores). One line through both kinds would
+overlapped pieces (the core's ``fit_slowed``), so ``a``, ``b``, ``c`` are the pieces' own cost and
+``contention = k`` (1 = separate hardware, ~2 = two equal jobs on the same cores). One line through both kinds would
 read the slowdown as cost (light early pieces, slowed, as slow as the heavy last one: ``b`` fitted
 to 0, ``a`` inflated, and the model then picks too few pieces). What the model leaves out is what
 overlap costs generation: the policy takes it as the share ``1 - 1 / contention`` of the overlapped
@@ -285,10 +285,11 @@ class PiecePolicy:
         """The fit and the predicted tail of the chosen ``g``, for the log."""
         cost, k = self.fitted()
         fit = f"a {cost.a:.3f}s, {cost.b:.4f}s/group, {cost.per_byte * 1e3:.4f}ms/token, contention {k:.2f}"
-        tail = statistics.fmean(
-            stream_end(f, self.chosen, cost, self.unit, w, k) - (f[-1] if f else 0.0) for f, w in self.recent
+        tail = self._tails()[self.chosen]
+        steps = len(self.recent)
+        return (
+            f"predicted exposed tail {tail:.3f}s, the shortest within {TIE:.0%}, over {steps} step(s); {fit}"
         )
-        return f"predicted exposed tail {tail:.3f}s, the shortest within {TIE:.0%}, over the last {len(self.recent)} step(s); {fit}"
 
     def per_token(self) -> float:
         """``c`` of ``seconds = a + b * groups + c * tokens`` (0 until measured, or where tokens
@@ -305,16 +306,18 @@ class PiecePolicy:
         """The candidate ``g`` with the shortest mean predicted exposed tail (end of the last piece
         after the last group finished) over the last steps' finish times (one step's clusters of
         finishing groups would over-fit the choice), by the current fit."""
-        steps = list(self.recent)
-        candidates = range(self.unit, self.groups + 1, self.unit)
-        cost, k = self.fitted()
-        tails = {
-            g: statistics.fmean(
-                stream_end(f, g, cost, self.unit, w, k) - (f[-1] if f else 0.0) for f, w in steps
-            )
-            for g in candidates
-        }
+        tails = self._tails()
         first = min(tails.values())
         if tails.get(self.chosen, math.inf) <= first * (1 + HYSTERESIS):
             return self.chosen
         return max(g for g, tail in tails.items() if tail <= first * (1 + TIE))
+
+    def _tails(self) -> dict[int, float]:
+        """Each candidate ``g``'s predicted exposed tail, averaged over the last steps, by the current fit."""
+        cost, k = self.fitted()
+        return {
+            g: statistics.fmean(
+                stream_end(f, g, cost, self.unit, w, k) - (f[-1] if f else 0.0) for f, w in self.recent
+            )
+            for g in range(self.unit, self.groups + 1, self.unit)
+        }
