@@ -1,4 +1,4 @@
-"""verl CPU mode (paced rollout): the piece-size model against measured steps, and ``auto`` against every fixed ``g``.
+"""verl CPU mode, paced rollout: the piece-size model against measured steps, ``auto`` against fixed ``g``.
 
     python benchmarks/autotune_verl.py [--quick] [--medians 32,64,128] [--grid 1,2,3,4,6,8,12,16]
 
@@ -14,9 +14,9 @@ like ``verl_iteration.py``'s paced points):
 2. **Auto**: a conduit run with ``g_ing=auto`` (the default) on the same workload.
 
 Per workload: Kendall's τ between the predicted and the measured exposed tail over the grid (and
-against the measured iteration less its modelled generation and updates, ``rest``: steps draw different responses,
-so whole iterations of different steps would rank the data, not ``g``), the same τ between two measured
-repetitions (the ceiling noise puts on any model), the best 3 by prediction against the best 3
+against the measured iteration less its modelled generation and updates, ``rest``: steps draw
+different responses, so whole iterations of different steps would rank the data, not ``g``), the
+same τ between two measured repetitions (the ceiling noise puts on any model), the best 3 by prediction against the best 3
 measured, the model's pick in the grid and ``auto``'s own run against the best fixed ``g``, and how
 many of ``auto``'s steps were whole-batch probes. Predictions come twice: ``recorded`` (the run's own
 policy) and ``replayed`` (this checkout's policy code fed the run's recorded pieces, so a changed model
