@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -131,9 +132,8 @@ class AutoTuner(Generic[C]):
         pinned = [dataclasses.replace(c, **self.pins) for c in space]  # type: ignore[type-var]
         self.space: list[C] = list(dict.fromkeys(pinned))
         self.model, self.measure = model, measure
-        self.cache_dir = (
-            Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "conduit" / "tuner"
-        )
+        self.cache: ChoiceCache[C] = ChoiceCache(kind, cache_dir)
+        self.cache_dir = self.cache.cache_dir
         self.top_k, self.budget_s, self.margin = top_k, budget_s, margin
         self.current: Choice[C] | None = None
         self.history: list[Choice[C]] = []
@@ -229,40 +229,70 @@ class AutoTuner(Generic[C]):
         )
         return choice
 
-    def _path(self, signature: Signature) -> Path:
-        return self.cache_dir / f"{signature.key()}.json"
-
     def _load(self, signature: Signature) -> tuple[C, str] | None:
-        path = self._path(signature)
-        try:
-            record = json.loads(path.read_text())
-            config = type(self.space[0])(**record["config"])
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as e:  # ConfigError is a ValueError
-            log.warning("ignoring the unreadable tuner cache %s (%s); tuning again", path, e)
-            return None
-        if config not in self.space:
-            log.info("the cached choice in %s is outside the (pinned) space; tuning again", path)
-            return None
-        return config, f"cached in {path} ({record.get('reason', 'no reason recorded')})"
+        return self.cache.load(signature, self.space)
 
     def save(self, signature: Signature, choice: Choice[C]) -> Choice[C]:
         """Cache ``choice`` for ``signature`` (atomically; a failed write is logged, not raised).
 
         A caller that measures candidates in its own loop (not through ``measure``) saves its result here.
         """
-        path = self._path(signature)
+        self.cache.save(signature, choice.config, choice.reason, choice.measured_s)
+        return choice
+
+
+class ChoiceCache(Generic[C]):
+    """Tuned configurations (instances of the dataclass ``kind``) kept on disk, one JSON file per
+    workload :class:`Signature` under ``cache_dir`` (default ``~/.cache/conduit/tuner``).
+
+    An unreadable or foreign file is logged and treated as absent (the caller tunes again); a failed
+    write is logged, never raised: the cache saves tuning time, it never stops a run.
+    """
+
+    def __init__(self, kind: type[C], cache_dir: str | os.PathLike[str] | None = None) -> None:
+        if not dataclasses.is_dataclass(kind):
+            raise ConfigError(f"a tuner cache holds dataclass configurations, got {kind.__name__}")
+        self.kind = kind
+        self.cache_dir = (
+            Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "conduit" / "tuner"
+        )
+
+    def path(self, signature: Signature) -> Path:
+        """The file that holds ``signature``'s choice."""
+        return self.cache_dir / f"{signature.key()}.json"
+
+    def load(self, signature: Signature, space: Sequence[C] | None = None) -> tuple[C, str] | None:
+        """The cached configuration for ``signature`` and the reason recorded with it; None when none
+        is cached, the file is unreadable, or the configuration is outside ``space`` (when given)."""
+        path = self.path(signature)
+        try:
+            record = json.loads(path.read_text())
+            config = self.kind(**record["config"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:  # ConfigError is a ValueError
+            log.warning("ignoring the unreadable tuner cache %s (%s); tuning again", path, e)
+            return None
+        if space is not None and config not in space:
+            log.info("the cached choice in %s is outside the (pinned) space; tuning again", path)
+            return None
+        return config, f"cached in {path} ({record.get('reason', 'no reason recorded')})"
+
+    def save(
+        self, signature: Signature, config: C, reason: str, measured_s: Mapping[str, float] | None = None
+    ) -> None:
+        """Keep ``config`` for ``signature``, with why (written atomically)."""
+        path = self.path(signature)
         record = {
             "signature": dataclasses.asdict(signature),
-            "config": dataclasses.asdict(choice.config),  # type: ignore[call-overload]
-            "reason": choice.reason,
-            "measured_s": choice.measured_s,
+            "config": dataclasses.asdict(config),  # type: ignore[call-overload]
+            "reason": reason,
+            "measured_s": dict(measured_s or {}),
             "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         }
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(record, f, indent=1)
                 f.flush()
@@ -270,7 +300,6 @@ class AutoTuner(Generic[C]):
             os.replace(tmp, path)
         except OSError as e:
             log.warning("could not write the tuner cache %s: %s", path, e)
-        return choice
 
 
 class DriftWatch:

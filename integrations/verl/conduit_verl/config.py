@@ -37,6 +37,9 @@ class ConduitTrainerConfig:
             so a trainer killed mid-step resumes with the step's finished groups kept, generating
             only the others (``journal.py``, ``resume.py``); None (default) = on when verl saves
             checkpoints (``trainer.save_freq > 0``). Needs ``overlap=async``.
+        tuner_cache: the directory where ``g_ing=auto`` keeps its decision per workload signature,
+            so a later run of the same workload starts from it instead of measuring both schedules
+            again (``piece_tuning.py``); None (default) = the core tuner's ``~/.cache/conduit/tuner``.
     """
 
     overlap: Literal["sync", "async"] = "async"
@@ -46,6 +49,7 @@ class ConduitTrainerConfig:
     rollout_timeout_s: float = 600.0
     on_timeout: Literal["error", "drop"] = "error"
     journal: bool | None = None
+    tuner_cache: str | None = None
 
     def __post_init__(self) -> None:
         if self.overlap not in ("sync", "async"):
@@ -69,6 +73,10 @@ class ConduitTrainerConfig:
         if self.on_timeout not in ("error", "drop"):
             raise ConfigError(
                 f"trainer.v1.conduit.on_timeout must be 'error' or 'drop', got {self.on_timeout!r}"
+            )
+        if self.tuner_cache is not None and (not isinstance(self.tuner_cache, str) or not self.tuner_cache):
+            raise ConfigError(
+                f"trainer.v1.conduit.tuner_cache must be a directory path or null, got {self.tuner_cache!r}"
             )
         if self.journal is not None and not isinstance(self.journal, bool):
             raise ConfigError(f"trainer.v1.conduit.journal must be true, false or null, got {self.journal!r}")
@@ -103,7 +111,7 @@ class ConduitTrainerConfig:
         out = cls(**knobs)
         if out.overlap == "sync":
             unused: list[str] = sorted(
-                k for k in ("g_ing", "g_del", "rollout_timeout_s", "on_timeout") if k in knobs
+                k for k in ("g_ing", "g_del", "rollout_timeout_s", "on_timeout", "tuner_cache") if k in knobs
             )
             if knobs.get("journal"):  # journaling needs the streaming step's agent-loop manager
                 unused.append("journal")

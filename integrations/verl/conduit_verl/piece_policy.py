@@ -48,6 +48,12 @@ whole-batch piece ("whole", verl's schedule), ``PROBES`` of each, then runs the 
 median and re-measures the other every ``REPROBE_EVERY`` steps (medians over the last ``PROBES``
 steps of each arm, so a drifting step time, e.g. longer responses, moves the choice within a few
 steps). Any ``g`` gives the same samples and losses; only time differs.
+
+Between runs (``piece_tuning.py``): a settled decision (the measured medians, or a predicted gain that
+streams without probes) is kept per workload signature in the core's tuner cache; a later run of the
+same workload starts from it after its warm-up step instead of probing, and re-measures the other arm
+only every ``REPROBE_EVERY`` steps. When the mean tokens per sample drifts, the measurements are
+dropped and the new workload's decision is recalled or probed afresh.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from conduit.costmodel import CostWindow, OperatorCost, stream_end
+from conduit_verl.piece_tuning import PieceChoice, PieceTuning
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +106,17 @@ def simulate(
 
 
 class PiecePolicy:
-    """The next piece's ``g_ing``: fixed, or chosen by the cost model (``auto``)."""
+    """The next piece's ``g_ing``: fixed, or chosen by the cost model (``auto``); ``tuning`` keeps
+    ``auto``'s decision between runs (None: every run decides afresh)."""
 
-    def __init__(self, g_ing: int | str, groups: int, unit: int) -> None:
+    def __init__(self, g_ing: int | str, groups: int, unit: int, tuning: PieceTuning | None = None) -> None:
         self.setting = g_ing
+        self.tuning = tuning
+        #: the arm came from the cache and both arms are not yet measured in this run
+        self.recalled = False
+        #: steps run in an arm only to measure it (the tuning cost)
+        self.probe_steps = 0
+        self._step_tokens = 0.0
         self.groups = groups
         self.unit = unit
         #: the pieces after the warm-up step; those ingested beside generation flagged ``slowed``
@@ -147,28 +161,41 @@ class PiecePolicy:
         self._t_step = now
         self.steps += 1
         if self.setting == "auto" and self.steps > 1:
-            arm, reason = self._pick_arm()
+            arm, reason, kind = self._pick_arm()
             if arm != self.arm:
                 log.info("conduit g_ing=auto, step %d: %s -> %s (%s)", self.steps, self.arm, arm, reason)
             self.arm = arm
+            self.probe_steps += kind == "probe"
+            if kind == "settled" and self.tuning is not None:
+                g = self.chosen if arm == "stream" else self.groups
+                medians = {k: statistics.median(v) for k, v in self.periods.items() if v}
+                self.tuning.keep(PieceChoice(arm, g), reason, medians)
         return self.g_ing()
 
-    def _pick_arm(self) -> tuple[str, str]:
-        """This step's arm and why."""
-        if self.streaming_pays():
-            gain = statistics.median(self.gains) if len(self.streamed) >= MIN_STREAMED else None
-            why = (
-                f"predicted gain {gain:.3f}s > {PAYS:g} x whole batch"
-                if gain is not None
-                else "first streamed step"
-            )
-            return "stream", why
+    def _pick_arm(self) -> tuple[str, str, str]:
+        """This step's arm, why, and what kind of choice it is: ``settled`` (a decision), ``probe``
+        (measuring an arm), ``recalled`` (the cached decision, not yet re-measured) or ``open`` (the
+        first streamed step: nothing to decide yet)."""
+        pays = self.streaming_pays()
+        if pays and len(self.streamed) >= MIN_STREAMED:
+            gain = statistics.median(self.gains)
+            return "stream", f"predicted gain {gain:.3f}s > {PAYS:g} x whole batch", "settled"
         stream, whole = self.periods["stream"], self.periods["whole"]
-        if len(stream) < PROBES or len(whole) < PROBES:  # probe both, alternating
+        measured = len(stream) >= PROBES and len(whole) >= PROBES
+        if self.recalled and not measured and self.tuning is not None and self.tuning.kept is not None:
+            kept = self.tuning.kept.arm
+            if self.steps % REPROBE_EVERY == 0:
+                other = "whole" if kept == "stream" else "stream"
+                return other, f"re-measuring the other arm every {REPROBE_EVERY} steps", "probe"
+            return kept, "the cached decision for this workload", "recalled"
+        if pays:
+            return "stream", "first streamed step", "open"
+        if not measured:  # probe both, alternating
             arm = "whole" if len(whole) < len(stream) else "stream"
             return (
                 arm,
                 f"predicted gain small: measuring both ({len(stream)} stream, {len(whole)} whole of {PROBES})",
+                "probe",
             )
         medians = (
             f"median step stream {statistics.median(stream):.3f}s, whole {statistics.median(whole):.3f}s"
@@ -176,8 +203,8 @@ class PiecePolicy:
         best = "stream" if statistics.median(stream) <= statistics.median(whole) else "whole"
         other = "whole" if best == "stream" else "stream"
         if self.steps % REPROBE_EVERY == 0:
-            return other, f"re-measuring the other arm every {REPROBE_EVERY} steps; {medians}"
-        return best, medians
+            return other, f"re-measuring the other arm every {REPROBE_EVERY} steps; {medians}", "probe"
+        return best, medians, "settled"
 
     def record_piece(
         self, groups: int, seconds: float, overlapped: bool = False, work: Sequence[float] | None = None
@@ -185,6 +212,7 @@ class PiecePolicy:
         """One piece of ``groups`` took ``seconds`` of ingestion; ``overlapped``: generation was
         still running (groups of the step were left to generate when it started); ``work``: each
         group's work (tokens; None: 1 per group)."""
+        self._step_tokens += float(sum(work)) if work is not None else 0.0
         if self.steps == 1:  # the warm-up step: its first calls are slow for reasons of their own
             return
         per_group = sorted(work) if work is not None else [1.0] * groups
@@ -219,7 +247,28 @@ class PiecePolicy:
             if ended is not None and finish:  # the exposed tail, waits for earlier pieces included
                 tail = max(tail, ended - max(finish))
             self.streamed.append((self._overlapped_s, tail, float(sum(self._step_work))))
+        if self.tuning is not None and self.setting == "auto" and len(self.finish) == self.groups:
+            self._follow_workload(self._step_tokens / self.tuning.samples)
         self._overlapped_s, self._tail_s, self._step_pieces, self._step_work = 0.0, 0.0, 0, []
+        self._step_tokens = 0.0
+
+    def _follow_workload(self, tokens_per_sample: float) -> None:
+        """After the warm-up step, start from the cached decision; once the workload drifted, drop
+        the measurements and recall (or probe) the new workload's decision."""
+        assert self.tuning is not None
+        if self.tuning.signature is not None:  # recalled once already: only a drift re-opens it
+            if not self.tuning.drifted(tokens_per_sample):
+                return
+            for periods in self.periods.values():
+                periods.clear()
+            self.streamed.clear()
+        hit = self.tuning.recall(tokens_per_sample)
+        self.recalled = hit is not None
+        if hit is not None:
+            choice = hit[0]
+            self.arm = choice.arm
+            if choice.arm == "stream":
+                self.chosen = self._round(choice.g_ing)
 
     def fitted(self) -> tuple[OperatorCost, float]:
         """The pieces' own cost (as if run alone) and how much slower pieces ran beside generation
@@ -273,6 +322,8 @@ class PiecePolicy:
             "contention": self.contention(),
             "predicted_gain_s": self.gains[-1] if self.gains else 0.0,
             "probing": float(self.setting == "auto" and not self.streaming_pays()),
+            "probe_steps": float(self.probe_steps),
+            "recalled": float(self.recalled),
         }
 
     def cost(self) -> tuple[float, float]:

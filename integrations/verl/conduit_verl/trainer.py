@@ -26,6 +26,7 @@ from conduit_verl.compat import KVBatchMeta, SyncTrainerBase, register_trainer
 from conduit_verl.config import MODE, ConduitTrainerConfig
 from conduit_verl.errors import ConfigError
 from conduit_verl.piece_policy import PiecePolicy
+from conduit_verl.piece_tuning import PieceChoice, PieceTuning
 
 # The streaming modules are imported where they are used: this module is imported by the plugin's
 # hook on verl's trainer package, which may fire while one of them is itself being imported (it
@@ -68,6 +69,16 @@ def _dp_size(config: DictConfig) -> int:
     else:
         peers = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
     return max(1, world // peers)
+
+
+def _piece_tuning(config: DictConfig, cache_dir: str | None, samples: int) -> PieceTuning:
+    """``g_ing=auto``'s memory between runs: the core's tuner cache, keyed by the advantage
+    estimator, samples per step, tokens per sample and this machine."""
+    from conduit.discovery import fingerprint
+    from conduit.tuner import ChoiceCache
+
+    algorithm = f"verl/{config.algorithm.get('adv_estimator', 'gae')}"
+    return PieceTuning(ChoiceCache(PieceChoice, cache_dir), algorithm, samples, fingerprint())
 
 
 def _completion_channel(config: DictConfig, journal: bool) -> Any:
@@ -138,7 +149,8 @@ class ConduitTrainer(SyncTrainerBase):
             poll_s=cfg.stream_poll_s,
             keep_multiple=int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
         )
-        self.conduit_policy = PiecePolicy(self.conduit_config.g_ing, groups, unit)
+        tuning = _piece_tuning(config, cfg.tuner_cache, groups * n) if cfg.g_ing == "auto" else None
+        self.conduit_policy = PiecePolicy(cfg.g_ing, groups, unit, tuning)
 
     def conduit_tokenizer_ready(self, tokenizer: Any) -> None:
         # runs first in ``init()``: a model/tokenizer mismatch fails before any worker starts

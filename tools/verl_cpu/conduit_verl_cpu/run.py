@@ -71,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         help="conduit mode, benchmarks: g_ing of step 1, 2, ... (comma list, last repeats; 0 = whole step); "
         "the policy still fits and chooses as auto (piece_trace.py)",
     )
+    p.add_argument(
+        "--tuner-cache",
+        default=None,
+        help="conduit mode: where g_ing=auto keeps its decision per workload "
+        "(trainer.v1.conduit.tuner_cache; default <work-dir>/tuner_cache, so runs start fresh)",
+    )
     p.add_argument("--dump-samples", action="store_true", help="write <work-dir>/samples.jsonl per step")
     p.add_argument("--work-dir", default=None, help="default: a new temp dir")
     p.add_argument(
@@ -107,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     if args.response_length is None:
         args.response_length = 256 if args.rollout == "paced" else 16
     args.pace = pace_settings(args)
+    args.extra = extra
     return args, extra
 
 
@@ -173,7 +180,17 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
         max_response_length=args.response_length,
         pace=args.pace,
     )
-    return resume_overrides(cpu_overrides(spec), args), work / "metrics.jsonl"
+    overrides = resume_overrides(cpu_overrides(spec), args)
+    return overrides + tuner_cache_override(args, work), work / "metrics.jsonl"
+
+
+def tuner_cache_override(args: argparse.Namespace, work: Path) -> list[str]:
+    """``trainer.v1.conduit.tuner_cache`` for a conduit-mode run that streams (none for verl's modes,
+    ``overlap=sync``, or where the extra overrides set it)."""
+    extra = " ".join(args.extra)
+    if args.trainer_mode != "conduit" or "overlap=sync" in extra or "tuner_cache" in extra:
+        return []
+    return [f"+trainer.v1.conduit.tuner_cache={Path(args.tuner_cache or work / 'tuner_cache').resolve()}"]
 
 
 def resume_overrides(overrides: list[str], args: argparse.Namespace) -> list[str]:
