@@ -11,7 +11,9 @@ like ``verl_iteration.py``'s paced points):
    fits every piece as ``auto`` does; before each step, its model predicts the exposed tail of every
    candidate ``g`` on that step's finish times from the fit of the *earlier* steps (the trace,
    ``pieces.jsonl``: the prediction has not seen the step it predicts).
-2. **Auto**: a conduit run with ``g_ing=auto`` (the default) on the same workload.
+2. **Auto**: a conduit run with ``g_ing=auto`` (the default) on the same workload, with a fresh tuner
+   cache; then a second ``auto`` run sharing that cache, which starts from the first run's decision
+   (``cached``: what a later run of the same workload pays for tuning).
 
 Per workload: Kendall's τ between the predicted and the measured exposed tail over the grid (and
 against the measured iteration less its modelled generation and updates, ``rest``: steps draw
@@ -33,6 +35,7 @@ import random
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,30 +199,37 @@ def evaluate(
         "model_pick_gap": gap(med[str(pick)]["rest"]) if pick is not None else None,
         "prediction_error": view["prediction_error"],
     }
-    rests = [rest_s(r, scale) for r in auto_rows]
-    pairs = [
-        (rest_s(r, scale), auto_trace[int(r["iteration"])])
-        for r in auto_rows
-        if int(r["iteration"]) in auto_trace
-    ]
-    streamed = [w for w, s in pairs if s.get("arm") != "whole"]
-    probes = [w for w, s in pairs if s.get("arm") == "whole"]
-    # what the whole-batch probes cost: their time over the median streamed step, of the run's time
-    excess = sum(max(0.0, w - statistics.median(streamed)) for w in probes) if streamed else 0.0
-    walls = [r["wall_s"] for r in auto_rows]
-    out.update(
-        auto_rest_s=_median(rests),
-        auto_gap=gap(_median(rests)),
-        auto_g=[s["g"] for _, s in pairs],
-        auto_probes=len(probes),
-        auto_steps=len(auto_rows),
-        auto_probe_share=excess / sum(walls) if walls else None,
-    )
+    out.update(auto_summary(auto_rows, auto_trace, scale, gap))
     out["targets"] = {
         "tau_tail>=0.8": tau_tail is not None and tau_tail >= TAU_TARGET,
         "auto_within_5%": out["auto_gap"] is not None and out["auto_gap"] <= GAP_TARGET,
     }
     return out
+
+
+def auto_summary(
+    rows: list[dict[str, Any]],
+    trace: dict[int, dict[str, Any]],
+    scale: float,
+    gap: Callable[[float | None], float | None],
+) -> dict[str, Any]:
+    """An ``auto`` run: its median ``rest``, its gap to the best fixed ``g`` (``gap``), its ``g`` per
+    step, how many steps were whole-batch probes and what they cost (their time over the median
+    streamed step, as a share of the run's time)."""
+    rests = [rest_s(r, scale) for r in rows]
+    pairs = [(rest_s(r, scale), trace[int(r["iteration"])]) for r in rows if int(r["iteration"]) in trace]
+    streamed = [w for w, s in pairs if s.get("arm") != "whole"]
+    probes = [w for w, s in pairs if s.get("arm") == "whole"]
+    excess = sum(max(0.0, w - statistics.median(streamed)) for w in probes) if streamed else 0.0
+    walls = [r["wall_s"] for r in rows]
+    return {
+        "auto_rest_s": _median(rests),
+        "auto_gap": gap(_median(rests)),
+        "auto_g": [s["g"] for _, s in pairs],
+        "auto_probes": len(probes),
+        "auto_steps": len(rows),
+        "auto_probe_share": excess / sum(walls) if walls else None,
+    }
 
 
 def plot(points: list[dict[str, Any]], path: Path) -> None:
@@ -251,6 +261,10 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
         if ev["auto_rest_s"] is not None:
             label = f"auto run (median, {ev['auto_probes']}/{ev['auto_steps']} probes)"
             bottom.axhline(ev["auto_rest_s"], color="tab:red", label=label)
+        cached = (point.get("cached") or {}).get("recorded")
+        if cached and cached["auto_rest_s"] is not None:
+            label = f"auto, 2nd run from the cache ({cached['auto_probes']}/{cached['auto_steps']} probes)"
+            bottom.axhline(cached["auto_rest_s"], color="tab:blue", linestyle="--", label=label)
         top.set_title(f"median response {point['median']} tokens")
         top.set_ylabel("exposed tail (s)")
         bottom.set_ylabel("iteration less modelled generation (s)")
@@ -286,12 +300,16 @@ def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, An
         return point
     rows = rows_for_run(here / "grid", "grpo", "conduit", len(SETTLE), {})
     trace = read_trace(here / "grid")
-    rc, log = run(
-        here / "auto", "conduit", args.auto_steps + 1, a, ["+trainer.v1.conduit.g_ing=auto", *harness]
-    )
+    # the auto run keeps its decision in a fresh tuner cache; a second auto run starts from it
+    auto_extra = ["+trainer.v1.conduit.g_ing=auto", "--tuner-cache", str(here / "tuner_cache"), *harness]
+    rc, log = run(here / "auto", "conduit", args.auto_steps + 1, a, auto_extra)
     auto_rows = [] if rc else rows_for_run(here / "auto", "grpo", "conduit", 1, {})
     if rc:
         point["errors"]["auto"] = log
+    rc, log = run(here / "auto_cached", "conduit", args.auto_steps + 1, a, auto_extra)
+    cached_rows = [] if rc else rows_for_run(here / "auto_cached", "grpo", "conduit", 1, {})
+    if rc:
+        point["errors"]["auto_cached"] = log
     keep = ("iteration", "wall_s", "exposed_s", "g_ing", "model_gen_s", "stages")
     point["auto_rows"] = [{k: r.get(k) for k in keep} for r in auto_rows]
     sources = {"recorded": recorded(trace), "replayed": replay(trace, args.batch_size)}
@@ -301,6 +319,13 @@ def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, An
     auto_trace = read_trace(here / "auto")
     point["evaluation"] = {
         name: evaluate(view, auto_rows, auto_trace, scale) for name, view in point["views"].items()
+    }
+    cached_trace = read_trace(here / "auto_cached")
+    point["cached"] = {
+        name: {
+            k: v for k, v in evaluate(view, cached_rows, cached_trace, scale).items() if k.startswith("auto_")
+        }
+        for name, view in point["views"].items()
     }
     return point
 
@@ -354,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"auto {_fmt(ev['auto_gap'])} off the best, {ev['auto_probes']}/{ev['auto_steps']} probes",
                 flush=True,
             )
+            cached = point.get("cached", {}).get(name, {})
+            if cached:
+                print(
+                    f"[autotune_verl]   2nd auto run from the cache: {_fmt(cached['auto_gap'])} off the best, "
+                    f"{cached['auto_probes']}/{cached['auto_steps']} probes",
+                    flush=True,
+                )
     result: dict[str, Any] = {
         "rollout": "paced",
         "points": points,
@@ -370,7 +402,10 @@ def main(argv: list[str] | None = None) -> int:
             "rest": "iteration less its modelled generation (model_gen_s x time scale) and its updates: steps "
             "draw different responses, so whole iterations of different steps would rank the data, not g; "
             "gaps are rest differences as a share of the grid's median iteration",
-            "auto": f"a separate run, g_ing=auto, {args.auto_steps} measured steps after warm-up",
+            "auto": f"a separate run, g_ing=auto, {args.auto_steps} measured steps after warm-up, with a "
+            "fresh tuner cache (trainer.v1.conduit.tuner_cache)",
+            "cached": "a second g_ing=auto run of the same workload sharing the first auto run's tuner cache: "
+            "it starts from the decision the first run kept (piece_tuning.py)",
             "shape": "GRPO 16 prompts x n=8, responses <= 256 tokens, lognormal lengths (median per workload, "
             f"p99/median {args.tail:g}), R {args.R:g}",
         },
