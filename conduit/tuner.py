@@ -18,7 +18,8 @@
 
 Pins (``pins={"overlap": "async"}``) overwrite a knob in every configuration of the space, so a
 pinned value is honoured even where the space does not list it. :class:`DriftWatch` tells the caller
-when the signature has drifted far enough, for long enough, to tune again.
+when the signature has drifted far enough, for long enough, to tune again. :class:`ChoiceCache` is the
+on-disk store on its own, for a caller that measures in its own loop (the verl piece policy).
 """
 
 from __future__ import annotations
