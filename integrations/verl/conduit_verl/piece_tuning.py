@@ -8,7 +8,7 @@ each run would otherwise pay again. :class:`PieceTuning` keeps the decision per 
 files the RLlib plugin's tuner writes) and watches the workload with the core's
 :class:`~conduit.tuner.DriftWatch`:
 
-- signature: ``verl/<advantage estimator>``, samples per step (prompt groups x n), the mean tokens
+- signature: ``verl/<advantage estimator>/n<n>``, samples per step (prompt groups x n), the mean tokens
   per sample of the warm-up step (in buckets of a factor sqrt(2), so a rerun of the same workload
   finds its entry despite sampling noise) and the machine's fingerprint;
 - recall: after the warm-up step the policy starts from the cached arm and ``g`` and skips its
@@ -60,7 +60,7 @@ class PieceTuning:
 
     Args:
         cache: where decisions are kept (the core's cache; one file per signature).
-        algorithm: names the workload, e.g. ``verl/grpo``.
+        algorithm: names the workload, e.g. ``verl/grpo/n8``.
         samples: samples per step (prompt groups x n).
         hardware: the machine's fingerprint (:func:`conduit.discovery.fingerprint`).
     """

@@ -71,14 +71,14 @@ def _dp_size(config: DictConfig) -> int:
     return max(1, world // peers)
 
 
-def _piece_tuning(config: DictConfig, cache_dir: str | None, samples: int) -> PieceTuning:
+def _piece_tuning(config: DictConfig, cache_dir: str | None, groups: int, n: int) -> PieceTuning:
     """``g_ing=auto``'s memory between runs: the core's tuner cache, keyed by the advantage
-    estimator, samples per step, tokens per sample and this machine."""
+    estimator and responses per prompt, samples per step, tokens per sample and this machine."""
     from conduit.discovery import fingerprint
     from conduit.tuner import ChoiceCache
 
-    algorithm = f"verl/{config.algorithm.get('adv_estimator', 'gae')}"
-    return PieceTuning(ChoiceCache(PieceChoice, cache_dir), algorithm, samples, fingerprint())
+    algorithm = f"verl/{config.algorithm.get('adv_estimator', 'gae')}/n{n}"
+    return PieceTuning(ChoiceCache(PieceChoice, cache_dir), algorithm, groups * n, fingerprint())
 
 
 def _completion_channel(config: DictConfig, journal: bool) -> Any:
@@ -149,7 +149,7 @@ class ConduitTrainer(SyncTrainerBase):
             poll_s=cfg.stream_poll_s,
             keep_multiple=int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
         )
-        tuning = _piece_tuning(config, cfg.tuner_cache, groups * n) if cfg.g_ing == "auto" else None
+        tuning = _piece_tuning(config, cfg.tuner_cache, groups, n) if cfg.g_ing == "auto" else None
         self.conduit_policy = PiecePolicy(cfg.g_ing, groups, unit, tuning)
 
     def conduit_tokenizer_ready(self, tokenizer: Any) -> None:

@@ -27,7 +27,7 @@ GROUPS, N = 4, 4  # the harness's defaults
 def test_a_run_starts_from_the_cached_decision(tmp_path: Path) -> None:
     cache = tmp_path / "tuner"
     # the cached decision "one whole-batch piece", for every tokens-per-sample bucket this run can have
-    tuning = PieceTuning(ChoiceCache(PieceChoice, cache), "verl/grpo", GROUPS * N, fingerprint())
+    tuning = PieceTuning(ChoiceCache(PieceChoice, cache), f"verl/grpo/n{N}", GROUPS * N, fingerprint())
     for half_octaves in range(0, 21):
         tuning.recall(2.0 ** (half_octaves / 2))
         tuning.keep(PieceChoice("whole", GROUPS), "seeded by the test", {})
