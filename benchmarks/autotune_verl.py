@@ -176,15 +176,7 @@ def evaluate(
     best = by_rest[0] if by_rest else None
     best_rest = med[str(best)]["rest"] if best is not None else None
     pick = by_pred[0] if by_pred else None
-    iteration = view["median_wall_s"]
-
-    def gap(rest: float | None) -> float | None:
-        return (
-            (rest - best_rest) / iteration
-            if rest is not None and best_rest is not None and iteration
-            else None
-        )
-
+    gap = gap_to(best_rest, view["median_wall_s"])
     out: dict[str, Any] = {
         "tau_tail": tau_tail,
         "tau_rest": tau_rest,
@@ -205,6 +197,17 @@ def evaluate(
         "auto_within_5%": out["auto_gap"] is not None and out["auto_gap"] <= GAP_TARGET,
     }
     return out
+
+
+def gap_to(best_rest: float | None, iteration: float | None) -> Callable[[float | None], float | None]:
+    """``rest``'s distance to the best fixed ``g`` as a share of the grid's median iteration."""
+
+    def gap(rest: float | None) -> float | None:
+        if rest is None or best_rest is None or not iteration:
+            return None
+        return (rest - best_rest) / iteration
+
+    return gap
 
 
 def auto_summary(
@@ -322,10 +325,10 @@ def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, An
     }
     cached_trace = read_trace(here / "auto_cached")
     point["cached"] = {
-        name: {
-            k: v for k, v in evaluate(view, cached_rows, cached_trace, scale).items() if k.startswith("auto_")
-        }
-        for name, view in point["views"].items()
+        name: auto_summary(
+            cached_rows, cached_trace, scale, gap_to(ev["best_rest_s"], point["views"][name]["median_wall_s"])
+        )
+        for name, ev in point["evaluation"].items()
     }
     return point
 

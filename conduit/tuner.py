@@ -153,7 +153,7 @@ class AutoTuner(Generic[C]):
         t0 = time.perf_counter()
         if model is not None:
             self.model = model
-        cached = None if fresh else self._load(signature)
+        cached = None if fresh else self.cache.load(signature, self.space)
         if cached is not None:
             config, reason = cached
             choice = Choice(config, self.model(config), "cache", reason, {}, time.perf_counter() - t0)
@@ -229,9 +229,6 @@ class AutoTuner(Generic[C]):
             choice.tuning_s,
         )
         return choice
-
-    def _load(self, signature: Signature) -> tuple[C, str] | None:
-        return self.cache.load(signature, self.space)
 
     def save(self, signature: Signature, choice: Choice[C]) -> Choice[C]:
         """Cache ``choice`` for ``signature`` (atomically; a failed write is logged, not raised).
