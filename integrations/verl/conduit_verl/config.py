@@ -40,6 +40,12 @@ class ConduitTrainerConfig:
         tuner_cache: the directory where ``g_ing=auto`` keeps its decision per workload signature,
             so a later run of the same workload starts from it instead of measuring both schedules
             again (``piece_tuning.py``); None (default) = the core tuner's ``~/.cache/conduit/tuner``.
+        rollout_hardware: where generation runs, for ``g_ing=auto``: ``shared`` (default, verl's
+            hybrid engine: the rollout shares the actor's devices or cores, so ingestion overlapped
+            with generation slows generation too, and ``auto`` counts that loss) or ``separate``
+            (the rollout servers have hardware of their own: overlapped ingestion costs generation
+            nothing, so ``auto`` streams wherever the ingestion it hides pays, without measuring
+            whole-batch steps).
     """
 
     overlap: Literal["sync", "async"] = "async"
@@ -50,6 +56,7 @@ class ConduitTrainerConfig:
     on_timeout: Literal["error", "drop"] = "error"
     journal: bool | None = None
     tuner_cache: str | None = None
+    rollout_hardware: Literal["shared", "separate"] = "shared"
 
     def __post_init__(self) -> None:
         if self.overlap not in ("sync", "async"):
@@ -77,6 +84,11 @@ class ConduitTrainerConfig:
         if self.tuner_cache is not None and (not isinstance(self.tuner_cache, str) or not self.tuner_cache):
             raise ConfigError(
                 f"trainer.v1.conduit.tuner_cache must be a directory path or null, got {self.tuner_cache!r}"
+            )
+        if self.rollout_hardware not in ("shared", "separate"):
+            raise ConfigError(
+                "trainer.v1.conduit.rollout_hardware must be 'shared' (the rollout shares the actor's "
+                f"devices or cores) or 'separate' (it has its own), got {self.rollout_hardware!r}"
             )
         if self.journal is not None and not isinstance(self.journal, bool):
             raise ConfigError(f"trainer.v1.conduit.journal must be true, false or null, got {self.journal!r}")
@@ -111,7 +123,16 @@ class ConduitTrainerConfig:
         out = cls(**knobs)
         if out.overlap == "sync":
             unused: list[str] = sorted(
-                k for k in ("g_ing", "g_del", "rollout_timeout_s", "on_timeout", "tuner_cache") if k in knobs
+                k
+                for k in (
+                    "g_ing",
+                    "g_del",
+                    "rollout_timeout_s",
+                    "on_timeout",
+                    "tuner_cache",
+                    "rollout_hardware",
+                )
+                if k in knobs
             )
             if knobs.get("journal"):  # journaling needs the streaming step's agent-loop manager
                 unused.append("journal")

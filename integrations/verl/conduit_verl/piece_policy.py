@@ -30,8 +30,11 @@ overlapped pieces (the core's ``fit_slowed``), so ``a``, ``b``, ``c`` are the pi
 ``contention = k`` (1 = separate hardware, ~2 = two equal jobs on the same cores). One line through both kinds would
 read the slowdown as cost (light early pieces, slowed, as slow as the heavy last one: ``b`` fitted
 to 0, ``a`` inflated, and the model then picks too few pieces). What the model leaves out is what
-overlap costs generation: the policy takes it as the share ``1 - 1 / contention`` of the overlapped
-ingestion time. A streamed step's
+overlap costs generation: where the rollout shares the hardware (``rollout_hardware=shared``, verl's
+hybrid engine) the policy takes it as the share ``1 - 1 / contention`` of the overlapped ingestion
+time (two jobs slowing each other alike); where it has hardware of its own (``separate``) as nothing
+— the slowdown ``contention`` measures is then the ingestion's alone (in the CPU mode's paced
+rollout, the tiny model's real tokens; a GPU server does not wait for the trainer). A streamed step's
 predicted gain over one whole-batch piece is then ``cost(all groups) - exposed tail - lost``, the
 exposed tail being what streaming left after generation: from the last group's finish to the end of
 the last piece (that piece's ingestion, plus any wait for an overlapped piece still running when
@@ -44,10 +47,14 @@ generation itself is slowed and the fit may still be off; the measured periods b
 
 Otherwise the step time decides whether to stream at all: the policy measures whole iterations
 (start of one step to the start of the next) under the model's ``g`` ("stream") and under one
-whole-batch piece ("whole", verl's schedule), ``PROBES`` of each, then runs the arm with the lower
-median and re-measures the other every ``REPROBE_EVERY`` steps (medians over the last ``PROBES``
-steps of each arm, so a drifting step time, e.g. longer responses, moves the choice within a few
-steps). Any ``g`` gives the same samples and losses; only time differs.
+whole-batch piece ("whole", verl's schedule), ``PROBES`` of each, then runs the arm the model
+favours (stream while the median predicted gain is positive, or before there is one) unless the
+other arm's median step is shorter by more than the noise (``NOISE`` of the favoured arm's median,
+or the steps' own spread — the larger median absolute deviation of the two arms — if that is
+larger: steps differ by their responses, and three steps of each arm cannot tell a difference
+smaller than that), and re-measures the other every ``REPROBE_EVERY`` steps (medians over the last
+``PROBES`` steps of each arm, so a drifting step time, e.g. longer responses, moves the choice
+within a few steps). Any ``g`` gives the same samples and losses; only time differs.
 
 Between runs (``piece_tuning.py``): a settled decision (the measured medians, or a predicted gain that
 streams without probes) is kept per workload signature in the core's tuner cache; a later run of the
@@ -83,6 +90,8 @@ MIN_STREAMED = 2
 #: streaming is kept without whole-batch probes while its predicted gain exceeds this share of the
 #: whole-batch ingestion cost
 PAYS = 0.2
+#: the least share of the favoured arm's median step the other arm must be shorter by to be run
+NOISE = 0.02
 
 
 def simulate(
@@ -107,11 +116,21 @@ def simulate(
 
 class PiecePolicy:
     """The next piece's ``g_ing``: fixed, or chosen by the cost model (``auto``); ``tuning`` keeps
-    ``auto``'s decision between runs (None: every run decides afresh)."""
+    ``auto``'s decision between runs (None: every run decides afresh); ``separate_rollout``: the
+    rollout has hardware of its own (``rollout_hardware=separate``)."""
 
-    def __init__(self, g_ing: int | str, groups: int, unit: int, tuning: PieceTuning | None = None) -> None:
+    def __init__(
+        self,
+        g_ing: int | str,
+        groups: int,
+        unit: int,
+        tuning: PieceTuning | None = None,
+        separate_rollout: bool = False,
+    ) -> None:
         self.setting = g_ing
         self.tuning = tuning
+        #: generation runs on hardware of its own: overlapped ingestion costs it nothing
+        self.separate_rollout = separate_rollout
         #: the arm came from the cache and both arms are not yet measured in this run
         self.recalled = False
         #: steps run in an arm only to measure it (the tuning cost)
@@ -197,14 +216,27 @@ class PiecePolicy:
                 f"predicted gain small: measuring both ({len(stream)} stream, {len(whole)} whole of {PROBES})",
                 "probe",
             )
-        medians = (
-            f"median step stream {statistics.median(stream):.3f}s, whole {statistics.median(whole):.3f}s"
-        )
-        best = "stream" if statistics.median(stream) <= statistics.median(whole) else "whole"
+        best, medians = self._measured_best()
         other = "whole" if best == "stream" else "stream"
         if self.steps % REPROBE_EVERY == 0:
             return other, f"re-measuring the other arm every {REPROBE_EVERY} steps; {medians}", "probe"
         return best, medians, "settled"
+
+    def _measured_best(self) -> tuple[str, str]:
+        """The arm to run once both were measured, and why: the model's favoured arm unless the
+        other's median step is shorter by more than the noise (module docstring)."""
+        med = {arm: statistics.median(v) for arm, v in self.periods.items()}
+        gains = self.gains
+        favoured = "stream" if not gains or statistics.median(gains) > 0 else "whole"
+        other = "whole" if favoured == "stream" else "stream"
+        spread = max(_mad(self.periods["stream"]), _mad(self.periods["whole"]))
+        margin = max(NOISE * med[favoured], spread)
+        best = other if med[other] < med[favoured] - margin else favoured
+        why = (
+            f"median step stream {med['stream']:.3f}s, whole {med['whole']:.3f}s; the model favours "
+            f"{favoured}, {other} must be {margin:.3f}s shorter (the larger of {NOISE:.0%} and the steps' spread)"
+        )
+        return best, why
 
     def record_piece(
         self, groups: int, seconds: float, overlapped: bool = False, work: Sequence[float] | None = None
@@ -285,8 +317,8 @@ class PiecePolicy:
     def predicted_gain(self, overlapped_s: float, tail_s: float, work: float | None = None) -> float:
         """Seconds a streamed step saved against one whole-batch piece: the whole batch's predicted
         ingestion (of ``work``; None: the last step's), less the exposed tail, less what overlapped
-        pieces cost generation."""
-        lost = overlapped_s * (1.0 - 1.0 / self.contention())
+        pieces cost generation (nothing where the rollout has hardware of its own)."""
+        lost = 0.0 if self.separate_rollout else overlapped_s * (1.0 - 1.0 / self.contention())
         return self.whole_s(work) - tail_s - lost
 
     @property
@@ -372,3 +404,11 @@ class PiecePolicy:
             )
             for g in range(self.unit, self.groups + 1, self.unit)
         }
+
+
+def _mad(values: Sequence[float]) -> float:
+    """Median absolute deviation from the median (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    return statistics.median(abs(v - mid) for v in values)

@@ -71,13 +71,18 @@ def _dp_size(config: DictConfig) -> int:
     return max(1, world // peers)
 
 
-def _piece_tuning(config: DictConfig, cache_dir: str | None, groups: int, n: int) -> PieceTuning:
+def _piece_tuning(
+    config: DictConfig, cache_dir: str | None, groups: int, n: int, separate: bool = False
+) -> PieceTuning:
     """``g_ing=auto``'s memory between runs: the core's tuner cache, keyed by the advantage
-    estimator and responses per prompt, samples per step, tokens per sample and this machine."""
+    estimator and responses per prompt (and ``/separate`` where the rollout has its own hardware),
+    samples per step, tokens per sample and this machine."""
     from conduit.discovery import fingerprint
     from conduit.tuner import ChoiceCache
 
-    algorithm = f"verl/{config.algorithm.get('adv_estimator', 'gae')}/n{n}"
+    algorithm = f"verl/{config.algorithm.get('adv_estimator', 'gae')}/n{n}" + (
+        "/separate" if separate else ""
+    )
     return PieceTuning(ChoiceCache(PieceChoice, cache_dir), algorithm, groups * n, fingerprint())
 
 
@@ -149,8 +154,9 @@ class ConduitTrainer(SyncTrainerBase):
             poll_s=cfg.stream_poll_s,
             keep_multiple=int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
         )
-        tuning = _piece_tuning(config, cfg.tuner_cache, groups, n) if cfg.g_ing == "auto" else None
-        self.conduit_policy = PiecePolicy(cfg.g_ing, groups, unit, tuning)
+        separate = cfg.rollout_hardware == "separate"
+        tuning = _piece_tuning(config, cfg.tuner_cache, groups, n, separate) if cfg.g_ing == "auto" else None
+        self.conduit_policy = PiecePolicy(cfg.g_ing, groups, unit, tuning, separate_rollout=separate)
 
     def conduit_tokenizer_ready(self, tokenizer: Any) -> None:
         # runs first in ``init()``: a model/tokenizer mismatch fails before any worker starts

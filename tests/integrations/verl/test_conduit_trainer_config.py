@@ -62,3 +62,26 @@ def test_a_knob_that_does_not_apply_with_overlap_sync_raises(key: str) -> None:
         ConduitTrainerConfig.from_verl(_cfg({"overlap": "sync", "poll_interval_s": 0.5})).poll_interval_s
         == 0.5
     )
+
+
+def test_rollout_hardware_is_validated_and_refused_with_overlap_sync() -> None:
+    from conduit_verl.trainer import ConduitTrainerConfig
+
+    assert ConduitTrainerConfig.from_verl(_cfg(None)).rollout_hardware == "shared"
+    got = ConduitTrainerConfig.from_verl(_cfg({"rollout_hardware": "separate"}))
+    assert got.rollout_hardware == "separate"
+    for bad in ("gpu", "", None, 1):
+        with pytest.raises(ConfigError, match="rollout_hardware must be 'shared'"):
+            ConduitTrainerConfig.from_verl(_cfg({"rollout_hardware": bad}))
+    with pytest.raises(ConfigError, match="rollout_hardware does not apply with overlap=sync"):
+        ConduitTrainerConfig.from_verl(_cfg({"overlap": "sync", "rollout_hardware": "separate"}))
+
+
+def test_a_separate_rollout_has_its_own_tuner_signature(tmp_path) -> None:
+    from conduit_verl.trainer import _piece_tuning
+
+    config = OmegaConf.create({"algorithm": {"adv_estimator": "grpo"}})
+    shared = _piece_tuning(config, str(tmp_path), groups=16, n=8)
+    separate = _piece_tuning(config, str(tmp_path), groups=16, n=8, separate=True)
+    assert shared.algorithm == "verl/grpo/n8"  # the key of decisions cached before the knob existed
+    assert separate.algorithm == "verl/grpo/n8/separate"

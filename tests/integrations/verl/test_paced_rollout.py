@@ -256,3 +256,22 @@ def test_a_short_step_wave_and_unsized_requests_close_when_they_stop_coming() ->
     server, waves = _server(wave=0)  # no wave size: a burst is a wave
     _arrivals(server, [(0.0, 5), (0.0, 2), (0.3, 1)])
     assert waves == [[2, 5], [1]]
+
+
+def test_a_paced_conduit_run_tells_auto_the_rollout_has_its_own_hardware(tmp_path) -> None:  # noqa: ANN001
+    from conduit_verl_cpu.run import parse_args, streaming_overrides
+
+    def knobs(*argv: str) -> list[str]:
+        args, _ = parse_args(list(argv))
+        return [o.split("=")[0] for o in streaming_overrides(args, tmp_path)]
+
+    hardware = "+trainer.v1.conduit.rollout_hardware"
+    assert hardware in knobs("--trainer-mode", "conduit", "--rollout", "paced")
+    assert hardware not in knobs("--trainer-mode", "conduit", "--rollout", "hf")  # shares the cores
+    assert knobs("--trainer-mode", "sync", "--rollout", "paced") == []
+    assert knobs("--trainer-mode", "conduit", "--rollout", "paced", "+trainer.v1.conduit.overlap=sync") == []
+    # a user's own setting is left alone
+    mine = knobs(
+        "--trainer-mode", "conduit", "--rollout", "paced", "+trainer.v1.conduit.rollout_hardware=shared"
+    )
+    assert hardware not in mine and "+trainer.v1.conduit.tuner_cache" in mine

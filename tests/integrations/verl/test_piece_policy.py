@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 
 import pytest
 
@@ -334,3 +335,63 @@ def test_every_change_of_choice_is_logged_with_its_reason(caplog: pytest.LogCapt
         f"conduit g_ing=auto: 4 -> {shrinking.chosen} groups per piece (predicted exposed tail"
     )
     assert "s/group" in msg and "contention" in msg
+
+
+def test_a_separate_rollout_streams_without_probes_where_shared_hardware_would_probe() -> None:
+    """The paced rollout's case: ingestion beside generation runs 3x slower (the tiny model's real
+    tokens take the cores), but the modelled servers do not wait for it. Told the rollout has its own
+    hardware, ``auto`` charges generation nothing and streams on; the same pieces on shared hardware
+    start whole-batch probes (the test above)."""
+    separate = PiecePolicy("auto", groups=8, unit=1, separate_rollout=True)
+    arms = _stream_steps(separate, slowdown=3.0, steps=12)
+    assert separate.contention() == pytest.approx(3.0, rel=0.2)  # ingestion's slowdown is still fitted
+    assert arms == ["stream"] * 12
+    shared = PiecePolicy("auto", groups=8, unit=1)
+    assert "whole" in _stream_steps(shared, slowdown=3.0, steps=12)
+    o, t, w = separate.streamed[-1]
+    assert separate.predicted_gain(o, t, w) == pytest.approx(separate.whole_s(w) - t)
+    assert shared.predicted_gain(o, t, w) < separate.predicted_gain(o, t, w)
+
+
+def _measured_arms(
+    policy: PiecePolicy, periods: dict[str, list[float]], steps: int, slowdown: float
+) -> list[str]:
+    """Like ``_stream_steps``, each arm's iterations taking its ``periods`` in turn; the arms run."""
+    finish = [0.5 * i for i in range(1, 9)]
+    arms, now, taken = [], 0.0, {"stream": 0, "whole": 0}
+    for _ in range(steps):
+        g = policy.begin_step(now)
+        arms.append(policy.arm)
+        sizes = [g] * (8 // g) + ([8 % g] if 8 % g else [])
+        for i, k in enumerate(sizes):
+            last = i == len(sizes) - 1
+            policy.record_piece(k, (0.2 + 0.05 * k) * (1.0 if last else slowdown), overlapped=not last)
+        policy.record_step(finish)
+        seq = periods[policy.arm]
+        now += seq[taken[policy.arm] % len(seq)]
+        taken[policy.arm] += 1
+    return arms
+
+
+def test_a_measured_difference_within_the_steps_spread_does_not_overturn_the_model() -> None:
+    """Steps differ by their responses (here ±0.1 s around 10 s). Where the model favours one arm,
+    the other's median must be shorter by more than the steps' spread (or ``NOISE``) to be run; a
+    clear difference still wins."""
+    from conduit_verl.piece_policy import NOISE
+
+    noisy = {"stream": [10.0, 10.1, 9.9], "whole": [10.0, 10.0, 10.0]}
+    # shared hardware, 3x contention: generation predicted to lose more than streaming hides
+    favours_whole = PiecePolicy("auto", groups=8, unit=1)
+    arms = _measured_arms(favours_whole, {"stream": [9.95], "whole": noisy["stream"]}, 14, slowdown=3.0)
+    assert statistics.median(favours_whole.gains) < 0
+    assert arms[8:] == ["stream" if s % 10 == 0 else "whole" for s in range(9, 15)]  # 9.95 vs 10.0: noise
+    clear = PiecePolicy("auto", groups=8, unit=1)
+    arms = _measured_arms(clear, {"stream": [9.0], "whole": noisy["stream"]}, 14, slowdown=3.0)
+    assert arms[8:] == ["whole" if s % 10 == 0 else "stream" for s in range(9, 15)]  # 9.0 vs 10.0: real
+    # no pieces measured (no model yet): streaming, conduit's schedule, is favoured
+    policy = PiecePolicy("auto", groups=8, unit=1)
+    now = 0.0
+    for _step in range(1, 15):
+        policy.begin_step(now)
+        now += (10.0 - NOISE * 10.0 * 0.5) if policy.arm == "whole" else 10.0  # whole 1% shorter
+    assert policy.arm == "stream"

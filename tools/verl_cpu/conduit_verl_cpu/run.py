@@ -181,16 +181,22 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
         pace=args.pace,
     )
     overrides = resume_overrides(cpu_overrides(spec), args)
-    return overrides + tuner_cache_override(args, work), work / "metrics.jsonl"
+    return overrides + streaming_overrides(args, work), work / "metrics.jsonl"
 
 
-def tuner_cache_override(args: argparse.Namespace, work: Path) -> list[str]:
-    """``trainer.v1.conduit.tuner_cache`` for a conduit-mode run that streams (none for verl's modes,
-    ``overlap=sync``, or where the extra overrides set it)."""
+def streaming_overrides(args: argparse.Namespace, work: Path) -> list[str]:
+    """For a conduit-mode run that streams: ``trainer.v1.conduit.tuner_cache``, and
+    ``rollout_hardware=separate`` with the paced rollout (it models inference servers of their own);
+    none for verl's modes, ``overlap=sync``, or a knob the extra overrides set."""
     extra = " ".join(args.extra)
-    if args.trainer_mode != "conduit" or "overlap=sync" in extra or "tuner_cache" in extra:
+    if args.trainer_mode != "conduit" or "overlap=sync" in extra:
         return []
-    return [f"+trainer.v1.conduit.tuner_cache={Path(args.tuner_cache or work / 'tuner_cache').resolve()}"]
+    out = []
+    if "tuner_cache" not in extra:
+        out.append(f"+trainer.v1.conduit.tuner_cache={Path(args.tuner_cache or work / 'tuner_cache').resolve()}")
+    if args.rollout == "paced" and "rollout_hardware" not in extra:
+        out.append("+trainer.v1.conduit.rollout_hardware=separate")
+    return out
 
 
 def resume_overrides(overrides: list[str], args: argparse.Namespace) -> list[str]:
