@@ -48,8 +48,10 @@ generation itself is slowed and the fit may still be off; the measured periods b
 Otherwise the step time decides whether to stream at all: the policy measures whole iterations
 (start of one step to the start of the next) under the model's ``g`` ("stream") and under one
 whole-batch piece ("whole", verl's schedule), ``PROBES`` of each, then runs the arm the model
-favours (stream while the median predicted gain is positive, or before there is one) unless the
-other arm's median step is shorter by more than the noise (``NOISE`` of the favoured arm's median,
+favours on what it measured (stream while streaming hid ingestion — the whole batch's predicted
+ingestion less the exposed tail, before any charge for generation — in the median of the last
+streamed steps, or before there is one; the loss to generation is what the probes measure) unless
+the other arm's median step is shorter by more than the noise (``NOISE`` of the favoured arm's median,
 or the steps' own spread — the larger median absolute deviation of the two arms — if that is
 larger: steps differ by their responses, and three steps of each arm cannot tell a difference
 smaller than that), and re-measures the other every ``REPROBE_EVERY`` steps (medians over the last
@@ -226,8 +228,8 @@ class PiecePolicy:
         """The arm to run once both were measured, and why: the model's favoured arm unless the
         other's median step is shorter by more than the noise (module docstring)."""
         med = {arm: statistics.median(v) for arm, v in self.periods.items()}
-        gains = self.gains
-        favoured = "stream" if not gains or statistics.median(gains) > 0 else "whole"
+        hidden = [self.whole_s(w or None) - t for _, t, w in self.streamed] if len(self.pieces) else []
+        favoured = "stream" if not hidden or statistics.median(hidden) > 0 else "whole"
         other = "whole" if favoured == "stream" else "stream"
         spread = max(_mad(self.periods["stream"]), _mad(self.periods["whole"]))
         margin = max(NOISE * med[favoured], spread)
