@@ -228,7 +228,7 @@ class PiecePolicy:
         """The arm to run once both were measured, and why: the model's favoured arm unless the
         other's median step is shorter by more than the noise (module docstring)."""
         med = {arm: statistics.median(v) for arm, v in self.periods.items()}
-        hidden = [self.whole_s(w or None) - t for _, t, w in self.streamed] if len(self.pieces) else []
+        hidden = [self.hidden_s(t, w or None) for _, t, w in self.streamed] if len(self.pieces) else []
         favoured = "stream" if not hidden or statistics.median(hidden) > 0 else "whole"
         other = "whole" if favoured == "stream" else "stream"
         spread = max(_mad(self.periods["stream"]), _mad(self.periods["whole"]))
@@ -321,7 +321,12 @@ class PiecePolicy:
         ingestion (of ``work``; None: the last step's), less the exposed tail, less what overlapped
         pieces cost generation (nothing where the rollout has hardware of its own)."""
         lost = 0.0 if self.separate_rollout else overlapped_s * (1.0 - 1.0 / self.contention())
-        return self.whole_s(work) - tail_s - lost
+        return self.hidden_s(tail_s, work) - lost
+
+    def hidden_s(self, tail_s: float, work: float | None = None) -> float:
+        """Ingestion a streamed step hid: the whole batch's predicted ingestion (of ``work``; None:
+        the last step's) less the exposed tail it left."""
+        return self.whole_s(work) - tail_s
 
     @property
     def gains(self) -> list[float]:
