@@ -405,10 +405,10 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         title = f"verl 0.9.1 CPU {args.algo}, {label}: stages per iteration"
         stage_bars(first, out.with_suffix(".png"), title)
     if args.sweep and sweep_ratios:
-        paced_sweep(sweep_ratios, out.with_name(f"{name}_speedup.png"), args.algo)
+        paced_sweep(sweep_ratios, out.with_name(f"{out.stem}_speedup.png"), args.algo)
     if args.reward_steps:
         result["reward_curve"] = reward_runs(
-            root, args, out.with_name(f"{name}_reward.png"), result["errors"]
+            root, args, out.with_name(f"{out.stem}_reward.png"), result["errors"]
         )
     result["machine"].update(provenance.finish(prov))  # after the reward runs: the run's real end
     out.write_text(json.dumps(result, indent=1))
