@@ -193,7 +193,9 @@ def streaming_overrides(args: argparse.Namespace, work: Path) -> list[str]:
         return []
     out = []
     if "tuner_cache" not in extra:
-        out.append(f"+trainer.v1.conduit.tuner_cache={Path(args.tuner_cache or work / 'tuner_cache').resolve()}")
+        out.append(
+            f"+trainer.v1.conduit.tuner_cache={Path(args.tuner_cache or work / 'tuner_cache').resolve()}"
+        )
     if args.rollout == "paced" and "rollout_hardware" not in extra:
         out.append("+trainer.v1.conduit.rollout_hardware=separate")
     return out
