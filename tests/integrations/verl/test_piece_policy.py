@@ -102,18 +102,7 @@ def test_the_policy_fit_is_the_core_cost_model() -> None:
 def _stream_steps(policy: PiecePolicy, slowdown: float, steps: int) -> list[str]:
     """Steps of 8 groups finishing 0.5 s apart; pieces cost ``0.2 + 0.05 * groups`` s, times
     ``slowdown`` while generation still runs. The arm of each step."""
-    finish = [0.5 * i for i in range(1, 9)]
-    arms, now = [], 0.0
-    for _ in range(steps):
-        g = policy.begin_step(now)
-        arms.append(policy.arm)
-        sizes = [g] * (8 // g) + ([8 % g] if 8 % g else [])
-        for i, k in enumerate(sizes):
-            last = i == len(sizes) - 1
-            policy.record_piece(k, (0.2 + 0.05 * k) * (1.0 if last else slowdown), overlapped=not last)
-        policy.record_step(finish)
-        now += 10.0
-    return arms
+    return _measured_arms(policy, {"stream": [10.0], "whole": [10.0]}, steps, slowdown)
 
 
 def test_auto_streams_without_whole_batch_probes_when_overlap_costs_nothing() -> None:
@@ -356,7 +345,9 @@ def test_a_separate_rollout_streams_without_probes_where_shared_hardware_would_p
 def _measured_arms(
     policy: PiecePolicy, periods: dict[str, list[float]], steps: int, slowdown: float
 ) -> list[str]:
-    """Like ``_stream_steps``, each arm's iterations taking its ``periods`` in turn; the arms run."""
+    """Steps of 8 groups finishing 0.5 s apart; pieces cost ``0.2 + 0.05 * groups`` s, times
+    ``slowdown`` while generation still runs; each arm's iterations take its ``periods`` in turn.
+    The arm of each step."""
     finish = [0.5 * i for i in range(1, 9)]
     arms, now, taken = [], 0.0, {"stream": 0, "whole": 0}
     for _ in range(steps):
