@@ -11,7 +11,10 @@
    plus the best predicted of each other overlap mode (the structural choice the model gets wrong
    most often);
    measuring stops early once ``budget_s`` of tuning time is spent (the first candidate is always
-   measured). Without ``measure`` the model's best is taken;
+   measured). With ``repeats`` > 1 the measured candidates are measured again, in rounds that
+   alternate them (each round in the reverse order of the one before), and each keeps its median:
+   on a machine whose speed drifts (shared cores, a VM) a single probe of each can rank them by when
+   they ran. Without ``measure`` the model's best is taken;
 4. **keep**: the fastest measured wins; a re-tune keeps the current configuration unless the winner
    is measured ``HYSTERESIS`` faster. The choice is cached (JSON, written atomically) and logged with
    its reason, the staleness it implies and what tuning cost.
@@ -30,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -99,6 +103,7 @@ class AutoTuner(Generic[C]):
         budget_s: tuning time after which no further candidate is measured (``None``: no limit).
         margin: relative distance from the best prediction within which a top-``k`` candidate is
             measured (e.g. the model's relative error on its calibration; ``None``: all ``top_k``).
+        repeats: measurements of each measured candidate, in alternating rounds; the median is kept.
     """
 
     def __init__(
@@ -111,6 +116,7 @@ class AutoTuner(Generic[C]):
         pins: Mapping[str, Any] | None = None,
         budget_s: float | None = None,
         margin: float | None = None,
+        repeats: int = 1,
     ) -> None:
         if not space:
             raise ConfigError("the tuner needs a non-empty configuration space")
@@ -125,6 +131,8 @@ class AutoTuner(Generic[C]):
             raise ConfigError(f"budget_s must be > 0 or None, got {budget_s!r}")
         if margin is not None and not margin >= 0:
             raise ConfigError(f"margin must be >= 0 (relative) or None, got {margin!r}")
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ConfigError(f"repeats must be an int >= 1, got {repeats!r}")
         self.pins = dict(pins or {})
         known = {f.name for f in dataclasses.fields(kind)}
         unknown = sorted(set(self.pins) - known)
@@ -135,7 +143,7 @@ class AutoTuner(Generic[C]):
         self.model, self.measure = model, measure
         self.cache: ChoiceCache[C] = ChoiceCache(kind, cache_dir)
         self.cache_dir = self.cache.cache_dir
-        self.top_k, self.budget_s, self.margin = top_k, budget_s, margin
+        self.top_k, self.budget_s, self.margin, self.repeats = top_k, budget_s, margin, repeats
         self.current: Choice[C] | None = None
         self.history: list[Choice[C]] = []
 
@@ -178,6 +186,8 @@ class AutoTuner(Generic[C]):
                 break
             measured[name] = float(self.measure(config))
             configs[name] = (config, pred)
+        if self.repeats > 1 and len(measured) > 1:
+            measured = self._repeat(configs, measured)
         best = min(measured, key=measured.__getitem__)
         why = "fastest measured"
         if self.current is not None:
@@ -199,6 +209,17 @@ class AutoTuner(Generic[C]):
         )
         choice = Choice(config, pred, "measured", reason, measured, time.perf_counter() - t0)
         return self._keep(self.save(signature, choice))
+
+    def _repeat(self, configs: dict[str, tuple[C, Prediction]], first: dict[str, float]) -> dict[str, float]:
+        """Each of ``configs`` measured ``repeats`` times in all, rounds alternating the order; medians."""
+        assert self.measure is not None
+        seconds = {name: [s] for name, s in first.items()}
+        order = list(first)
+        for _ in range(self.repeats - 1):
+            order.reverse()
+            for name in order:
+                seconds[name].append(float(self.measure(configs[name][0])))
+        return {name: statistics.median(s) for name, s in seconds.items()}
 
     def _uncertain(self, ranked: list[tuple[C, Prediction]]) -> list[tuple[C, Prediction]]:
         """The top ``top_k`` predicted within ``margin`` of the best (the best always), plus the best

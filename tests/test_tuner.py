@@ -140,6 +140,27 @@ def test_the_other_overlap_mode_is_measured_and_wins_when_the_model_misranks_it(
     assert choice.config.overlap == "sync" and choice.source == "measured"
 
 
+def test_repeats_alternate_the_candidates_and_keep_medians(tmp_path: Path) -> None:
+    # the machine is slow (x1.5) for the very first probe only: one probe each ranks by when it ran
+    truth = {("async", 8): 0.50, ("sync", 8): 0.55}
+    calls: list[tuple[str, int]] = []
+
+    def drifting(config: Knobs) -> float:
+        calls.append((config.overlap, config.g_del))
+        return truth[calls[-1]] * (1.5 if len(calls) == 1 else 1.0)
+
+    once = AutoTuner(SPACE, _predicted, drifting, cache_dir=tmp_path / "a", top_k=1).tune(SIG)
+    assert once.config.overlap == "sync"  # the slow first probe made the faster one lose
+    calls.clear()
+    tuner = AutoTuner(SPACE, _predicted, drifting, cache_dir=tmp_path / "b", top_k=1, repeats=3)
+    choice = tuner.tune(SIG)
+    assert calls == [("async", 8), ("sync", 8), ("sync", 8), ("async", 8), ("async", 8), ("sync", 8)]
+    assert choice.config == Knobs("async", 16, 1, 8) and choice.measured_s[describe(choice.config)] == 0.5
+    for bad in (0, 1.5, True):
+        with pytest.raises(ConfigError, match="repeats"):
+            AutoTuner(SPACE, _predicted, drifting, repeats=bad)  # type: ignore[arg-type]
+
+
 def test_drift_watch_needs_a_sustained_change() -> None:
     watch = DriftWatch(100.0, tolerance=0.25, patience=3)
     assert not any(watch.observe(v) for v in (110, 130, 90, 140, 140))  # a blip, then only two outside
