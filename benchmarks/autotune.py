@@ -442,6 +442,7 @@ def evaluate(
             "tuning_budget_s": budget,
             "margin": margin,
             "measured_by_tuner": len(choice.measured_s),
+            "tuner_measured_s": choice.measured_s,  # each candidate's median probe
             # the tuner's candidates ran real iterations; what tuning cost the run is the time beyond
             # running as many iterations at the best configuration (set-up, worse candidates)
             "tuning_iterations": probe_iterations,

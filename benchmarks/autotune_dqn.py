@@ -15,8 +15,10 @@ and the work done (learning steps, gradient updates; a gap is refused where they
 Then an ``overlap="auto"`` run does what a user's run does: warm-up under the sync probe,
 calibration, the model's pick, a trial; the model it ranked with (``DQNTuning``'s, calibrated in that
 run) predicts every configuration. Printed and written: Kendall's tau between predicted and measured
-over the grid (and between two measured rounds: what noise allows), the top-8 overlap, the pick's gap
-to the best measured configuration, and the tuning overhead: the time the auto run's steps until the
+over the grid (and between two measured rounds, and between the medians of the even and of the odd
+rounds: what noise allows), the top-8 overlap, the pick's gap to the best measured configuration — in
+the grid, and re-measured (:func:`confirm`: both in ``CONFIRM_ROUNDS`` fresh alternating runs, since
+the best of 18 noisy medians is low partly by luck) —, and the tuning overhead: the time the auto run's steps until the
 choice took beyond as many steps at the best configuration (probe and trial steps at worse knobs,
 calibration, the buffer's moves), as a share of 100 learning steps at the best. JSON and a PNG under
 ``benchmarks/results/``.
@@ -39,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from autotune import kendall  # noqa: E402
+from autotune import kendall, split_halves  # noqa: E402
 from rllib_native_timing import WorkCounter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -47,6 +49,7 @@ LEARNING_STARTS = 64  # env steps sampled before the first update
 #: env steps in one iteration (``algo.train()``) of a user's DQN run: RLlib's default
 #: ``min_sample_timesteps_per_iteration`` for DQN; the issue's tuning budget is 2% of 100 such iterations
 DQN_ITERATION_ENV_STEPS = 1000
+CONFIRM_ROUNDS = 4  # fresh alternating runs of the pick and the grid's best (the gap without selection bias)
 
 
 class StepTimer:
@@ -152,6 +155,25 @@ def run_auto(batch: int, steps: int, seed: int, max_iters: int) -> dict[str, Any
     }
 
 
+def confirm(pick: Any, best: Any, batch: int, steps: int, warmup: int) -> dict[str, Any]:
+    """``pick`` and ``best`` in ``CONFIRM_ROUNDS`` fresh runs each, alternating: the gap between them
+    without the grid's selection bias (the best of 18 noisy medians is low partly by luck). The gap is
+    refused (``None``) where the runs' work differs."""
+    runs: dict[str, list[dict[str, Any]]] = {"pick": [], "best": []}
+    for r in range(CONFIRM_ROUNDS):
+        for who in ("pick", "best") if r % 2 == 0 else ("best", "pick"):
+            runs[who].append(run(pick if who == "pick" else best, batch, steps, warmup, seed=100 + r))
+            print(f"confirm {who} round {r}: {runs[who][-1]['seconds'] * 1e3:.2f} ms/step", flush=True)
+    seconds = {who: statistics.median(g["seconds"] for g in got) for who, got in runs.items()}
+    works = [g["work"] for got in runs.values() for g in got]
+    same = all(w == works[0] for w in works)
+    return {
+        "seconds": seconds,
+        "work": works,
+        "gap": seconds["pick"] / seconds["best"] - 1 if same else None,
+    }
+
+
 def plot(row: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -192,7 +214,7 @@ def main() -> None:
     from conduit.local_ray import init_local_ray
 
     cycle = max(s.stage_steps or 1 for s in dqn_tuning.SPACE)
-    steps, warmup, rounds = (cycle, 4, 1) if args.quick else (8 * cycle, 16, 3)
+    steps, warmup, rounds = (cycle, 4, 1) if args.quick else (8 * cycle, 16, 5)
     init_local_ray(log_to_driver=False)
     t0 = time.perf_counter()
     space: list[ConduitSettings] = list(dqn_tuning.SPACE)
@@ -213,13 +235,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache:
             dqn_tuning.CACHE_DIR = Path(cache)
             auto = run_auto(args.batch, steps, seed=0, max_iters=20)
+        measured = [statistics.median(r[i] for r in per_round) for i in range(len(space))]
+        pick = space.index(auto["choice"].config)
+        best = min(range(len(space)), key=measured.__getitem__)
+        confirmed = confirm(space[pick], space[best], args.batch, steps, warmup) if pick != best else None
     finally:
         ray.shutdown()
-    measured = [statistics.median(r[i] for r in per_round) for i in range(len(space))]
     predicted = [auto["predict"](s).wall_s for s in space]
     choice = auto["choice"]
-    pick = space.index(choice.config)
-    best = min(range(len(space)), key=measured.__getitem__)
     same_work = all(w == works[best] for w in works)
     top = min(8, len(space))
     order_m = sorted(range(len(space)), key=measured.__getitem__)[:top]
@@ -240,6 +263,7 @@ def main() -> None:
         f"top{top}_overlap": len(set(order_m) & set(order_p)),
         "kendall_tau": kendall(predicted, measured),
         "kendall_tau_between_rounds": statistics.median(rounds_tau) if rounds_tau else None,
+        "kendall_tau_split_halves": split_halves(per_round),
         "auto": {
             "config": name(choice.config),
             "reason": choice.reason,
@@ -248,6 +272,9 @@ def main() -> None:
             "seconds_in_grid": measured[pick],
             # refused (None) where the pick's grid run did different work from the best's
             "gap_to_best_grid": measured[pick] / measured[best] - 1 if works[pick] == works[best] else None,
+            # the pick and the grid's best re-measured in fresh alternating runs (None: they are one)
+            "confirmed": confirmed,
+            "gap_to_best_confirmed": 0.0 if confirmed is None else confirmed["gap"],
             "tuning_s": auto["tuning_s"],
             "tuning_learning_steps": len(auto["tuning_steps"]),
             "tuning_overhead_s": overhead,
@@ -261,11 +288,18 @@ def main() -> None:
     }
     a = row["auto"]
     gap = "refused (work differs)" if a["gap_to_best_grid"] is None else f"{a['gap_to_best_grid']:+.1%}"
+    again = (
+        "refused (work differs)"
+        if a["gap_to_best_confirmed"] is None
+        else f"{a['gap_to_best_confirmed']:+.1%}"
+    )
     print(
         f"DQN CartPole b{args.batch}: best {measured[best] * 1e3:.2f} ms/step ({row['best_measured']['config']}); "
         f"predicted best {row['predicted_best']['config']}; tau {row['kendall_tau']:.2f} (round vs round "
-        f"{'n/a' if row['kendall_tau_between_rounds'] is None else format(row['kendall_tau_between_rounds'], '.2f')}); "
-        f"top{top} overlap {row[f'top{top}_overlap']}/{top}; auto {a['config']}: gap {gap}, tuning "
+        f"{'n/a' if row['kendall_tau_between_rounds'] is None else format(row['kendall_tau_between_rounds'], '.2f')}, "
+        f"half vs half {'n/a' if row['kendall_tau_split_halves'] is None else format(row['kendall_tau_split_halves'], '.2f')}); "
+        f"top{top} overlap {row[f'top{top}_overlap']}/{top}; auto {a['config']}: gap {gap} in the grid, {again} "
+        f"re-measured, tuning "
         f"{a['tuning_share_of_100_steps']:.1%} of 100 steps, {a['tuning_share_of_100_iterations']:.3%} of 100 "
         f"iterations of {a['learning_steps_per_iteration']:.0f} steps ({a['tuning_learning_steps']} steps until the choice, "
         f"{a['tuning_s']:.2f} s calibrating and switching)"

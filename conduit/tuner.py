@@ -9,7 +9,7 @@
    iteration, the caller's), but only those predicted within ``margin`` of the best (the model's
    uncertainty: where it separates the candidates clearly, measuring them would only cost time),
    plus the best predicted of each other overlap mode (the structural choice the model gets wrong
-   most often);
+   most often), measured right after the best so that a tight budget cannot skip it;
    measuring stops early once ``budget_s`` of tuning time is spent (the first candidate is always
    measured). With ``repeats`` > 1 the measured candidates are measured again, in rounds that
    alternate them (each round in the reverse order of the one before), and each keeps its median:
@@ -222,20 +222,22 @@ class AutoTuner(Generic[C]):
         return {name: statistics.median(s) for name, s in seconds.items()}
 
     def _uncertain(self, ranked: list[tuple[C, Prediction]]) -> list[tuple[C, Prediction]]:
-        """The top ``top_k`` predicted within ``margin`` of the best (the best always), plus the best
-        predicted of every other overlap mode: whether to overlap at all is where the model errs
-        most (measured: it ranked async first where sync was 1.5-1.8x faster, at 36-260 B/item)."""
+        """The best predicted, then the best predicted of every overlap mode not among those
+        measured otherwise (whether to overlap at all is where the model errs most: measured, it ranked
+        async first where sync was 1.5-1.8x faster, at 36-260 B/item), then the rest of the top
+        ``top_k`` within ``margin`` of the best."""
         top = ranked[: self.top_k]
         if self.margin is not None:
             limit = top[0][1].wall_s * (1 + self.margin)
             top = [top[0], *(cp for cp in top[1:] if cp[1].wall_s <= limit)]
         modes = {getattr(c, "overlap", None) for c, _ in top}
+        others = []
         for cp in ranked:
             mode = getattr(cp[0], "overlap", None)
             if mode not in modes:
                 modes.add(mode)
-                top.append(cp)
-        return top
+                others.append(cp)
+        return [top[0], *others, *top[1:]]
 
     def _keep(self, choice: Choice[C]) -> Choice[C]:
         self.current = choice

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -39,12 +40,12 @@ def test_ranks_with_the_model_and_measures_only_the_top_k(tmp_path: Path, caplog
     assert [c.g_del for c, _ in tuner.ranked()[:3]] == [8, 4, 2]
     with caplog.at_level(logging.INFO, logger="conduit.tuner"):
         choice = tuner.tune(SIG)
-    # the top 3 (all async) and the best predicted of the other overlap mode (sync g_del=8)
+    # the best, the best predicted of the other overlap mode (sync g_del=8), the rest of the top 3
     assert [(c.overlap, c.g_del) for c in measure.calls] == [
         ("async", 8),
+        ("sync", 8),
         ("async", 4),
         ("async", 2),
-        ("sync", 8),
     ]
     assert choice.config == Knobs("async", 8, 1, 4) and choice.source == "measured"
     assert "ranked it 2 of 8" in choice.reason and choice.measured_s[describe(choice.config)] == 0.3
@@ -100,6 +101,20 @@ def test_budget_stops_measuring_after_the_first(tmp_path: Path) -> None:
     assert len(measure.calls) == 1 and len(choice.measured_s) == 1
 
 
+def test_a_tight_budget_still_measures_the_other_overlap_mode(tmp_path: Path) -> None:
+    # the budget passes after the second probe: the model's best and the other mode's best are measured
+    clock = {"probes": 0}
+
+    def slow(config: Knobs) -> float:
+        clock["probes"] += 1
+        time.sleep(0.02)
+        return 0.2 if config.overlap == "sync" else _predicted(config).wall_s
+
+    tuner = AutoTuner(SPACE, _predicted, slow, cache_dir=tmp_path, top_k=4, budget_s=0.03)
+    choice = tuner.tune(SIG)
+    assert clock["probes"] == 2 and choice.config.overlap == "sync"
+
+
 def test_retune_keeps_the_current_choice_unless_clearly_faster(tmp_path: Path) -> None:
     slow_first = {"n": 0}
 
@@ -122,7 +137,7 @@ def test_measures_only_the_candidates_the_model_cannot_separate(tmp_path: Path) 
     measure = Measure()
     tuner = AutoTuner(SPACE, _predicted, measure, cache_dir=tmp_path, top_k=3, margin=0.03)
     choice = tuner.tune(SIG)
-    assert [(c.overlap, c.g_del) for c in measure.calls] == [("async", 8), ("async", 4), ("sync", 8)]
+    assert [(c.overlap, c.g_del) for c in measure.calls] == [("async", 8), ("sync", 8), ("async", 4)]
     assert choice.config.g_del == 4 and "1 of the top 3 not measured" in choice.reason
     sure = Measure()
     AutoTuner(SPACE, _predicted, sure, cache_dir=tmp_path / "b", top_k=3, margin=0.0).tune(SIG)
