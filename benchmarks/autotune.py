@@ -12,12 +12,9 @@ delivered features, then an MLP layer). Nothing is a stub: every configuration r
 Calibration (sizes ``CALIB_DIMS``, never evaluated): ten configurations per size (:data:`CALIB_CONFIGS`:
 sync ``g_del`` 1 and 8; async ones with ``g_ing``, ``g_del`` and depth varied apart), each run
 ``CALIB_ROUNDS`` times in fresh random orders, give the ingestion
-and delivery costs (``OperatorCost.fit`` over per-iteration totals, both measured inline in sync
-runs — ingestion also on ``WIDE``-times wider fragments, so that its per-call and per-item terms part;
-a background call's span also holds its waits for the interpreter lock, which is overlap's cost, not
-the operator's —; delivery's per-byte term from the measured host link of
-``conduit.discovery.local_topology()``), the fixed cost per put (async puts, which only enqueue), and
-the overlap costs (``calibrate_overlap``: interference ``sigma``, hand-off per get, wake-up per ingestion and per
+and delivery costs (``OperatorCost.fit`` over per-iteration totals; delivery's per-byte term from the
+measured host link of ``conduit.discovery.local_topology()``), the fixed cost per put, and the overlap
+costs (``calibrate_overlap``: interference ``sigma``, hand-off per get, wake-up per ingestion and per
 delivery call). The model's median relative error on the calibration runs is the tuner's ``margin``.
 At each evaluated size the workload's own compute (producer, consumer) is timed alone, without
 Conduit: that is the workload, not the data path.
@@ -88,7 +85,6 @@ CALIB_CONFIGS = (  # two sync, then async ones: g_ing, g_del and depth (g_del or
     *(Knobs("async", m * g_del, g_ing, g_del) for g_ing in (1, 8) for g_del in (1, 8) for m in (1, 2)),
 )
 CALIB_ROUNDS = 3  # each calibration configuration is run this many times, in a fresh random order
-WIDE = 8  # ingestion is also calibrated inline on fragments this many times wider
 TUNING_SHARE = 0.02  # tuning overhead allowed, as a share of a 100-iteration run
 TOP_K = 3  # candidates the tuner measures at most (those within the model's error of the best)
 PROBE_ITERS, PROBE_WARMUP = 3, 1  # iterations per probe of a candidate (warm-up: its first probe only)
@@ -260,12 +256,11 @@ def calibrate(batch: int, device: str, iters: int, warmup: int, bandwidth: float
     median of the rounds' medians."""
     t0 = time.perf_counter()
     ingest, deliver, calls, runs = [], [], [], []
-    items_out = GETS * batch
+    items_in, items_out = PUTS * FRAG, GETS * batch
     rng = random.Random(0)
     for dim in CALIB_DIMS:
         loop = SyntheticLoop(dim, batch, device)
         producer_s, consumer_s = loop.compute_only(iters)
-        asyncs = [k for k in CALIB_CONFIGS if k.overlap == "async"]
         walls: dict[Knobs, list[float]] = {k: [] for k in CALIB_CONFIGS}
         metrics: dict[Knobs, list[dict[str, float]]] = {k: [] for k in CALIB_CONFIGS}
         order = list(CALIB_CONFIGS)
@@ -275,24 +270,19 @@ def calibrate(batch: int, device: str, iters: int, warmup: int, bandwidth: float
                 wall, m = loop.run(knobs, iters, warmup)
                 walls[knobs].append(wall)
                 metrics[knobs].extend(m)
-        # the put's own cost: async puts only enqueue
-        calls.extend(_op(metrics[k], "put")[0] / max(_op(metrics[k], "put")[1], 1) for k in asyncs)
-        # ingestion alone, inline in sync puts, at the workload's fragments and at 8x wider ones (a
-        # background call's span also holds its waits for the interpreter lock: overlap's cost, fitted
-        # below, not the operator's)
-        wide = SyntheticLoop(dim, batch, device, frag=WIDE * FRAG)
-        for probe, m in (
-            (loop, metrics[CALIB_CONFIGS[0]]),
-            (wide, _rounds(wide, CALIB_CONFIGS[0], iters, warmup)),
-        ):
-            put_s, put_calls = _op(m, "put")
-            inline = max(0.0, put_s - statistics.median(calls) * put_calls)
-            n = PUTS * probe.frag
-            ingest.append(Sample(put_calls, n, n * probe.item_bytes, inline))
+        asyncs = [k for k in CALIB_CONFIGS if k.overlap == "async"]
+        for knobs in asyncs:  # async: ingestion calls of g_ing fragments, the put's own cost
+            put_s, put_calls = _op(metrics[knobs], "put")
+            calls.append(put_s / max(put_calls, 1))
+            s, c = _op(metrics[knobs], "ingest/batch")
+            ingest.append(Sample(max(c, 1), items_in, items_in * loop.item_bytes, s))
         for knobs in CALIB_CONFIGS:
-            if knobs.overlap == "sync":  # delivery calls of g_del batches
+            if knobs.overlap == "sync":  # delivery calls of g_del batches; ingestion inside put
                 s, c = _op(metrics[knobs], "deliver/batch")
                 deliver.append(Sample(max(c, 1), items_out, items_out * loop.item_bytes, s))
+                put_s, put_calls = _op(metrics[knobs], "put")
+                inline = max(0.0, put_s - statistics.median(calls) * put_calls)
+                ingest.append(Sample(put_calls, items_in, items_in * loop.item_bytes, inline))
             runs.append(
                 {
                     "dim": dim,
@@ -314,11 +304,6 @@ def calibrate(batch: int, device: str, iters: int, warmup: int, bandwidth: float
     fit_overlap(cal, batch, device)
     cal.seconds = time.perf_counter() - t0
     return cal
-
-
-def _rounds(loop: SyntheticLoop, knobs: Knobs, iters: int, warmup: int) -> list[dict[str, float]]:
-    """The metrics of ``CALIB_ROUNDS`` runs of ``knobs`` on ``loop``, pooled."""
-    return [m for _ in range(CALIB_ROUNDS) for m in loop.run(knobs, iters, warmup)[1]]
 
 
 def fit_overlap(cal: Calibration, batch: int, device: str) -> None:
