@@ -1,0 +1,44 @@
+"""The core autotune benchmark's measuring parts: the half-vs-half noise ceiling and the tuner's probes
+(each candidate's ``Conduit`` built once and kept open between its probes)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from autotune import PROBE_ITERS, PROBE_WARMUP, Probes, SyntheticLoop, split_halves  # noqa: E402
+
+from conduit.costmodel import Knobs  # noqa: E402
+from conduit.errors import ClosedError  # noqa: E402
+
+
+def test_split_halves_compares_the_even_rounds_with_the_odd() -> None:
+    agree = [[1.0, 2.0, 3.0], [1.1, 2.1, 3.1], [0.9, 1.9, 2.9], [1.0, 2.0, 3.0]]
+    assert split_halves(agree) == pytest.approx(1.0)
+    # the even rounds rank the configurations one way, the odd ones the other way
+    disagree = [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]
+    assert split_halves(disagree) == pytest.approx(-1.0)
+    assert split_halves([[1.0, 2.0, 3.0]]) is None
+
+
+def test_probes_build_each_candidate_once_and_count_every_iteration() -> None:
+    loop = SyntheticLoop(8, 8, "cpu")
+    probes = Probes(loop)
+    sync, overlap = Knobs("sync", g_del=2), Knobs("async", 2, 1, 1)
+    try:
+        seconds = [probes(sync), probes(overlap), probes(sync)]
+        assert all(s > 0 for s in seconds)
+        assert set(probes.open) == {sync, overlap}
+        conduit = probes.open[sync]
+        probes(sync)
+        assert probes.open[sync] is conduit  # reused, not rebuilt
+        # warm-up only on a candidate's first probe
+        assert probes.iterations == 2 * (PROBE_ITERS + PROBE_WARMUP) + 2 * PROBE_ITERS
+    finally:
+        probes.close()
+    assert probes.open == {}
+    with pytest.raises(ClosedError):
+        conduit.put(loop.produce())
