@@ -481,8 +481,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.scatter([pred[pick]], [meas[pick]], c="tab:red", marker="*", s=160, label="auto")
         lo, hi = min(pred + meas), max(pred + meas)
         ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
-        gap = row["auto"]["gap_to_best_grid"]
-        ax.set_title(f"{row['item_bytes']} B/item: tau={row['kendall_tau']:.2f}, auto {gap:+.1%}", fontsize=9)
+        gap, again = row["auto"]["gap_to_best_grid"], row["auto"].get("gap_to_best_confirmed")
+        redo = "" if again is None else f" (re-measured {again:+.1%})"
+        ax.set_title(
+            f"{row['item_bytes']} B/item: tau={row['kendall_tau']:.2f}, auto {gap:+.1%}{redo}", fontsize=8
+        )
         ax.set_xlabel("predicted ms/iter")
         ax.set_ylabel("measured ms/iter")
         ax.legend(fontsize=7)

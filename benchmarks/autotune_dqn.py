@@ -188,10 +188,12 @@ def plot(row: dict[str, Any], path: Path) -> None:
     ax.scatter([pred[pick]], [meas[pick]], c="tab:red", marker="*", s=160, label="auto")
     lo, hi = min(pred + meas), max(pred + meas)
     ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
-    ax.set_title(
-        f"DQN CartPole b{row['batch']}: tau={row['kendall_tau']:.2f}, auto {row['auto']['gap_to_best_grid']:+.1%}",
-        fontsize=9,
-    )
+
+    def pct(gap: float | None) -> str:
+        return "refused (work differs)" if gap is None else f"{gap:+.1%}"
+
+    gaps = f"{pct(row['auto']['gap_to_best_grid'])} (re-measured {pct(row['auto'].get('gap_to_best_confirmed'))})"
+    ax.set_title(f"DQN CartPole b{row['batch']}: tau={row['kendall_tau']:.2f}, auto {gaps}", fontsize=8)
     ax.set_xlabel("predicted ms/step")
     ax.set_ylabel("measured ms/step")
     ax.legend(fontsize=7)
