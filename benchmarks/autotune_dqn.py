@@ -13,7 +13,7 @@ per learning step over whole staging cycles (a staged put is paid once per ``sta
 and the work done (learning steps, gradient updates; a gap is refused where they differ).
 
 Then an ``overlap="auto"`` run does what a user's run does: warm-up under the sync probe,
-calibration, the model's pick, a trial; the model it ranked with (``DQNTuning``'s, calibrated in that
+calibration, the model's pick, its trial and a recheck of the probe right after it; the model it ranked with (``DQNTuning``'s, calibrated in that
 run) predicts every configuration. Printed and written: Kendall's tau between predicted and measured
 over the grid (and between two measured rounds, and between the medians of the even and of the odd
 rounds: what noise allows), the top-8 overlap, the pick's gap to the best measured configuration — in
