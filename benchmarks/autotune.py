@@ -199,9 +199,9 @@ class Probes:
         self.iterations = 0
 
     def __call__(self, knobs: Knobs) -> float:
-        warmup = 0 if knobs in self.open else PROBE_WARMUP
+        warmup = 0
         if knobs not in self.open:
-            self.open[knobs] = self.loop.open(knobs)
+            self.open[knobs], warmup = self.loop.open(knobs), PROBE_WARMUP
         self.iterations += PROBE_ITERS + warmup
         return self.loop.iterate(self.open[knobs], PROBE_ITERS, warmup)[0]
 
