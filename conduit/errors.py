@@ -5,6 +5,8 @@ Each error is raised *before* any state changes, so a failed call leaves the buf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ConduitError(Exception):
     """Base class of every error Conduit raises on purpose."""
@@ -28,6 +30,15 @@ class RaggedLengthError(SchemaError):
 
 class CapacityError(ConduitError):
     """An item or a write is larger than the storage tier can hold."""
+
+
+class PlacementCapacityError(CapacityError):
+    """A placement does not fit: ``missing_bytes`` more would be needed on ``tiers``."""
+
+    def __init__(self, message: str, missing_bytes: int, tiers: Sequence[str]) -> None:
+        super().__init__(message)
+        self.missing_bytes = int(missing_bytes)
+        self.tiers = tuple(tiers)
 
 
 class InsufficientDataError(ConduitError):

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from conduit.errors import CapacityError, ConfigError
+from conduit.errors import ConfigError, PlacementCapacityError
 from conduit.placement_solvers import _exact, _heuristic, _pack
 
 if TYPE_CHECKING:
@@ -52,15 +52,6 @@ if TYPE_CHECKING:
 
 HEURISTIC_FACTOR = 1.25  # the heuristic's tested bound: predicted seconds <= this × the optimum
 DEFAULT_EXACT_LIMIT = 2000  # field × tier variables
-
-
-class PlacementCapacityError(CapacityError):
-    """A placement does not fit: ``missing_bytes`` more would be needed on ``tiers``."""
-
-    def __init__(self, message: str, missing_bytes: int, tiers: Sequence[str]) -> None:
-        super().__init__(message)
-        self.missing_bytes = int(missing_bytes)
-        self.tiers = tuple(tiers)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import uuid
 
 import torch
 
-from conduit.errors import CapacityError, ConfigError, DeviceUnavailableError
+from conduit.errors import CapacityError, ConfigError, DeviceUnavailableError, PlacementCapacityError
 
 
 def tier_device(tier: str) -> torch.device:
@@ -47,6 +47,8 @@ def allocate(
     check_tier_available(tier)
     try:
         return _allocate(shape, dtype, tier, disk_dir)
+    except PlacementCapacityError:
+        raise
     except OSError as e:
         raise ConfigError(f"tier {tier!r}: cannot create storage under disk_path={disk_dir!r}: {e}") from e
     except (RuntimeError, MemoryError) as e:  # the allocator's out-of-memory
@@ -55,6 +57,47 @@ def allocate(
             f"tier {tier!r} cannot allocate {nbytes / 2**30:.2f} GiB for a {tuple(shape)} {dtype} column; "
             f"lower capacity or max_len ({e})"
         ) from e
+
+
+#: what a file-backed tier leaves free on its file system: this share of it, at most 1 GiB
+SPACE_MARGIN_FRACTION = 0.05
+SPACE_MARGIN_MAX_BYTES = 1 << 30
+
+
+def check_free_space(directory: str, nbytes: int, tier: str, what: str = "a column") -> None:
+    """Raise :class:`PlacementCapacityError` unless ``directory``'s file system has ``nbytes`` free
+    beyond the margin (a file-backed tier that outgrows its file system dies of SIGBUS on a write)."""
+    st = os.statvfs(directory)
+    free = st.f_bavail * st.f_frsize
+    margin = min(SPACE_MARGIN_MAX_BYTES, int(SPACE_MARGIN_FRACTION * st.f_blocks * st.f_frsize))
+    if nbytes + margin > free:
+        raise PlacementCapacityError(
+            f"tier {tier!r}: {what} of {nbytes / 2**20:.1f} MiB does not fit under {directory!r}: "
+            f"{free / 2**20:.1f} MiB free, {margin / 2**20:.1f} MiB kept as margin; lower capacity or "
+            "max_len, or choose another tier or directory",
+            missing_bytes=nbytes + margin - free,
+            tiers=[tier],
+        )
+
+
+def reserve_file(path: str, nbytes: int, tier: str, what: str = "a column") -> None:
+    """Create ``path`` with ``nbytes`` of blocks allocated on its file system (``posix_fallocate``), so
+    later writes through a mapping can never meet a full file system; :class:`PlacementCapacityError`
+    if they are not there (checked with the margin first)."""
+    check_free_space(os.path.dirname(path) or ".", nbytes, tier, what)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if nbytes:
+            os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        os.close(fd)
+        os.unlink(path)
+        raise PlacementCapacityError(
+            f"tier {tier!r}: cannot reserve {nbytes / 2**20:.1f} MiB for {what} at {path!r}: {e}",
+            missing_bytes=nbytes,
+            tiers=[tier],
+        ) from e
+    os.close(fd)
 
 
 HUGE_PAGE = 2 << 20  # x86-64 / arm64 transparent huge page size
@@ -86,13 +129,17 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, tier: str, disk_dir: s
         return t.zero_()
     if tier == "pinned":
         return torch.zeros(shape, dtype=dtype).pin_memory()
+    numel = math.prod(shape)
+    nbytes = max(numel, 1) * torch.empty((), dtype=dtype).element_size()
     if tier == "shm":
+        if os.path.isdir("/dev/shm"):  # torch's shared memory lives there (tmpfs: SIGBUS when full)
+            check_free_space("/dev/shm", nbytes, tier)
         return torch.zeros(shape, dtype=dtype).share_memory_()
     if tier == "disk":
         directory = disk_dir or tempfile.gettempdir()
         os.makedirs(directory, exist_ok=True)
-        numel = math.prod(shape)
         path = os.path.join(directory, f"conduit-{uuid.uuid4().hex}.bin")
+        reserve_file(path, nbytes, tier)
         flat = torch.from_file(path, shared=True, size=max(numel, 1), dtype=dtype)
         os.unlink(path)  # the mapping stays valid; the file disappears with the last reference
         return flat[:numel].view(shape)
