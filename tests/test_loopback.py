@@ -5,8 +5,8 @@ Ray 2.60 turns ``ray.init(_node_ip_address="127.0.0.1")`` into the machine's rou
 servers (GCS, raylet, every worker) listen on all interfaces and its agents on the routable
 address; TransferQueue's ZMQ and metrics sockets follow Ray's node address. With
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` in the environment before Ray is imported, Ray takes
-127.0.0.1 as the node address and binds every server there (the verl CPU launcher sets it; torch's
-TCPStore in verl's FSDP worker still listens on all interfaces). Each case runs in a fresh process
+127.0.0.1 as the node address and binds every server there (the verl CPU launcher sets it, and binds
+torch's TCPStore in verl's FSDP worker to MASTER_ADDR: ``conduit_verl_cpu.patches.rendezvous_store``). Each case runs in a fresh process
 (the setting is read when Ray is imported) and lists the listening sockets of its whole process
 tree with psutil.
 """
@@ -118,8 +118,8 @@ def test_without_the_setting_ray_listens_on_all_interfaces() -> None:
 @pytest.mark.timeout(900)
 def test_the_verl_cpu_harness_listens_on_loopback_only(tmp_path: Path) -> None:
     """A real verl CPU run (sync mode, one step), its process tree's listening sockets sampled
-    every 2 s while it runs; the launcher must apply the loopback setting itself. Ray, TransferQueue
-    and Conduit stay on loopback; torch's TCPStore in verl's worker does not (xfail while it does)."""
+    every 2 s while it runs; the launcher must apply the loopback setting itself. Ray, TransferQueue,
+    Conduit and torch's TCPStore in verl's worker stay on loopback."""
     pytest.importorskip("conduit_verl_cpu")
     base = {k: v for k, v in os.environ.items() if k not in LOOPBACK_ENV}
     cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--steps", "1", "--work-dir", str(tmp_path / "run")]
@@ -145,10 +145,6 @@ def test_the_verl_cpu_harness_listens_on_loopback_only(tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-4000:]
     assert len(seen) >= 3, seen
     exposed = sorted(sock for sock in seen if not is_loopback(sock[0]))
-    # known: torch.distributed's TCPStore (the gloo rendezvous at MASTER_PORT that verl's FSDP worker
-    # starts) listens on the wildcard address whatever MASTER_ADDR says; only a pre-bound socket
-    # (TCPStore(..., master_listen_fd=..., use_libuv=False)) keeps it on loopback
-    unknown = [sock for sock in exposed if not sock[2].startswith("ray::WorkerDict")]
-    assert not unknown, f"the harness listened beyond loopback: {unknown}"
-    if exposed:
-        pytest.xfail(f"verl worker's torch TCPStore listens on all interfaces: {exposed}")
+    # torch.distributed's TCPStore (the gloo rendezvous at MASTER_PORT of verl's FSDP worker) listened
+    # on the wildcard address; the harness's init_process_group patch binds it to MASTER_ADDR
+    assert not exposed, f"the harness listened beyond loopback: {exposed}"

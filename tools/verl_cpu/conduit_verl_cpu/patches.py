@@ -68,10 +68,53 @@ def _patch_init_process_group() -> None:
             kwargs["backend"] = _dedup_backend(kwargs["backend"])
         elif args:
             args = (_dedup_backend(args[0]), *args[1:])
+        if len(args) <= 1 and kwargs.get("init_method") is None and kwargs.get("store") is None:
+            found = rendezvous_store(kwargs.get("rank"), kwargs.get("world_size"), kwargs.get("timeout"))
+            if found is not None:
+                kwargs.pop("init_method", None)
+                kwargs.update(zip(("store", "rank", "world_size"), found))
         return original(*args, **kwargs)
 
     init_process_group._conduit_patched = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
+
+
+def rendezvous_store(rank: int | None, world_size: int | None, timeout: Any) -> tuple[Any, int, int] | None:
+    """The ``env://`` rendezvous of ``init_process_group``, listening only at ``MASTER_ADDR``.
+
+    torch's ``env://`` rendezvous starts rank 0's TCPStore on the wildcard address whatever
+    ``MASTER_ADDR`` says (the gloo rendezvous of verl's FSDP worker listened on all interfaces in a CPU
+    run). Here rank 0 binds a socket to ``MASTER_ADDR:MASTER_PORT`` itself (127.0.0.1 in CPU mode) and
+    hands it to the TCPStore (``master_listen_fd``); the other ranks connect as clients. Returns
+    ``(store, rank, world_size)``, or None (torch's own rendezvous) when ``MASTER_ADDR``/``MASTER_PORT``
+    are not set.
+    """
+    import datetime
+    import socket
+
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    rank = int(os.environ.get("RANK", 0)) if rank is None or rank < 0 else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None or world_size < 0 else world_size
+    timeout = timeout or datetime.timedelta(minutes=30)
+    listen_fd = None
+    if rank == 0:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, int(port)))
+        sock.listen(max(128, world_size))
+        listen_fd = sock.detach()
+    try:
+        store = torch.distributed.TCPStore(
+            addr, int(port), world_size, is_master=rank == 0, timeout=timeout, master_listen_fd=listen_fd
+        )
+    except Exception:
+        if listen_fd is not None:
+            os.close(listen_fd)
+        raise
+    return torch.distributed.PrefixStore("default_pg", store), rank, world_size
 
 
 def _patch_pin_memory() -> None:
