@@ -18,6 +18,9 @@ fi
 TQ=(transfer_queue.backend.storage_backend="$TQ_BACKEND")
 for kv in ${TQ_PLACEMENT//,/ }; do TQ+=("+transfer_queue.backend.Conduit.placement.$kv"); done
 for kv in ${TQ_BUDGETS//,/ }; do TQ+=("+transfer_queue.backend.Conduit.budgets.$kv"); done
+# one node: Ray, TransferQueue and Conduit's stores listen on 127.0.0.1 only (Ray otherwise replaces the
+# node address by the routable one and listens on all interfaces; README "Sockets")
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=${RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER:-0}
 python -m verl.trainer.main_ppo \
   algorithm.adv_estimator=grpo \
   data.train_files="['$TRAIN']" data.val_files="['$VAL']" \
