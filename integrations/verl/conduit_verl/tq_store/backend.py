@@ -7,9 +7,11 @@ verl's workers, TQ's clients and TQ's controller are unchanged; the controller s
 
 - ``tq.init`` (verl's task runner) starts one storage actor per alive Ray node (:func:`bootstrap`,
   ``num_cpus=0``, pinned to its node) and writes their names into the config every process reads.
-  Each actor answers its store's calls on a data port (``data_port.py``: one ZMQ socket on the node's
-  address, payloads as raw frames; ~0.2 ms a call where a Ray actor call costs ~1.3 ms, and no trip
-  through Ray's object stores between nodes); Ray places it, keeps it alive and reports its death.
+  Each actor answers its store's calls on a data port (``data_port.py``: one ZMQ socket, on loopback
+  when the cluster has one node, else on the node's address; a data-only wire, every frame signed
+  with the actor's key, which it hands out through Ray; payloads as raw frames; ~0.2 ms a call where
+  a Ray actor call costs ~1.3 ms, and no trip through Ray's object stores between nodes); Ray places
+  it, keeps it alive and reports its death.
 - Every process that uses TQ builds a :class:`ConduitStorageManager`. A put of at least
   ``direct_put_min_bytes`` (1 MiB) to the actor owning the samples (global index mod number of nodes)
   on the writer's own node asks it for a write plan (fresh rows of each field's shared-memory file),
@@ -86,13 +88,14 @@ class StorageActor:
         self.store = NodeStore(**kwargs)
         self.node = ray.get_runtime_context().get_node_id()
         self.lock = threading.Lock()
-        self.port = StorePort(self.store, self.lock, ray.util.get_node_ip_address())
+        self.port = StorePort(self.store, self.lock, port_host())
 
     def node_id(self) -> str:
         return self.node
 
-    def port_address(self) -> str:
-        return self.port.address
+    def port_address(self) -> tuple[str, bytes]:
+        """The data port's address and its key (handed out only through Ray)."""
+        return self.port.address, self.port.key
 
     def put(self, gis: np.ndarray, wires: dict[str, tuple]) -> None:
         with self.lock:
@@ -130,6 +133,14 @@ class StorageActor:
         self.port.close()
         with self.lock:
             self.store.close()
+
+
+def port_host() -> str:
+    """Where a storage actor's data port listens: loopback when the Ray cluster has one alive node
+    (every reader is on it), else this node's address (readers on other nodes reach it there)."""
+    if sum(1 for n in ray.nodes() if n.get("Alive")) <= 1:
+        return "127.0.0.1"
+    return ray.util.get_node_ip_address()
 
 
 def _section(conf: Any) -> dict[str, Any]:
@@ -236,7 +247,7 @@ class ConduitStorageManager(StorageManager):
             except Exception as e:  # noqa: BLE001
                 raise StorageActorError(f"Conduit storage actors {self.names} are not reachable: {e}") from e
             self._actors, self._nodes = actors, nodes
-            self._ports = [PortClient(address) for address in ports]
+            self._ports = [PortClient(address, key) for address, key in ports]
         return self._actors
 
     def _routes(self, gis: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:

@@ -33,6 +33,30 @@ SCALAR, JAGGED, OBJECT = "scalar", "jagged", "object"
 #: dtypes numpy cannot hold travel as a same-width integer view
 _VIEWS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 
+#: the tensor dtypes a field may have (by name, as they travel): nothing else is looked up
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    str(d): d
+    for d in (
+        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+        torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
+    )
+}  # fmt: skip
+
+
+def torch_dtype(name: object) -> torch.dtype:
+    """The dtype named ``name`` (``"torch.float32"`` or ``"float32"``) from :data:`TORCH_DTYPES`;
+    :class:`StorageBackendError` for any other name."""
+    if isinstance(name, str):
+        dtype = TORCH_DTYPES.get(name if name.startswith("torch.") else f"torch.{name}")
+        if dtype is not None:
+            return dtype
+    raise StorageBackendError(f"dtype {name!r} is not one of {sorted(TORCH_DTYPES)}")
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype a tensor of ``dtype`` travels as."""
+    return torch.empty(0, dtype=_VIEWS.get(dtype, dtype)).numpy().dtype
+
 
 @dataclass(frozen=True)
 class Column:
@@ -232,14 +256,18 @@ _NESTED = _nested_internals()
 
 
 def _to_numpy(t: torch.Tensor) -> tuple[str, np.ndarray]:
+    torch_dtype(str(t.dtype))  # a dtype the store does not take is refused here, by the writer
     t = t.detach().to("cpu").contiguous()
     view = _VIEWS.get(t.dtype)
     return str(t.dtype), (t.view(view) if view is not None else t).numpy()
 
 
 def _from_numpy(dtype: str, a: np.ndarray) -> torch.Tensor:
-    t = torch.from_numpy(np.asarray(a))
-    want = getattr(torch, dtype.removeprefix("torch."))
+    want = torch_dtype(dtype)
+    if not isinstance(a, np.ndarray) or a.dtype != _numpy_dtype(want):
+        got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+        raise StorageBackendError(f"a {dtype} column travels as {_numpy_dtype(want)}, not {got}")
+    t = torch.from_numpy(a)
     return t.view(want) if want in _VIEWS else t
 
 
@@ -253,21 +281,47 @@ def to_wire(column: Column) -> tuple:
 
 
 def from_wire(wire: tuple, writable: bool = False) -> Column:
-    """The column of a wire tuple. Arrays from Ray's object store are read-only: ``writable`` copies
-    them; without it the column is a read-only view (the store only copies out of it)."""
+    """The column of a wire tuple, checked (:class:`StorageBackendError` for a malformed one: an
+    unknown kind or dtype, a scalar column that is not 1-d, offsets that do not start at 0, go back or
+    end past the values). Arrays from the data port are read-only: ``writable`` copies them; without it
+    the column is a read-only view (the store only copies out of it)."""
 
     def tensor(dtype: str, a: np.ndarray) -> torch.Tensor:
-        if writable and not a.flags.writeable:
+        if writable and isinstance(a, np.ndarray) and not a.flags.writeable:
             a = np.array(a, copy=True)
         with warnings.catch_warnings():  # a read-only view is fine for a reader that only copies out
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return _from_numpy(dtype, a)
 
-    kind = wire[0]
-    if kind == SCALAR:
-        return Column(SCALAR, tensor(wire[1], wire[2]))
-    if kind == JAGGED:
-        return Column(
-            JAGGED, Ragged(tensor(wire[1], wire[2]), torch.from_numpy(np.array(wire[3], copy=True)))
+    kind = wire[0] if isinstance(wire, tuple | list) and wire else None
+    if kind == SCALAR and len(wire) == 3:
+        data = tensor(wire[1], wire[2])
+        if data.dim() != 1:
+            raise StorageBackendError(f"a scalar column is 1-d; this one has shape {tuple(data.shape)}")
+        return Column(SCALAR, data)
+    if kind == JAGGED and len(wire) == 4:
+        values = tensor(wire[1], wire[2])
+        offsets = wire[3]
+        if values.dim() < 1 or not isinstance(offsets, np.ndarray) or offsets.dtype != np.int64:
+            raise StorageBackendError("a jagged column is values of 1 or more dims and int64 offsets")
+        offsets = torch.from_numpy(np.array(offsets, copy=True))
+        _check_offsets(offsets, values.shape[0])
+        return Column(JAGGED, Ragged(values, offsets))
+    if kind == OBJECT and len(wire) == 2 and isinstance(wire[1], list | tuple):
+        return Column(OBJECT, list(wire[1]))
+    raise StorageBackendError(f"malformed column: kind {kind!r} with {len(wire) if kind else 0} parts")
+
+
+def _check_offsets(offsets: torch.Tensor, total: int) -> None:
+    """Offsets of ``total`` values: 1-d, from 0, never going back, ending at ``total`` (vectorised)."""
+    if (
+        offsets.dim() != 1
+        or offsets.numel() < 1
+        or int(offsets[0]) != 0
+        or int(offsets[-1]) != total
+        or bool((offsets[1:] < offsets[:-1]).any())
+    ):
+        raise StorageBackendError(
+            f"jagged offsets must run from 0 to the {total} values without going back; "
+            f"got {offsets.numel()} offsets {offsets[:8].tolist()}..."
         )
-    return Column(OBJECT, list(wire[1]))

@@ -3,8 +3,9 @@
 A field is one preallocated array on one tier: scalars ``[capacity]``; jagged fields row-padded
 ``[capacity, max_len, *rest]`` with a length per row (Conduit's ring layout: a write or a read of a
 whole batch is one compiled pass over its rows' valid prefixes, :mod:`conduit.buffer.ragged_kernels`,
-no padding and no per-sample Python), and per global index the row that holds it. Capacity and ``max_len`` grow by doubling (one copy). Objects (strings, dicts) are kept
-in a list.
+no padding and no per-sample Python), and per global index the row that holds it (:class:`KeyIndex`:
+sorted keys, memory in proportion to the indexes held, not to the largest). Capacity and ``max_len``
+grow by doubling (one copy). Objects (strings, dicts) are kept in a list.
 
 A writer on the same node can fill rows itself (:func:`write_mapped`): the store reserves fresh rows
 for it (a write plan), the writer scatters its tensor into the mapped file (one copy), and a commit
@@ -69,35 +70,95 @@ class Budgets:
         self.free: dict[str, int | None] = {t: None for t in TIERS}
         self.free.update({t: int(v) for t, v in (limits or {}).items()})
 
-    def take(self, field: str, tier: str, nbytes: int) -> str:
-        """Reserve ``nbytes`` for ``field`` on ``tier`` or the first tier after it with room."""
+    def take(self, field: str, tier: str, nbytes: int, free: dict[str, int | None] | None = None) -> str:
+        """Reserve ``nbytes`` for ``field`` on ``tier`` or the first tier after it with room (in
+        ``free``, a copy of :attr:`free` to try a write's growth before making it, when given)."""
+        book = self.free if free is None else free
         start = SPILL_ORDER.index(tier)
         for t in SPILL_ORDER[start:]:
-            left = self.free[t]
+            left = book[t]
             if t in ("cuda", "pinned") and not torch.cuda.is_available():
                 continue
             if left is None or left >= nbytes:
                 if left is not None:
-                    self.free[t] = left - nbytes
-                if t != tier:
+                    book[t] = left - nbytes
+                if t != tier and free is None:
                     logger.warning(
                         "conduit tq store: field %r spilled from %s to %s (%d bytes; %s had %s free)",
                         field, tier, t, nbytes, tier, self.free[tier],
                     )  # fmt: skip
                 return t
-        free = {t: self.free[t] for t in SPILL_ORDER[start:]}
+        left = {t: book[t] for t in SPILL_ORDER[start:]}
         raise StorageBackendError(
-            f"field {field!r} needs {nbytes} bytes on tier {tier!r} or a later one; free bytes per tier: {free}"
+            f"field {field!r} needs {nbytes} bytes on tier {tier!r} or a later one; free bytes per tier: {left}"
         )
 
-    def give(self, tier: str, nbytes: int) -> None:
-        if self.free[tier] is not None:
-            self.free[tier] += nbytes  # type: ignore[operator]
+    def give(self, tier: str, nbytes: int, free: dict[str, int | None] | None = None) -> None:
+        book = self.free if free is None else free
+        if book[tier] is not None:
+            book[tier] += nbytes  # type: ignore[operator]
+
+
+class KeyIndex:
+    """Per global index the row holding it: sorted keys and their rows (memory in proportion to the
+    indexes held, whatever their values). Every operation is vectorised over a batch."""
+
+    def __init__(self) -> None:
+        self.keys = torch.zeros(0, dtype=torch.int64)
+        self.rows = torch.zeros(0, dtype=torch.int64)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.rows.nbytes
+
+    def _find(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per slot its position in :attr:`keys` and whether it is there."""
+        if not self.keys.numel():
+            return torch.zeros_like(slots), torch.zeros_like(slots, dtype=torch.bool)
+        pos = torch.searchsorted(self.keys, slots).clamp_(max=self.keys.numel() - 1)
+        return pos, self.keys.index_select(0, pos) == slots
+
+    def find(self, slots: torch.Tensor) -> torch.Tensor:
+        """The rows holding ``slots``; -1 where none."""
+        if not self.keys.numel():
+            return torch.full_like(slots, -1)
+        pos, hit = self._find(slots)
+        return torch.where(hit, self.rows.index_select(0, pos), -1)
+
+    def set(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Point ``slots`` (distinct) at ``rows``."""
+        pos, hit = self._find(slots)
+        self.rows[pos[hit]] = rows[hit]
+        new = ~hit
+        if not bool(new.any()):
+            return
+        keys, order = torch.sort(slots[new])
+        at = torch.searchsorted(self.keys, keys) + torch.arange(keys.numel())
+        total = self.keys.numel() + keys.numel()
+        old = torch.ones(total, dtype=torch.bool)
+        old[at] = False
+        merged_keys, merged_rows = (
+            torch.empty(total, dtype=torch.int64),
+            torch.empty(total, dtype=torch.int64),
+        )
+        merged_keys[at], merged_rows[at] = keys, rows[new][order]
+        merged_keys[old], merged_rows[old] = self.keys, self.rows
+        self.keys, self.rows = merged_keys, merged_rows
+
+    def remove(self, slots: torch.Tensor) -> torch.Tensor:
+        """Forget ``slots``; the rows they had."""
+        pos, hit = self._find(slots)
+        gone = pos[hit]
+        rows = self.rows.index_select(0, gone)
+        if gone.numel():
+            keep = torch.ones(self.keys.numel(), dtype=torch.bool)
+            keep[gone] = False
+            self.keys, self.rows = self.keys[keep], self.rows[keep]
+        return rows
 
 
 class FieldArray:
-    """One field's storage: rows of one array, and per global index ``g`` the row holding it
-    (``row_of[g]``, -1: none).
+    """One field's storage: rows of one array, and per global index the row holding it (:attr:`index`).
 
     A put of an index that has a row overwrites the row in place; an index without one takes a free
     row. A same-node writer's plan (:meth:`reserve`) takes fresh rows no index points at: the writer
@@ -113,7 +174,7 @@ class FieldArray:
         self.data: torch.Tensor | None = None
         self.lengths = torch.zeros(0, dtype=torch.int64)  # per row
         self.used = torch.zeros(0, dtype=torch.bool)  # per row: an index's, or reserved by a plan
-        self.row_of = torch.zeros(0, dtype=torch.int64)  # per global index
+        self.index = KeyIndex()  # per global index its row
         self.objects: list[object] = []  # per row
         self.path: str | None = None
         self.fd, self.inode = -1, 0
@@ -145,7 +206,7 @@ class FieldArray:
 
     def new_rows(self, slots: torch.Tensor) -> int:
         """How many of ``slots`` (global indexes) have no row yet."""
-        return len(self.missing(slots))
+        return int((self.index.find(slots) < 0).sum())
 
     def next_nbytes(self, new_rows: int, longest: int) -> int | None:
         """Bytes this field's array takes after a write of ``new_rows`` more rows of up to ``longest``
@@ -154,25 +215,52 @@ class FieldArray:
         target = self._target(int(self.used.sum()) + new_rows, longest if self.kind == JAGGED else 0)
         return None if target is None else self._array_nbytes(*target)
 
+    def try_grow(self, new_rows: int, longest: int, free: dict[str, int | None]) -> None:
+        """:meth:`grow`'s budget bookkeeping on ``free`` (a copy of the budgets): raises
+        :class:`StorageBackendError` where :meth:`grow` would, and changes nothing else."""
+        nbytes = self.next_nbytes(new_rows, longest)
+        if nbytes is None or self.kind == OBJECT:
+            return
+        if self.data is not None:
+            self.budgets.give(self.tier, self.nbytes, free)
+        self.budgets.take(self.name, self.wanted_tier, nbytes, free)
+
+    def grow(self, new_rows: int, longest: int) -> None:
+        """Make room for ``new_rows`` more rows and rows of ``longest`` tokens (the contents kept)."""
+        self._ensure(int(self.used.sum()) + new_rows, longest if self.kind == JAGGED else 0)
+
     def _ensure(self, capacity: int, max_len: int) -> None:
         target = self._target(capacity, max_len)
         if target is None:
             return
         capacity, max_len = target
         old_cap = self.capacity
-        self.lengths = _grow(self.lengths, capacity)
-        self.used = _grow(self.used, capacity)
         if self.kind == OBJECT:
+            self.lengths = _grow(self.lengths, capacity)
+            self.used = _grow(self.used, capacity)
             self.objects.extend([None] * (capacity - len(self.objects)))
             self.capacity = capacity
             return
         assert self.dtype is not None
         shape = (capacity,) if self.kind == SCALAR else (capacity, max_len, *self.rest)
         nbytes = self._array_nbytes(capacity, max_len)
-        if self.data is not None:
-            self.budgets.give(self.tier, self.nbytes)
-        tier = self.budgets.take(self.name, self.wanted_tier, nbytes)
-        data, path, fd, inode = self._allocate(shape, tier)
+        held = self.nbytes if self.data is not None else 0
+        self.budgets.give(self.tier, held)
+        try:
+            tier = self.budgets.take(self.name, self.wanted_tier, nbytes)
+        except StorageBackendError:
+            self.budgets.give(self.tier, -held)
+            raise
+        try:
+            data, path, fd, inode = self._allocate(shape, tier)
+        except Exception as e:  # noqa: BLE001  (out of memory, /dev/shm or the disk full): nothing changed
+            self.budgets.give(tier, nbytes)
+            self.budgets.give(self.tier, -held)
+            raise StorageBackendError(
+                f"field {self.name!r}: cannot allocate {nbytes} bytes on tier {tier!r}: {e}"
+            ) from e
+        self.lengths = _grow(self.lengths, capacity)
+        self.used = _grow(self.used, capacity)
         if self.data is not None:
             if self.kind == SCALAR:
                 data[:old_cap].copy_(self.data)
@@ -211,12 +299,6 @@ class FieldArray:
         self.used[rows] = True
         return rows
 
-    def _index(self, slots: torch.Tensor) -> None:
-        """``row_of`` long enough for ``slots``."""
-        size = int(slots.max()) + 1 if slots.numel() else 0
-        if size > self.row_of.numel():
-            self.row_of = _grow(self.row_of, max(size, 2 * self.row_of.numel()), fill=-1)
-
     # -- batch operations ------------------------------------------------------------------------
 
     def check(self, column: Column) -> None:
@@ -230,15 +312,15 @@ class FieldArray:
             )
 
     def put(self, slots: torch.Tensor, column: Column) -> None:
+        """Store ``column`` for ``slots`` (distinct). Cannot fail once :meth:`grow` made room for it."""
         self.check(column)
         longest = int(column.data.lengths.max()) if self.kind == JAGGED and column.size else 0
-        self._index(slots)
-        rows = self.row_of.index_select(0, slots)
+        rows = self.index.find(slots)
         new = rows < 0
         taken = self._take(int(new.sum()), longest)  # also grows max_len for rows written in place
         if taken.numel():
             rows[new] = taken
-            self.row_of[slots] = rows
+            self.index.set(slots[new], taken)
         if self.kind == OBJECT:
             for r, x in zip(rows.tolist(), column.data):
                 self.objects[r] = x
@@ -264,23 +346,20 @@ class FieldArray:
         self.used[rows] = False
 
     def commit(self, slots: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor | None) -> None:
-        """Point ``slots`` at the reserved ``rows`` (written by the plan's writer); free their old rows."""
-        self._index(slots)
+        """Point ``slots`` (distinct) at the reserved ``rows`` (written by the plan's writer); free
+        their old rows."""
         if lengths is not None:
             self.lengths.index_copy_(0, rows, lengths)
-        old = self.row_of.index_select(0, slots)
+        old = self.index.find(slots)
         self.used[old[old >= 0]] = False
-        self.row_of[slots] = rows
+        self.index.set(slots, rows)
 
     def missing(self, slots: torch.Tensor) -> list[int]:
-        inside = slots < self.row_of.numel()
-        ok = torch.zeros_like(slots, dtype=torch.bool)
-        ok[inside] = self.row_of[slots[inside]] >= 0
-        return slots[~ok].tolist()
+        return slots[self.index.find(slots) < 0].tolist()
 
     def rows(self, slots: torch.Tensor) -> torch.Tensor:
         """The rows holding ``slots`` (all present)."""
-        return self.row_of.index_select(0, slots)
+        return self.index.find(slots)
 
     def get(self, slots: torch.Tensor) -> Column:
         rows = self.rows(slots)
@@ -297,11 +376,8 @@ class FieldArray:
         return Layout(self.path, self.inode, str(self.dtype), tuple(self.data.shape), self.name)
 
     def clear(self, slots: torch.Tensor) -> None:
-        slots = slots[slots < self.row_of.numel()]
-        rows = self.row_of.index_select(0, slots)
-        rows = rows[rows >= 0]
+        rows = self.index.remove(slots)
         self.used[rows] = False
-        self.row_of[slots] = -1
         if self.kind == OBJECT:
             for r in rows.tolist():
                 self.objects[r] = None

@@ -7,6 +7,11 @@ Two ways in: :meth:`NodeStore.put` (the data travels to the store and is copied 
 on the same node :meth:`NodeStore.write_plan` (fresh rows of the mapped fields, for the writer to fill
 in place) then :meth:`NodeStore.commit` (metadata only: the row lengths; the indexes become visible,
 all fields at once). A plan never committed (its writer died) is released after ``lease_s``.
+
+Every write is all or nothing: its keys (distinct, ``0 <= key <`` :data:`MAX_GLOBAL_INDEX`), every
+field's column (kind, dtype, shape, offsets) and the growth of every field within the budgets are
+checked, and the arrays grown, before any field is written; a refused write raises
+:class:`StorageBackendError` and leaves every field as it was.
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ import numpy as np
 import torch
 
 from conduit_verl.errors import StorageBackendError
-from conduit_verl.tq_store.columns import JAGGED, OBJECT, SCALAR, Column, from_wire, to_wire
+from conduit_verl.tq_store.columns import (
+    JAGGED,
+    OBJECT,
+    SCALAR,
+    Column,
+    from_wire,
+    to_wire,
+    torch_dtype,
+)
 from conduit_verl.tq_store.fields import MAPPABLE, TIERS, Budgets, FieldArray
 from conduit_verl.tq_store.planning import plan_store_tiers
 
@@ -34,6 +47,10 @@ VERL_FIELDS = (
 
 
 AUTO = "auto"  # default_tier: fields not pinned by hand are planned (planning.py)
+#: global indexes are ``0 <= key < MAX_GLOBAL_INDEX`` (TransferQueue counts them up from 0, reusing
+#: cleared ones); a key outside raises :class:`StorageBackendError` naming it
+MAX_GLOBAL_INDEX = 2**31
+KINDS = (SCALAR, JAGGED, OBJECT)
 
 
 def check_placement(placement: dict[str, str]) -> None:
@@ -80,14 +97,21 @@ class NodeStore:
         self.counters[key] = self.counters.get(key, 0) + n
 
     def put(self, gis: np.ndarray, wires: dict[str, tuple]) -> None:
-        """Store (or overwrite) ``wires`` fields for global indexes ``gis``."""
-        slots = _slots(gis)
+        """Store (or overwrite) ``wires`` fields for global indexes ``gis``: all of them, or (raising
+        :class:`StorageBackendError`) none."""
+        slots = _slots(gis, distinct=True)
         self._write(slots, self._checked(slots, wires))
 
     def _checked(self, slots: torch.Tensor, wires: dict[str, tuple]) -> dict[str, Column]:
         """The columns of ``wires``, every field checked before any is written."""
-        columns = {name: from_wire(w) for name, w in wires.items()}
-        for name, col in columns.items():
+        if not isinstance(wires, dict):
+            raise StorageBackendError(f"the fields of a put are a dict, not a {type(wires).__name__}")
+        columns = {}
+        for name, wire in wires.items():
+            try:
+                col = columns[name] = from_wire(wire)
+            except StorageBackendError as e:
+                raise StorageBackendError(f"field {name!r}: {e}") from None
             if col.size != slots.numel():
                 raise StorageBackendError(f"field {name!r}: {col.size} values for {slots.numel()} keys")
             if name in self.fields:
@@ -101,12 +125,42 @@ class NodeStore:
             self.fields[name] = FieldArray(name, kind, dtype, rest, tier, self.budgets, self.directory)
         return self.fields[name]
 
+    def _grow(self, needs: dict[str, tuple[str, torch.dtype | None, tuple[int, ...], int, int]]) -> None:
+        """Make room in every field of ``needs`` (``{field: (kind, dtype, rest, new rows, longest)}``,
+        fields created as needed), or raise :class:`StorageBackendError` with nothing changed: every
+        field's growth is tried against a copy of the budgets first; a field created here is dropped
+        again if a later one fails (growth keeps contents, so a grown field is as it was)."""
+        created = [name for name in needs if name not in self.fields]
+        try:
+            for name, (kind, dtype, rest, _, _) in needs.items():
+                self._create(name, kind, dtype, rest)
+            if self.default_tier == AUTO:
+                self._plan({name: self.fields[name].next_nbytes(n, longest)
+                            for name, (_, _, _, n, longest) in needs.items()})  # fmt: skip
+            free = dict(self.budgets.free)
+            for name, (_, _, _, n, longest) in needs.items():
+                self.fields[name].try_grow(n, longest, free)
+            for name, (_, _, _, n, longest) in needs.items():
+                self.fields[name].grow(n, longest)
+        except BaseException:
+            for name in created:
+                self.fields.pop(name).close()
+            raise
+
     def _write(self, slots: torch.Tensor, columns: dict[str, Column]) -> None:
-        for name, col in columns.items():
-            self._create(name, col.kind, col.dtype, col.rest)
-        if self.default_tier == AUTO:
-            self._plan({n: self.fields[n].next_nbytes(self.fields[n].new_rows(slots), _longest(c))
-                        for n, c in columns.items()})  # fmt: skip
+        """Write checked ``columns`` (:meth:`_checked`) of ``slots``: all of them, or none."""
+        self._grow(
+            {
+                name: (
+                    col.kind,
+                    col.dtype,
+                    col.rest,
+                    self.fields[name].new_rows(slots) if name in self.fields else slots.numel(),
+                    _longest(col),
+                )
+                for name, col in columns.items()
+            }
+        )
         for name, col in columns.items():
             self.fields[name].put(slots, col)
             self.puts[name] = self.puts.get(name, 0) + 1
@@ -123,11 +177,12 @@ class NodeStore:
         ``(plan id, {field: (layout, rows)})``. Every field of ``specs`` is checked first (a field
         stored with another dtype or shape raises, naming it); fields not in the answer (objects,
         unmappable tiers, a writer on another node) go with the commit as data. Plan id 0: no plan."""
-        slots = _slots(gis)
+        slots = _slots(gis, distinct=True)
         self._expire()
+        specs = _specs(specs)
         for name, (kind, dtype, rest, _) in specs.items():
             if name in self.fields:
-                self.fields[name].check_spec(kind, _dtype(dtype), tuple(rest))
+                self.fields[name].check_spec(kind, dtype, rest)
         if not same_node or not slots.numel():
             return 0, {}
         return self._reserve(
@@ -145,10 +200,9 @@ class NodeStore:
 
     def _reserve(self, slots: torch.Tensor, specs: dict[str, tuple]) -> tuple[int, dict]:
         n = slots.numel()
-        for name, (kind, dtype, rest, _) in specs.items():
-            self._create(name, kind, _dtype(dtype), tuple(rest))
-        if self.default_tier == AUTO and specs:
-            self._plan({name: self.fields[name].next_nbytes(n, spec[3]) for name, spec in specs.items()})
+        self._grow(
+            {name: (kind, dtype, rest, n, longest) for name, (kind, dtype, rest, longest) in specs.items()}
+        )
         held: dict[str, tuple[int, torch.Tensor]] = {}
         for name, spec in specs.items():
             field = self.fields[name]
@@ -170,26 +224,41 @@ class NodeStore:
         """Make a plan's rows (``lengths``: per field its samples' lengths, None for scalars) and
         ``wires`` (the rest, as data) the fields of ``gis``, all at once. False, and nothing stored,
         when the plan is unknown (expired) or stale (a field grew into a new file since): write again."""
-        slots = _slots(gis)
-        entry = self.plans.pop(plan_id, None)
+        entry = self.plans.pop(plan_id, None) if type(plan_id) is int else None
         if entry is None:  # expired: its rows are free again, maybe another plan's now
             self._count("plans_refused", 1)
             return False
         held = entry[1]
         try:
+            slots = _slots(gis, distinct=True)
             columns = self._checked(slots, wires)
+            if not isinstance(lengths, dict):
+                raise StorageBackendError(f"commit of plan {plan_id}: lengths are a dict of fields")
             if set(held) != set(lengths):
                 raise StorageBackendError(
                     f"commit of plan {plan_id} names fields {sorted(lengths)}, the plan {sorted(held)}"
                 )
+            if set(held) & set(columns):
+                raise StorageBackendError(
+                    f"commit of plan {plan_id} sends planned fields {sorted(set(held) & set(columns))} as data"
+                )
+            if any(rows.numel() != slots.numel() for _, rows in held.values()):
+                raise StorageBackendError(
+                    f"commit of plan {plan_id}: {slots.numel()} keys for the plan's rows"
+                )
             lens = {name: self._lengths(name, slots, lengths[name]) for name in held}
-        except StorageBackendError:
+        except Exception:
             self._drop(held)
             raise
         if any(self.fields[n].generation != gen for n, (gen, _) in held.items()):
             self._drop(held)
             self._count("plans_refused", 1)
             return False
+        try:  # the fields sent as data first: if they do not fit, nothing of the plan is visible
+            self._write(slots, columns)
+        except Exception:
+            self._drop(held)
+            raise
         for name, (_, rows) in held.items():
             field = self.fields[name]
             field.commit(slots, rows, lens[name])
@@ -197,7 +266,6 @@ class NodeStore:
             nbytes = _mapped_bytes(field, lens[name], slots.numel())
             self._count("bytes_put", nbytes)
             self._count("bytes_put_direct", nbytes)
-        self._write(slots, columns)
         if not columns:
             self._count("puts", 1)
         return True
@@ -206,7 +274,10 @@ class NodeStore:
         field = self.fields[name]
         if field.kind != JAGGED:
             return None
-        lens = torch.from_numpy(np.array(lengths, dtype=np.int64, copy=True)).flatten()
+        try:
+            lens = torch.from_numpy(np.array(lengths, dtype=np.int64, copy=True)).flatten()
+        except (TypeError, ValueError, OverflowError) as e:
+            raise StorageBackendError(f"field {name!r}: commit of lengths that are not integers: {e}") from e
         if lens.numel() != slots.numel() or (
             lens.numel() and (int(lens.min()) < 0 or int(lens.max()) > field.max_len)
         ):
@@ -218,7 +289,7 @@ class NodeStore:
 
     def abandon(self, plan_id: int) -> None:
         """Release a plan's rows (its writer gives up)."""
-        entry = self.plans.pop(plan_id, None)
+        entry = self.plans.pop(plan_id, None) if type(plan_id) is int else None
         if entry is not None:
             self._drop(entry[1])
             self._count("plans_abandoned", 1)
@@ -327,12 +398,44 @@ def _longest(column: Column) -> int:
     return int(column.data.lengths.max()) if column.kind == JAGGED and column.size else 0
 
 
-def _dtype(name: str | None) -> torch.dtype | None:
-    return None if name is None else getattr(torch, name.removeprefix("torch."))
+def _specs(specs: Any) -> dict[str, tuple[str, torch.dtype | None, tuple[int, ...], int]]:
+    """A write plan's specs, checked: ``{field: (kind, dtype, per-token shape, longest)}``."""
+    if not isinstance(specs, dict):
+        raise StorageBackendError(f"the specs of a write plan are a dict, not a {type(specs).__name__}")
+    out = {}
+    for name, spec in specs.items():
+        ok = isinstance(spec, tuple | list) and len(spec) == 4
+        kind, dtype, rest, longest = spec if ok else (None, None, (), 0)
+        if not (
+            ok
+            and kind in KINDS
+            and isinstance(rest, tuple | list)
+            and all(type(d) is int and d >= 0 for d in rest)
+            and type(longest) is int
+            and longest >= 0
+            and (dtype is None) == (kind == OBJECT)
+        ):
+            raise StorageBackendError(f"field {name!r}: a malformed write-plan spec {str(spec)[:200]}")
+        out[name] = (kind, None if dtype is None else torch_dtype(dtype), tuple(rest), longest)
+    return out
 
 
-def _slots(gis: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.array(gis, dtype=np.int64, copy=True))
+def _slots(gis: Any, distinct: bool = False) -> torch.Tensor:
+    """Global indexes as an int64 tensor, checked: a 1-d array of integers in ``[0,``
+    :data:`MAX_GLOBAL_INDEX` ``)`` (``distinct``: no index twice), else :class:`StorageBackendError`
+    naming the first bad one."""
+    a = np.asarray(gis) if isinstance(gis, np.ndarray | list | tuple) else None
+    if a is None or a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise StorageBackendError(f"global indexes are a 1-d array of integers, not {str(gis)[:100]}")
+    if a.size and (a.min() < 0 or a.max() >= MAX_GLOBAL_INDEX):
+        bad = a[(a < 0) | (a >= MAX_GLOBAL_INDEX)]
+        raise StorageBackendError(
+            f"global index {int(bad[0])} is outside [0, {MAX_GLOBAL_INDEX}) ({bad.size} of {a.size} are)"
+        )
+    slots = torch.from_numpy(a.astype(np.int64, copy=True))
+    if distinct and slots.numel() > 1 and torch.unique(slots).numel() != slots.numel():
+        raise StorageBackendError(f"a write names some of its {slots.numel()} global indexes twice")
+    return slots
 
 
 def _mapped_bytes(field: FieldArray, lengths: torch.Tensor | None, n: int) -> int:
