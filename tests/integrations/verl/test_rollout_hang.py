@@ -24,7 +24,12 @@ pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-deps -e tools/verl_cpu
 
-from conduit_verl_cpu.hf_server import HANG_REQUEST_ENV, KILL_REQUEST_ENV, request_number  # noqa: E402
+from conduit_verl_cpu.hf_server import (  # noqa: E402
+    HANG_REQUEST_ENV,
+    KILL_AGENT_LOOP_ENV,
+    KILL_REQUEST_ENV,
+    request_number,
+)
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 
 TIMEOUT_S = 20
@@ -42,12 +47,14 @@ def run_with_a_failing_request(
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840, env=env)
     out = proc.stdout + proc.stderr
-    what = "hangs" if switch == HANG_REQUEST_ENV else "kills the server"
+    what = {HANG_REQUEST_ENV: "hangs", KILL_REQUEST_ENV: "kills the server"}.get(
+        switch, "kills the agent loop"
+    )
     assert re.search(rf"hf server: request 3 .*{what}", out), out[-4000:]  # the switch reached the server
     return proc.returncode, out, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("env", [HANG_REQUEST_ENV, KILL_REQUEST_ENV])
+@pytest.mark.parametrize("env", [HANG_REQUEST_ENV, KILL_REQUEST_ENV, KILL_AGENT_LOOP_ENV])
 def test_the_test_switches_are_validated(monkeypatch: pytest.MonkeyPatch, env: str) -> None:
     monkeypatch.delenv(env, raising=False)
     assert request_number(env) is None
@@ -121,3 +128,18 @@ def test_a_dead_rollout_server_ends_the_run_with_a_clear_error(tmp_path: Path) -
     assert re.search(r"no materializable trajectories|RolloutTimeoutError", out), out[-4000:]
     assert read_metrics(tmp_path / "run" / "metrics.jsonl") == []
     assert wall < 600
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_a_killed_agent_loop_worker_ends_the_step_within_its_timeout(tmp_path: Path) -> None:
+    """SIGKILL of verl's agent-loop worker process mid-step (request 3): its groups can never finish.
+    The step ends by the trainer's policy (``on_timeout=error``) within the timeout, with an error
+    naming the cause; nothing is trained (no metrics row), so nothing can be trained twice."""
+    rc, out, wall = run_with_a_failing_request(tmp_path / "run", switch=KILL_AGENT_LOOP_ENV)
+    assert re.search(r"kills the agent loop worker\(s\) \[\d+", out), out[-4000:]  # a real pid was killed
+    assert rc != 0, out[-4000:]
+    assert re.search(r"RolloutTimeoutError|ActorDiedError|AgentLoopWorker", out), out[-4000:]
+    assert read_metrics(tmp_path / "run" / "metrics.jsonl") == [], "step 1 must not be trained"
+    assert wall < 600, f"the run took {wall:.0f}s: the timeout did not end it"

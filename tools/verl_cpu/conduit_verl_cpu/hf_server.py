@@ -30,6 +30,9 @@ HANG_REQUEST_ENV = "CONDUIT_CPU_HANG_REQUEST"
 #: Test only: if set to ``k``, the server's process SIGKILLs itself at the k-th generate call (a dead
 #: rollout server).
 KILL_REQUEST_ENV = "CONDUIT_CPU_KILL_REQUEST"
+#: Test only: if set to ``k``, the server SIGKILLs the process of verl's agent-loop worker (the caller
+#: of every generate request) at the k-th generate call (a dead agent loop mid-step).
+KILL_AGENT_LOOP_ENV = "CONDUIT_CPU_KILL_AGENT_LOOP"
 
 
 def request_number(env: str) -> int | None:
@@ -51,6 +54,22 @@ def request_seed(seed: int, version: int, prompt_ids: list[int], occurrence: int
     """
     key = f"{seed}:{version}:{occurrence}:{','.join(map(str, prompt_ids))}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+#: verl's agent-loop worker and the conduit mode's subclasses of it (conduit_verl.completion, .journal_worker)
+_AGENT_LOOP_CLASSES = ("AgentLoopWorker", "_NotifyingWorker", "_JournalingWorker")
+
+
+def _agent_loop_pids() -> list[int]:
+    """The processes of verl's live agent-loop workers, from Ray's actor table."""
+    import ray
+
+    actors = ray._private.state.actors().values()  # noqa: SLF001
+    return [
+        int(a["Pid"])
+        for a in actors
+        if a["State"] == "ALIVE" and a["ActorClassName"].endswith(_AGENT_LOOP_CLASSES) and a.get("Pid")
+    ]
 
 
 class HFGenerationServer:
@@ -84,6 +103,7 @@ class HFGenerationServer:
         self._gen_log = os.environ.get(GEN_LOG_ENV) or None
         self._hang_at = request_number(HANG_REQUEST_ENV)
         self._kill_at = request_number(KILL_REQUEST_ENV)
+        self._kill_loop_at = request_number(KILL_AGENT_LOOP_ENV)
         self._requests = 0
         self._lock = asyncio.Lock()
 
@@ -151,6 +171,15 @@ class HFGenerationServer:
                 flush=True,
             )
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._requests == self._kill_loop_at:
+            pids = _agent_loop_pids()
+            print(
+                f"[conduit-cpu] hf server: request {self._requests} kills the agent loop worker(s) {pids} "
+                "(test switch)",
+                flush=True,
+            )
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
         async with self._lock:
             k = (self.weight_version, tuple(ids))
             occurrence = self._occurrences.get(k, 0)
