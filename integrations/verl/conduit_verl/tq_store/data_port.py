@@ -402,7 +402,7 @@ class _Warnings:
         held, self.held[kind], self.last[kind] = self.held[kind], 0, now
         more = f" ({held} more since the last warning)" if held else ""
         logger.warning(
-            "conduit tq store data port %s: refused a %s frame: %s%s", self.where, kind, detail, more
+            "conduit tq store data port %s: refused a frame (%s): %s%s", self.where, kind, detail, more
         )
 
 
