@@ -273,3 +273,23 @@ def test_a_bad_backend_section_is_refused_naming_the_key(section, match):
     with pytest.raises(StorageBackendError, match=match):
         check_section(section)
     check_section({"placement": {}, "timeout_s": 5, "direct_put_min_bytes": 1 << 20, "actors": ["a"]})
+
+
+def test_a_disk_field_larger_than_the_free_space_is_refused_whole(tmp_path, monkeypatch):
+    """A field's file is reserved before it is mapped (issue 26, item 11): a field that would outgrow
+    its file system is a StorageBackendError, nothing stored, no file left, never SIGBUS."""
+    from conduit.buffer import tiers
+
+    class Fs:  # 5 MiB free of 64 MiB: 1.8 MiB usable beside the margin (5 %)
+        f_frsize, f_blocks, f_bavail = 4096, 16384, 1280
+
+    monkeypatch.setattr(tiers.os, "statvfs", lambda path: Fs)
+    s = NodeStore(default_tier="disk", directory=str(tmp_path))
+    big = {"x": to_wire(column_of("x", torch.ones(2, 8192, dtype=torch.int32)))}  # 64 rows x 32 KiB: 2 MiB
+    with pytest.raises(StorageBackendError, match="does not fit"):
+        s.put(np.arange(2), big)
+    assert "x" not in s.fields or s.fields["x"].data is None
+    assert os.listdir(tmp_path) == []
+    small = {"x": to_wire(column_of("x", torch.ones(2, 8, dtype=torch.int32)))}
+    s.put(np.arange(2), small)  # the store still works
+    assert int(from_wire(s.get(np.arange(2), ["x"])["x"]).data.values.sum()) == 16

@@ -32,7 +32,7 @@ import torch
 from conduit import Ragged
 from conduit.buffer.ragged_kernels import gather_prefixes, scatter_prefixes
 from conduit.buffer.recycled import host_pool
-from conduit.buffer.tiers import allocate
+from conduit.buffer.tiers import allocate, reserve_file
 from conduit_verl.errors import StorageBackendError
 from conduit_verl.tq_store.columns import JAGGED, OBJECT, SCALAR, Column
 
@@ -282,6 +282,9 @@ class FieldArray:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"conduit-tq-{self.name}-{uuid.uuid4().hex[:12]}")
         numel = max(math.prod(shape), 1)
+        # the blocks reserved first: a full file system is an error here (PlacementCapacityError), never
+        # SIGBUS on a later write through the mapping
+        reserve_file(path, numel * self.dtype.itemsize, tier, f"field {self.name!r}")
         flat = torch.from_file(path, shared=True, size=numel, dtype=self.dtype)
         fd = os.open(path, os.O_RDWR)
         os.unlink(path)
