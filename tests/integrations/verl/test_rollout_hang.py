@@ -140,6 +140,8 @@ def test_a_killed_agent_loop_worker_ends_the_step_within_its_timeout(tmp_path: P
     rc, out, wall = run_with_a_failing_request(tmp_path / "run", switch=KILL_AGENT_LOOP_ENV)
     assert re.search(r"kills the agent loop worker\(s\) \[\d+", out), out[-4000:]  # a real pid was killed
     assert rc != 0, out[-4000:]
-    assert re.search(r"RolloutTimeoutError|ActorDiedError|AgentLoopWorker", out), out[-4000:]
+    cause = re.search(r"(RolloutTimeoutError|ActorDiedError)[^\n]{0,300}", out)
+    assert cause, out[-4000:]
+    print("the run ended with:", cause.group(0))
     assert read_metrics(tmp_path / "run" / "metrics.jsonl") == [], "step 1 must not be trained"
     assert wall < 600, f"the run took {wall:.0f}s: the timeout did not end it"
