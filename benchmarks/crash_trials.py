@@ -7,11 +7,14 @@ checks that the recovered items are exactly items ``0..M-1``, each once (count a
 the priorities the producer gave them, and measures how much committed experience was lost (in
 seconds: the durability point).
 
-RLlib: a DQN (Conduit replay) trains and ``algo.save()``s over the same path in a loop; the trial
-kills it at a random moment (during training or a save), restores a fresh algorithm from the path and
-checks the buffer is exactly one that a save wrote (checksum of items, priorities, counters). Each
-trial's process restores the previous trial's checkpoint and completes one save before the kill
-window opens, so the kills land in training or in the save that follows.
+RLlib: a DQN (Conduit replay) trains and ``algo.save()``s over the same path in a loop, printing
+``SAVING`` before and ``SAVED`` after each save; the trial kills it *inside a save*: after the
+``SAVING`` line, at a random moment within the save's measured duration (the median of the saves seen
+so far). A kill counts as inside the save when no ``SAVED`` followed its ``SAVING``; trials go on
+until ``--trials`` kills landed inside (at most three times as many attempts). After each kill a
+fresh algorithm restores from the path and the buffer must be exactly one that a save wrote, the
+previous or the new (checksum of items, priorities, counters). Each trial's process restores the
+previous trial's checkpoint and completes one save before the kill window opens.
 
     .venv/bin/python benchmarks/crash_trials.py [--quick] [--trials N]
 
@@ -177,6 +180,7 @@ if os.path.isdir({path!r}):
 print("READY", flush=True)
 while True:
     algo.train()
+    print("SAVING", *rllib_checksum(algo), flush=True)  # the state this save writes
     algo.save({path!r})
     print("SAVED", *rllib_checksum(algo), flush=True)
 """
@@ -211,13 +215,24 @@ def rllib_checksum(algo: Any) -> tuple[int, int]:
     return int(state["inserted"]), crc
 
 
+def _next(child: subprocess.Popen, want: str) -> tuple[list[str], float]:
+    """The child's next line starting with ``want`` (its words) and when it was read."""
+    assert child.stdout is not None
+    for line in child.stdout:
+        parts = line.split()
+        if parts and parts[0] == want:
+            return parts, time.monotonic()
+    raise RuntimeError(f"the child ended before printing {want}")
+
+
 def rllib_trials(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    """Kill attempts until ``n`` kills landed inside ``algo.save()`` (at most ``3 n`` attempts)."""
     import ray
 
     from conduit.local_ray import init_local_ray
 
     init_local_ray(log_to_driver=False)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="conduit-crash-rllib-") as tmp:
         path = str(Path(tmp) / "ck")
         script = RLLIB_CHILD.format(
@@ -226,39 +241,54 @@ def rllib_trials(n: int, rng: random.Random) -> list[dict[str, Any]]:
             address=ray.get_runtime_context().gcs_address,
         )
         algo = dqn()
-        saved: dict[int, int] = {}
+        previous: tuple[int, int] | None = None  # the last save that completed
+        save_s: list[float] = []
         try:
-            for _ in range(n):
+            while sum(r["killed_during_save"] for r in rows) < n and len(rows) < 3 * n:
                 child = subprocess.Popen(
                     [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT
                 )
-                assert child.stdout is not None
-                assert child.stdout.readline().startswith("READY")
-                first = child.stdout.readline().split()  # one complete save, then a kill at a random moment
-                assert first and first[0] == "SAVED", first
-                saved[int(first[1])] = int(first[2])
-                time.sleep(rng.uniform(0.0, 2.5))
+                _next(child, "READY")
+                _, t0 = _next(child, "SAVING")  # one complete save (timed), then a kill inside the next
+                first, t1 = _next(child, "SAVED")
+                previous = (int(first[1]), int(first[2]))
+                save_s.append(t1 - t0)
+                pending, started = _next(child, "SAVING")
+                new = (int(pending[1]), int(pending[2]))
+                window = sorted(save_s)[len(save_s) // 2]
+                time.sleep(max(0.0, started + rng.uniform(0.0, window) - time.monotonic()))
                 os.kill(child.pid, signal.SIGKILL)
+                killed = time.monotonic()
+                assert child.stdout is not None
+                finished = False
                 for line in child.stdout:
                     parts = line.split()
                     if parts and parts[0] == "SAVED":
-                        saved[int(parts[1])] = int(parts[2])
+                        finished = True
                 child.wait()
                 left = sorted(p.name for p in Path(tmp).iterdir() if p.name != "ck")
-                row: dict[str, Any] = {"leftovers": left, "killed_during_save": bool(left)}
+                row: dict[str, Any] = {
+                    "killed_during_save": not finished,
+                    "kill_after_save_start_s": killed - started,
+                    "save_window_s": window,
+                    "leftovers": left,
+                }
                 if not os.path.isdir(path):
-                    row.update(restored=False, ok=not saved)
+                    row.update(restored=False, ok=False)
                 else:
                     algo.restore(path)
-                    inserted, crc = rllib_checksum(algo)
-                    # exactly a state a save wrote (the in-flight save may have completed before its print)
-                    known = saved.get(inserted)
+                    got = rllib_checksum(algo)
+                    which = "new" if got == new else "previous" if got == previous else "neither"
                     row.update(
-                        restored=True, inserted=inserted, exact=known == crc if known is not None else None
+                        restored=True, inserted=got[0], restored_checkpoint=which, ok=which != "neither"
                     )
-                    row["ok"] = known is None or known == crc
-                    saved.setdefault(inserted, crc)
                 rows.append(row)
+                print(
+                    f"rllib trial {len(rows)}: kill {row['kill_after_save_start_s']:.3f}s into a save "
+                    f"(window {window:.3f}s), inside: {row['killed_during_save']}, "
+                    f"restored: {row.get('restored_checkpoint')}",
+                    flush=True,
+                )
         finally:
             algo.stop()
             ray.shutdown()
@@ -301,7 +331,13 @@ def main() -> None:
         "quick": args.quick,
         "journal_flush_interval_s": JournalConfig("x").flush_interval_s,
         "core": {"summary": summary(core, ["lost_s", "lost_items", "recover_s"]), "trials": core},
-        "rllib": {"summary": summary(rllib, []), "trials": rllib},
+        "rllib": {
+            "summary": {
+                **summary(rllib, ["kill_after_save_start_s", "save_window_s"]),
+                "killed_during_save": sum(bool(r["killed_during_save"]) for r in rllib),
+            },
+            "trials": rllib,
+        },
         "machine": provenance.finish(prov),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -314,8 +350,11 @@ def main() -> None:
         f"max {cs.get('lost_s_max', 0):.3f} (flush interval {doc['journal_flush_interval_s']} s); "
         f"recover_s median {cs.get('recover_s_median', 0):.2f}"
     )
-    during = sum(bool(r.get("killed_during_save")) for r in rllib)
-    print(f"{'rllib':8} {rs['trials']:>6} {rs['ok']:>4}  kills that left a half-written save: {during}")
+    during = [r for r in rllib if r.get("killed_during_save")]
+    print(
+        f"{'rllib':8} {rs['trials']:>6} {rs['ok']:>4}  kills inside save(): {len(during)}, "
+        f"each restored to the previous or the new checkpoint: {all(r['ok'] for r in during)}"
+    )
     print(f"wrote {out.relative_to(ROOT)}")
 
 
