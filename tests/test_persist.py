@@ -315,9 +315,10 @@ def test_save_prunes_the_journal_files_the_kept_checkpoints_hold(tmp_path: Path)
     for _ in range(6):
         fill(a, 16)  # 16 items, then a priority update
         a.save(tmp_path / "ckpt")
-    # without pruning there would be one file per save plus the current one (7)
+    # without pruning there would be one file per save plus the current one (7); the KEEP=3 kept
+    # checkpoints hold all but the last three saves' files
     names = journal_names(tmp_path)
-    assert len(names) <= 3 and names[-1] == "journal-000007.cdr", names
+    assert len(names) <= 4 and names[-1] == "journal-000007.cdr", names
     assert (tmp_path / "j" / "pruned.cdr").exists()
     fill(a, 8)
     a.journal.close()
@@ -352,7 +353,7 @@ def test_a_crash_before_or_during_the_prune_still_recovers_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a = Conduit(SCHEMA, journaled(tmp_path), seed=0)
-    for _ in range(2):
+    for _ in range(3):  # KEEP=3 checkpoints: the next save's oldest kept one holds the first file
         fill(a, 16)
         a.save(tmp_path / "ckpt")
     fill(a, 16)
@@ -363,7 +364,7 @@ def test_a_crash_before_or_during_the_prune_still_recovers_exactly(
 
     with monkeypatch.context() as m:  # a crash before the checkpoint is durable: the journal is untouched
         m.setattr("conduit.persist.checkpoint.atomic.publish_dir", crash)
-        with pytest.raises(OSError, match="crash"):
+        with pytest.raises(CheckpointError, match="crash"):
             a.save(tmp_path / "ckpt")
     assert set(before) <= set(journal_names(tmp_path))
     a.save(tmp_path / "ckpt")

@@ -16,6 +16,9 @@ from conduit.errors import PriorityError
 from conduit.metrics import Metrics
 from conduit.schema import Schema
 
+#: A saved count, position or generation above this is corrupt (int64 arithmetic on it stays exact).
+MAX_COUNT = 1 << 62
+
 
 class Storage(ABC):
     """Holds ``capacity`` items in slots on one tier, with a policy version and a generation per slot."""
@@ -43,8 +46,10 @@ class Storage(ABC):
     def state_dict(self) -> dict[str, torch.Tensor]: ...
 
     @abstractmethod
-    def check_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Raise :class:`~conduit.errors.CheckpointError` if ``state`` does not fit; changes nothing."""
+    def check_state(self, state: dict[str, torch.Tensor], inserted: int | None = None, live: int = 0) -> None:
+        """Raise :class:`~conduit.errors.CheckpointError` if ``state`` does not fit, or (given ``inserted``)
+        is not what ``inserted`` items written in order leave with the last ``live`` of them all
+        present; changes nothing."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
@@ -124,9 +129,16 @@ class Sampler(ABC):
         del first_undelivered
         return {}
 
-    def check_state(self, state: dict[str, object]) -> None:
-        """Raise :class:`~conduit.errors.CheckpointError` if ``state`` is not this sampler's."""
+    def check_state(self, state: dict[str, object], inserted: int | None = None) -> None:
+        """Raise :class:`~conduit.errors.CheckpointError` if ``state`` is not this sampler's (after
+        ``inserted`` items, if given); changes nothing."""
+        del state, inserted
+
+    def live(self, state: dict[str, object], inserted: int) -> int:
+        """How many of the last ``inserted`` items a sampler in (checked) ``state`` may still return:
+        the storage must hold each of them."""
         del state
+        return min(inserted, getattr(self, "capacity", inserted))
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         del state

@@ -12,7 +12,7 @@ import torch
 
 from conduit.batch import ColumnBatch, validate
 from conduit.buffer import priority_kernels
-from conduit.buffer.base import Sampler, Storage, Writer
+from conduit.buffer.base import MAX_COUNT, Sampler, Storage, Writer
 from conduit.buffer.migration import MigrationReport, migrate_columns
 from conduit.buffer.rate_limiter import RateLimiter
 from conduit.buffer.writers import RingWriter
@@ -410,19 +410,29 @@ class ExperienceBuffer:
                 "sampled": self.sampled,
             }
 
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        """Restore :meth:`state_dict`; a state that does not fit raises :class:`CheckpointError` first."""
+    def check_state(self, state: dict[str, object]) -> None:
+        """Raise :class:`CheckpointError` unless ``state`` (a :meth:`state_dict`) fits this buffer and is
+        consistent (storage, sampler and counters agree); changes nothing."""
         if not isinstance(state, dict) or not {"storage", "sampler", "inserted", "sampled"} <= set(state):
-            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
             raise CheckpointError(
                 f"not a buffer state: expected storage, sampler, inserted, sampled; got {got}"
             )
         for key in ("inserted", "sampled"):
-            if not isinstance(state[key], int) or state[key] < 0:  # type: ignore[operator]
-                raise CheckpointError(f"buffer state {key}={state[key]!r} is not a count")
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+                raise CheckpointError(f"buffer state {key}={str(value)[:40]} is not a count")
+        inserted, sampler = state["inserted"], state["sampler"]
+        assert isinstance(inserted, int)
+        self.sampler.check_state(sampler, inserted)  # type: ignore[arg-type]
+        live = self.sampler.live(sampler, inserted)  # type: ignore[arg-type]
+        self.storage.check_state(state["storage"], inserted, live)  # type: ignore[arg-type]
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore :meth:`state_dict`; a state that does not fit raises :class:`CheckpointError` first
+        (:meth:`check_state`), and the buffer is then unchanged."""
         with self._cond:
-            self.storage.check_state(state["storage"])  # type: ignore[arg-type]
-            self.sampler.check_state(state["sampler"])  # type: ignore[arg-type]
+            self.check_state(state)
             self.storage.load_state_dict(state["storage"])  # type: ignore[arg-type]
             self.sampler.load_state_dict(state["sampler"])  # type: ignore[arg-type]
             self.writer.inserted = int(state["inserted"])  # type: ignore[call-overload]

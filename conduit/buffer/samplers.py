@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from conduit.buffer.base import Sampler, Storage
+from conduit.buffer.base import MAX_COUNT, Sampler, Storage
 from conduit.buffer.sumtree import make_sum_tree
 from conduit.errors import CheckpointError, StaleDataError
 from conduit.metrics import Metrics
@@ -20,13 +20,27 @@ log = logging.getLogger(__name__)
 
 
 def _int_state(state: dict[str, object], keys: tuple[str, ...], owner: str) -> None:
-    missing = [k for k in keys if not isinstance(state.get(k), int)]
+    missing = [k for k in keys if isinstance(state.get(k), bool) or not isinstance(state.get(k), int)]
     if missing:
-        raise CheckpointError(f"{owner} state lacks integer entries {missing}; got keys {sorted(state)}")
+        raise CheckpointError(
+            f"{owner} state lacks integer entries {missing}; got keys {sorted(map(str, state))}"
+        )
+    wrong = {k: state[k] for k in keys if not 0 <= state[k] <= MAX_COUNT}  # type: ignore[operator]
+    if wrong:
+        raise CheckpointError(f"{owner} state holds counts out of range: {str(wrong)[:120]}")
+
+
+def _check_size(state: dict[str, object], inserted: int | None, capacity: int, owner: str) -> None:
+    if inserted is not None and state["size"] != min(inserted, capacity):
+        raise CheckpointError(
+            f"{owner} state has size {state['size']}, but {inserted} items fill {min(inserted, capacity)} slots"
+        )
 
 
 class UniformSampler(Sampler):
     """Each committed item with equal probability, with replacement."""
+
+    kind = "uniform"
 
     def __init__(self, capacity: int, device: torch.device, generator: torch.Generator | None = None) -> None:
         self.capacity, self.device = capacity, device
@@ -46,9 +60,10 @@ class UniformSampler(Sampler):
     def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
         return {"kind": "uniform", "size": self.size}
 
-    def check_state(self, state: dict[str, object]) -> None:
+    def check_state(self, state: dict[str, object], inserted: int | None = None) -> None:
         _check_kind(state, "uniform")
         _int_state(state, ("size",), "uniform sampler")
+        _check_size(state, inserted, self.capacity, "uniform sampler")
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.size = int(state["size"])  # type: ignore[call-overload]
@@ -65,6 +80,7 @@ class FifoSampler(Sampler):
     """
 
     consumes = True
+    kind = "fifo"
 
     def __init__(
         self,
@@ -137,15 +153,21 @@ class FifoSampler(Sampler):
             head -= back
         return {"kind": "fifo", "head": head, "tail": self.tail}
 
-    def check_state(self, state: dict[str, object]) -> None:
+    def check_state(self, state: dict[str, object], inserted: int | None = None) -> None:
         _check_kind(state, "fifo")
         _int_state(state, ("head", "tail"), "fifo sampler")
         head, tail = state["head"], state["tail"]
         assert isinstance(head, int) and isinstance(tail, int)
+        if inserted is not None and tail != inserted:
+            raise CheckpointError(f"fifo state has tail {tail}, but {inserted} items were inserted")
         if not 0 <= tail - head <= self.capacity:
             raise CheckpointError(
                 f"fifo state holds {tail - head} unconsumed items for capacity {self.capacity}"
             )
+
+    def live(self, state: dict[str, object], inserted: int) -> int:
+        """The unconsumed items (``tail - head``): the only ones a FIFO may still return."""
+        return int(state["tail"]) - int(state["head"])  # type: ignore[call-overload]
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.head = int(state["head"])  # type: ignore[call-overload]
@@ -164,6 +186,7 @@ class PrioritizedSampler(Sampler):
     """
 
     has_priorities = True
+    kind = "prioritized"
 
     def __init__(
         self,
@@ -216,20 +239,33 @@ class PrioritizedSampler(Sampler):
             "size": self.size,
         }
 
-    def check_state(self, state: dict[str, object]) -> None:
+    def check_state(self, state: dict[str, object], inserted: int | None = None) -> None:
         _check_kind(state, "prioritized")
         _int_state(state, ("size",), "prioritized sampler")
+        _check_size(state, inserted, self.capacity, "prioritized sampler")
         tree = state.get("tree")
         if not isinstance(tree, dict) or set(tree) != {"priorities", "written"}:
             raise CheckpointError("prioritized sampler state lacks its sum tree ('priorities', 'written')")
-        pri = tree["priorities"]
-        if not isinstance(pri, torch.Tensor) or tuple(pri.shape) != (self.capacity,):
-            got = tuple(pri.shape) if isinstance(pri, torch.Tensor) else type(pri).__name__
-            raise CheckpointError(f"prioritized state holds {got} priorities for capacity {self.capacity}")
+        pri, written = tree["priorities"], tree["written"]
+        for name, t in (("priorities", pri), ("written", written)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (self.capacity,):
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise CheckpointError(f"prioritized state holds {got} {name} for capacity {self.capacity}")
+        assert isinstance(pri, torch.Tensor) and isinstance(written, torch.Tensor)
+        if not pri.dtype.is_floating_point or written.dtype != torch.bool:
+            raise CheckpointError(f"prioritized state holds {pri.dtype} priorities and {written.dtype} flags")
         if not bool(((pri >= 0) & torch.isfinite(pri)).all()):
             raise CheckpointError("prioritized state holds negative or non-finite priorities")
+        filled = torch.arange(self.capacity, device=written.device) < min(inserted or 0, self.capacity)
+        if inserted is not None and not torch.equal(written, filled):
+            raise CheckpointError(
+                f"prioritized state marks {int(written.sum())} slots written; {inserted} items fill the first "
+                f"{min(inserted, self.capacity)}"
+            )
+        if bool((pri.masked_select(~written) != 0).any()):
+            raise CheckpointError("prioritized state gives priorities to slots never written")
         mp = state.get("max_priority")
-        if not isinstance(mp, float) or not math.isfinite(mp):
+        if not isinstance(mp, float) or not math.isfinite(mp) or mp <= 0:
             raise CheckpointError(f"prioritized state has max_priority {mp!r}")
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -242,7 +278,7 @@ class PrioritizedSampler(Sampler):
 def _check_kind(state: dict[str, object], kind: str) -> None:
     if not isinstance(state, dict) or state.get("kind") != kind:
         got = state.get("kind") if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(f"the saved sampler is {got!r}; this buffer's sampler is {kind!r}")
+        raise CheckpointError(f"the saved sampler is {str(got)[:40]!r}; this buffer's sampler is {kind!r}")
 
 
 __all__ = ["FifoSampler", "PrioritizedSampler", "Sampler", "UniformSampler"]

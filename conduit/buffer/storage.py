@@ -208,11 +208,14 @@ class RingStorage(Storage):
         out["generation"], out["version"] = self.generation, self.version
         return out
 
-    def check_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Raise :class:`CheckpointError` unless ``state`` has exactly this storage's tensors and shapes."""
+    def check_state(self, state: dict[str, torch.Tensor], inserted: int | None = None, live: int = 0) -> None:
+        """Raise :class:`CheckpointError` unless ``state`` has exactly this storage's tensors and shapes
+        and every ragged length lies within its column's maximum; given ``inserted``, each slot's
+        generation must be 0 (never written) or an item up to ``inserted`` written to that slot in
+        ring order, and the last ``live`` items must all be there. Changes nothing."""
         want = self._expected()
         if not isinstance(state, dict) or set(state) != set(want):
-            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
             raise CheckpointError(f"saved storage holds {keys}; this buffer stores {sorted(want)}")
         for key, dst in want.items():
             src = state[key]
@@ -222,10 +225,32 @@ class RingStorage(Storage):
                     f"saved {key!r} is {got}; this buffer has {(tuple(dst.shape), dst.dtype)} "
                     f"(capacity {self.capacity}) — load into a buffer built with the same schema and capacity"
                 )
+        if inserted is not None:
+            _check_generations(state["generation"].cpu(), inserted, live)
+        for name in self.lengths:
+            lengths, top = state[f"lengths/{name}"], state[f"data/{name}"].shape[1]
+            if lengths.numel() and not (int(lengths.min()) >= 0 and int(lengths.max()) <= top):
+                raise CheckpointError(f"saved lengths of ragged column {name!r} leave [0, {top}]")
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for key, dst in self._expected().items():
             dst.copy_(state[key])
+
+
+def _check_generations(gen: torch.Tensor, inserted: int, live: int) -> None:
+    """Raise :class:`CheckpointError` unless each slot's generation is 0 or an item up to ``inserted``
+    that the ring writer puts in that slot, and the last ``live`` items all are in their slots."""
+    capacity = gen.numel()
+    slots = torch.arange(capacity)
+    ring = inserted - torch.remainder(inserted - 1 - slots, capacity)  # the last item written to each slot
+    wrong = (gen != 0) & ((gen < 0) | (gen > inserted) | (torch.remainder(gen - 1, capacity) != slots))
+    wrong |= (ring > inserted - live) & (gen != ring)
+    if bool(wrong.any()):
+        bad = int(torch.nonzero(wrong).flatten()[0])
+        raise CheckpointError(
+            f"saved slot {bad} holds item {int(gen[bad])}; after {inserted} items written in order it holds "
+            f"item {max(int(ring[bad]), 0)} or an older one of that slot (the last {live} must all be there)"
+        )
 
 
 def _prefix(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

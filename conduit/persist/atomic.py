@@ -6,6 +6,7 @@ import ctypes
 import itertools
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -48,18 +49,49 @@ def write_file(path: Path, parts: Iterable[bytes | memoryview]) -> int:
     return n
 
 
-def link_tree(src: Path, dst: Path) -> None:
-    """Recreate directory ``src`` at ``dst`` with hard links to its files (copies where links fail)."""
-    for entry in src.rglob("*"):
-        target = dst / entry.relative_to(src)
-        if entry.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
+def read_regular(path: Path, limit: int | None = None) -> bytearray:
+    """The bytes of regular file ``path``, refusing a symbolic link (never followed) and, before reading
+    anything, a file larger than ``limit``; raises :class:`CheckpointError` naming the problem."""
+    if path.is_symlink():
+        raise CheckpointError(f"{path.name} is a symbolic link (to {os.readlink(path)}); refusing to read it")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path.name}: {e}") from e
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{path.name} is not a regular file; refusing to read it")
+        if limit is not None and st.st_size > limit:
+            raise CheckpointError(f"{path.name} holds {st.st_size} bytes, more than the {limit} it can need")
+        data = bytearray(st.st_size)
         try:
-            os.link(entry, target)
-        except OSError:
-            shutil.copyfile(entry, target)
+            n = f.readinto(data)
+        except OSError as e:
+            raise CheckpointError(f"cannot read {path.name}: {e}") from e
+    if n != st.st_size:
+        raise CheckpointError(f"{path.name}: read {n} of its {st.st_size} bytes (changed while read)")
+    return data
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Recreate directory ``src`` at ``dst`` with hard links to its files (copies where links fail).
+
+    A symbolic link in ``src`` (it may lead outside) is refused with :class:`CheckpointError`, never followed."""
+    for parent, dirs, names in os.walk(src, followlinks=False):
+        here = Path(parent)
+        target_dir = dst / here.relative_to(src)
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for name in [*dirs, *names]:
+            entry = here / name
+            if entry.is_symlink():
+                raise CheckpointError(f"refusing {entry}: a symbolic link (to {os.readlink(entry)})")
+        for name in names:
+            entry, target = here / name, target_dir / name
+            try:
+                os.link(entry, target, follow_symlinks=False)
+            except OSError:
+                shutil.copyfile(entry, target, follow_symlinks=False)
 
 
 def fsync_tree(path: Path) -> None:

@@ -3,9 +3,16 @@
 ``save_checkpoint(conduit_or_buffer, root)`` writes ``root/ckpt-<n>/``: one record file per segment
 of slots (only occupied rows), ``state.cdr`` (sampler with its occupied priorities, counters, delivery
 generator, versions) and ``manifest.cdr`` (schema, capacity, files). A segment whose slots were not
-rewritten since the previous checkpoint (same per-slot generations) is hard-linked from it instead
-of being written again. The new directory is written under a temporary name, fsync'd and renamed;
-the previous checkpoint is kept, so a crash during a save leaves the last complete one.
+rewritten since the previous checkpoint (same per-slot generations) is taken from it instead of
+being copied from the buffer, once its checksum, slots and generations are verified (a segment that
+fails is copied from the buffer again). It is hard-linked only while another kept checkpoint holds
+that segment in a file of its own, and copied otherwise, so no single damaged file reaches every
+kept checkpoint. The new directory is written under a temporary name, fsync'd and renamed; the
+previous checkpoints are kept, so a crash during a save leaves the last complete one, and a save
+that fails (a full disk) removes what it wrote and raises :class:`CheckpointError`.
+
+Loading verifies everything (every record's checksum, sizes against the file and the schema before
+anything is allocated, slots, generations, sampler and counters) before the target is touched.
 
 Ingestion and sampling go on while the segments are copied: the buffer's lock is held only to take
 the slots' generations, and at the end to re-copy the segments written meanwhile and to take the
@@ -15,8 +22,10 @@ sampler and counters (:attr:`CheckpointReport.pause_s`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
+import stat
 import time
 import zlib
 from dataclasses import dataclass
@@ -28,7 +37,7 @@ import torch
 from conduit.buffer.buffer import ExperienceBuffer
 from conduit.errors import CheckpointError
 from conduit.persist import atomic
-from conduit.persist.format import decode, encode, frame, parse_record
+from conduit.persist.format import FRAME_BYTES, MAX_HEADER, decode, encode, frame, parse_record
 
 if TYPE_CHECKING:
     from conduit.api import Conduit
@@ -38,8 +47,10 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 SEGMENT_BYTES = 8 << 20  # bytes of slots per segment: the unit of incremental saves and of re-copies
 PRECOPY_ROUNDS = 3  # unlocked passes over what was written during the previous one
-KEEP = 2  # complete checkpoints kept in a root (the newest and the one before)
+KEEP = 3  # complete checkpoints kept in a root (hard links never make one file hold a segment of all)
 MANIFEST, STATE = "manifest.cdr", "state.cdr"
+_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError, OverflowError, RecursionError,
+           MemoryError)  # fmt: skip  # what malformed saved data can make parsing raise
 
 
 class _Incompatible(CheckpointError):
@@ -54,8 +65,9 @@ class CheckpointReport:
     path: str
     items: int
     inserted: int
-    segments_written: int
-    segments_reused: int
+    segments_written: int  # copied from the buffer
+    segments_reused: int  # taken from the previous checkpoint (verified): hard-linked or copied
+    segments_linked: int  # of those, hard-linked
     bytes_written: int
     pause_s: float
     locked_s: float
@@ -63,11 +75,17 @@ class CheckpointReport:
 
 
 def save_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[str]) -> CheckpointReport:
-    """Save ``target``'s whole state as a new checkpoint under directory ``root`` (see the module doc)."""
+    """Save ``target``'s whole state as a new checkpoint under directory ``root`` (see the module doc).
+
+    Raises :class:`CheckpointError` naming the cause when the save fails (no space, a file size limit, a
+    segment of the previous checkpoint that is a symbolic link); nothing of it is left behind."""
     t0 = time.perf_counter()
     buffer = _buffer(target)
     base = atomic.local_dir(root)
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create checkpoint directory {base}: {e}") from e
     previous = _newest_manifest(base)
     n = int(previous[0].name.removeprefix("ckpt-")) + 1 if previous else 1
     final = atomic.inside(base, f"ckpt-{n:06d}")
@@ -87,9 +105,9 @@ def save_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[
     # ``ref`` holds, per slot, the generation the copy (or the previous checkpoint) was taken at.
     ref = generations()
     shapes0 = _shapes(buffer)
-    old = previous[1]["segments"] if previous and previous[1]["layout"] == _layout(buffer, seg) else {}
     keys0 = _keys(ref, seg)
-    copies = {i: _copy_segment(buffer, ref, i, seg) for i, k in enumerate(keys0) if old.get(str(i)) != k}
+    reuse = _verified(previous, buffer, ref, seg, keys0) if previous else {}
+    copies = {i: _copy_segment(buffer, ref, i, seg) for i in range(len(keys0)) if i not in reuse}
     for _ in range(PRECOPY_ROUNDS):
         now = generations()
         stale = _changed(now, ref, seg)
@@ -120,44 +138,57 @@ def save_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[
     keys = _keys(gen, seg)
     if hasattr(buffer.observer, "flush"):
         buffer.observer.flush()  # a journal then always reaches at least as far as the newest checkpoint
+    others = _other_kept(base, final)
+    limit = _segment_limit(buffer, seg)
     tmp = atomic.temp_sibling(final)
-    tmp.mkdir()
-    written = reused = nbytes = 0
+    written = reused = linked = nbytes = 0
     files: dict[str, str] = {}
-    for i, key in enumerate(keys):
-        name = f"seg-{i:06d}-{key}.cdr"
-        files[str(i)] = name
-        if i in copies:
-            nbytes += atomic.write_file(atomic.inside(tmp, name), _segment_record(i, *copies[i]))
-            written += 1
-        else:
-            assert previous is not None
-            _link(atomic.inside(previous[0], previous[1]["files"][str(i)]), atomic.inside(tmp, name))
+    try:
+        tmp.mkdir()
+        for i, key in enumerate(keys):
+            name = f"seg-{i:06d}-{key}.cdr"
+            files[str(i)] = name
+            dst = atomic.inside(tmp, name)
+            if i in copies:
+                nbytes += atomic.write_file(dst, _segment_record(i, *copies[i]))
+                written += 1
+                continue
+            src = reuse[i]
             reused += 1
-    tensors: list[torch.Tensor] = []
-    tree = encode(state, tensors)
-    nbytes += atomic.write_file(atomic.inside(tmp, STATE), frame({"state": tree}, tensors))
-    manifest = {
-        "format": FORMAT_VERSION,
-        "layout": layout,
-        "segments": {str(i): k for i, k in enumerate(keys)},
-        "files": files,
-        "items": min(int(state["inserted"]), buffer.capacity),
-        "inserted": int(state["inserted"]),  # what a journal may prune (see covered_items)
-    }
-    nbytes += atomic.write_file(atomic.inside(tmp, MANIFEST), frame(manifest, []))
-    atomic.publish_dir(tmp, final)
+            if _independent(src, i, others) and _link(src, dst):
+                linked += 1
+            else:
+                nbytes += _copy_verified(src, dst, limit)
+        tensors: list[torch.Tensor] = []
+        tree = encode(state, tensors)
+        nbytes += atomic.write_file(atomic.inside(tmp, STATE), frame({"state": tree}, tensors))
+        manifest = {
+            "format": FORMAT_VERSION,
+            "layout": layout,
+            "segments": {str(i): k for i, k in enumerate(keys)},
+            "files": files,
+            "items": min(int(state["inserted"]), buffer.capacity),
+            "inserted": int(state["inserted"]),  # what a journal may prune (see covered_items)
+        }
+        nbytes += atomic.write_file(atomic.inside(tmp, MANIFEST), frame(manifest, []))
+        atomic.publish_dir(tmp, final)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing (its space is free again)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"saving checkpoint {final} failed: {e}") from e
+        raise
     _prune(base)
     return CheckpointReport(
-        str(final),
-        manifest["items"],
-        manifest["inserted"],
-        written,
-        reused,
-        nbytes,
-        max(holds),
-        sum(holds),
-        time.perf_counter() - t0,
+        path=str(final),
+        items=manifest["items"],
+        inserted=manifest["inserted"],
+        segments_written=written,
+        segments_reused=reused,
+        segments_linked=linked,
+        bytes_written=nbytes,
+        pause_s=max(holds),
+        locked_s=sum(holds),
+        total_s=time.perf_counter() - t0,
     )
 
 
@@ -185,7 +216,7 @@ def read_checkpoint(
     problems: list[str] = []
     for path in _candidates(base):
         try:
-            return str(path), _read(path, _buffer(target))
+            return str(path), _read(path, target)
         except _Incompatible:
             raise
         except CheckpointError as e:
@@ -296,11 +327,87 @@ def _sparse(state: Any, capacity: int) -> Any:
     return state
 
 
-def _link(src: Path, dst: Path) -> None:
+def _segment_limit(buffer: ExperienceBuffer, seg: int) -> int:
+    """The most bytes a segment file of ``seg`` slots of ``buffer`` can take (a larger one is refused unread)."""
+    row = sum(math.prod(t.shape[1:]) * t.element_size() for t in _columns(buffer).values())
+    return FRAME_BYTES + MAX_HEADER + seg * (row + 3 * 8)  # + the slot index, generation and version
+
+
+def _verified(
+    previous: tuple[Path, dict[str, Any]],
+    buffer: ExperienceBuffer,
+    ref: torch.Tensor,
+    seg: int,
+    keys: list[str],
+) -> dict[int, Path]:
+    """The previous checkpoint's segment files that hold exactly what the buffer holds now (same layout,
+    checksum, slots and generations verified): reused instead of copied from the buffer. One that fails
+    is logged and copied from the buffer again; one that is a symbolic link refuses the save."""
+    path, manifest = previous
+    if manifest["layout"] != _layout(buffer, seg):
+        return {}
+    cols, limit, out = _columns(buffer), _segment_limit(buffer, seg), {}
+    for i, key in enumerate(keys):
+        if manifest["segments"].get(str(i)) != key:
+            continue
+        src = atomic.inside(path, manifest["files"][str(i)])
+        if src.is_symlink():
+            raise CheckpointError(f"refusing to reuse {src}: a symbolic link (to {os.readlink(src)})")
+        try:
+            meta, tensors = _record(src, limit)
+            rows, meta_rows = _check_segment(src.name, meta, tensors, i, seg, cols, buffer.capacity)[:2]
+            lo = i * seg
+            want = torch.nonzero(ref[lo : lo + seg] > 0).flatten() + lo
+            if not (torch.equal(rows, want) and torch.equal(meta_rows[:, 0], ref.index_select(0, want))):
+                raise CheckpointError(f"{src.name}: its slots or generations are not the buffer's")
+        except CheckpointError as e:
+            log.warning("not reusing %s (%s): copying its slots from the buffer again", src, e)
+            continue
+        out[i] = src
+    return out
+
+
+def _other_kept(base: Path, final: Path) -> list[dict[str, Any]]:
+    """The manifests of the checkpoints a save of ``final`` keeps beside it (unreadable ones left out)."""
+    out = []
+    for path in [p for p in _candidates(base) if p != final][: KEEP - 1]:
+        try:
+            out.append({"path": path, **_manifest(path)})
+        except CheckpointError:
+            continue
+    return out
+
+
+def _independent(src: Path, i: int, others: list[dict[str, Any]]) -> bool:
+    """Whether another kept checkpoint holds segment ``i`` in a file of its own (not ``src``): then
+    hard-linking ``src`` cannot let one damaged file make every kept checkpoint unloadable."""
+    ino = os.lstat(src).st_ino
+    for other in others:
+        name = other["files"].get(str(i))
+        try:
+            st = os.lstat(atomic.inside(other["path"], name)) if isinstance(name, str) else None
+        except (OSError, CheckpointError):
+            continue
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_ino != ino:
+            return True
+    return False
+
+
+def _link(src: Path, dst: Path) -> bool:
+    """Hard-link ``src`` (never a symbolic link's target) as ``dst``; False where links are not possible."""
     try:
-        os.link(src, dst)
+        os.link(src, dst, follow_symlinks=False)
     except OSError:
-        shutil.copyfile(src, dst)
+        return False
+    return True
+
+
+def _copy_verified(src: Path, dst: Path, limit: int) -> int:
+    """Copy the record file ``src`` to ``dst`` if its checksum still holds; returns the bytes written."""
+    data = atomic.read_regular(src, limit)
+    if parse_record(data, 0)[2] != len(data):
+        raise CheckpointError(f"{src}: unexpected bytes after the record")
+    return atomic.write_file(dst, [memoryview(data)])
 
 
 def _prune(base: Path) -> None:
@@ -331,31 +438,100 @@ def _newest_manifest(base: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def _record(path: Path) -> tuple[dict[str, Any], list[torch.Tensor]]:
-    if path.is_symlink():
-        raise CheckpointError(f"{path.name} is a symbolic link (to {os.readlink(path)}); refusing to read it")
-    try:
-        data = bytearray(path.read_bytes())
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path.name}: {e}") from e
+def _record(path: Path, limit: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """The one record of file ``path`` (at most ``limit`` bytes, not a symbolic link), checksum verified."""
+    data = atomic.read_regular(path, limit)
     meta, tensors, end = parse_record(data, 0)
     if end != len(data):
         raise CheckpointError(f"{path.name}: {len(data) - end} unexpected bytes after the record")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path.name}: the record's metadata is a {type(meta).__name__}, not a dict")
     return meta, tensors
 
 
+def _is_count(value: Any, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= 1 << 62
+
+
 def _manifest(path: Path) -> dict[str, Any]:
-    meta, _ = _record(atomic.inside(path, MANIFEST))
+    """The manifest of checkpoint ``path``, its structure checked (layout, one file per segment)."""
+    meta, _ = _record(atomic.inside(path, MANIFEST), FRAME_BYTES + MAX_HEADER)
     if meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"format {meta.get('format')!r} is not {FORMAT_VERSION} (incompatible)")
+        raise CheckpointError(
+            f"format {str(meta.get('format'))[:40]!r} is not {FORMAT_VERSION} (incompatible)"
+        )
     for key in ("layout", "segments", "files", "items"):
         if key not in meta:
             raise CheckpointError(f"manifest lacks {key!r}")
+    layout, segments, files = meta["layout"], meta["segments"], meta["files"]
+    if not (
+        isinstance(layout, dict)
+        and _is_count(layout.get("capacity"), 1)
+        and _is_count(layout.get("segment_slots"), 1)
+        and isinstance(layout.get("columns"), dict)
+    ):
+        raise CheckpointError(f"manifest of {path.name}: malformed layout {str(layout)[:120]}")
+    count = -(-layout["capacity"] // layout["segment_slots"])
+    for what, names in (("segments", segments), ("files", files)):
+        if (
+            not isinstance(names, dict)
+            or len(names) != count
+            or not all(isinstance(names.get(str(i)), str) for i in range(count))
+        ):
+            raise CheckpointError(
+                f"manifest of {path.name}: {what} is not one name for each of {count} segments"
+            )
+    if not _is_count(meta["items"]) or not _is_count(meta.get("inserted", 0)):
+        raise CheckpointError(
+            f"manifest of {path.name}: item counts {meta['items']!r}, {meta.get('inserted')!r}"
+        )
     return meta
 
 
-def _read(path: Path, buffer: ExperienceBuffer) -> dict[str, Any]:
-    """The full state saved in checkpoint ``path`` (every record verified), checked against ``buffer``."""
+def _check_segment(
+    name: str,
+    meta: dict[str, Any],
+    tensors: list[torch.Tensor],
+    i: int,
+    seg: int,
+    cols: dict[str, torch.Tensor],
+    capacity: int,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``(rows, [rows, (generation, version)], columns)`` of segment record ``i``, each checked against the
+    buffer's columns ``cols`` (dtype, shape) and the segment's slot range."""
+    if meta.get("segment") != i or meta.get("columns") != list(cols) or len(tensors) != 2 + len(cols):
+        raise CheckpointError(f"{name}: segment record does not match the manifest")
+    rows, meta_rows, data = tensors[0], tensors[1], tensors[2:]
+    lo, hi, n = i * seg, min((i + 1) * seg, capacity), tensors[0].numel()
+    if rows.dtype != torch.int64 or rows.dim() != 1:
+        raise CheckpointError(f"{name}: slot index is {rows.dtype} of shape {tuple(rows.shape)}")
+    if n and (int(rows[0]) < lo or int(rows[-1]) >= hi or not bool((rows[1:] > rows[:-1]).all())):
+        raise CheckpointError(f"{name}: slot indices are not increasing inside [{lo}, {hi})")
+    if meta_rows.dtype != torch.int64 or tuple(meta_rows.shape) != (n, 2):
+        raise CheckpointError(
+            f"{name}: generations and versions are {meta_rows.dtype} {tuple(meta_rows.shape)}"
+        )
+    for (key, col), t in zip(cols.items(), data):
+        if t.dtype != col.dtype or tuple(t.shape) != (n, *col.shape[1:]):
+            raise CheckpointError(
+                f"{name}: {key} is {t.dtype} {tuple(t.shape)}, not {col.dtype} {(n, *col.shape[1:])}"
+            )
+    return rows, meta_rows, data
+
+
+def _read(path: Path, target: Conduit | ExperienceBuffer) -> dict[str, Any]:
+    """The full state saved in checkpoint ``path``, every part verified and checked against ``target``
+    (nothing of ``target`` changes). Raises :class:`CheckpointError` naming the file and the problem."""
+    try:
+        return _read_checked(path, target)
+    except CheckpointError:
+        raise
+    except _ERRORS as e:
+        raise CheckpointError(f"checkpoint {path.name} is malformed ({type(e).__name__}: {e})") from e
+
+
+def _read_checked(path: Path, target: Conduit | ExperienceBuffer) -> dict[str, Any]:
+    buffer = _buffer(target)
     manifest = _manifest(path)
     layout = manifest["layout"]
     cols = _columns(buffer)
@@ -363,48 +539,84 @@ def _read(path: Path, buffer: ExperienceBuffer) -> dict[str, Any]:
     if layout["capacity"] != buffer.capacity or layout["columns"] != want:
         raise _Incompatible(
             f"checkpoint {path.name} does not fit this buffer: saved capacity {layout['capacity']} and "
-            f"columns {layout['columns']}; this buffer has capacity {buffer.capacity} and columns {want}"
+            f"columns {str(layout['columns'])[:200]}; this buffer has capacity {buffer.capacity} and columns {want}"
         )
-    dense = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in cols.items()}
-    meta_t = torch.zeros((buffer.capacity, 2), dtype=torch.int64)
-    for i, name in sorted(manifest["files"].items(), key=lambda kv: int(kv[0])):
-        seg_meta, tensors = _record(atomic.inside(path, name))
-        if (
-            seg_meta.get("segment") != int(i)
-            or seg_meta.get("columns") != list(cols)
-            or len(tensors) != 2 + len(cols)
-        ):
-            raise CheckpointError(f"{name}: segment record does not match the manifest")
-        rows, meta_rows = tensors[0], tensors[1]
-        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= buffer.capacity):
-            raise CheckpointError(f"{name}: slot index outside [0, {buffer.capacity})")
-        try:
-            meta_t.index_copy_(0, rows, meta_rows)
-            for dst, src in zip(dense.values(), tensors[2:]):
-                dst.index_copy_(0, rows, src)
-        except (RuntimeError, IndexError) as e:
-            raise CheckpointError(f"{name}: rows do not fit the buffer's columns ({e})") from e
-    smeta, stensors = _record(atomic.inside(path, STATE))
-    state = _dense(decode(smeta.get("state"), stensors))
-    if not isinstance(state, dict) or "sampler" not in state:
+    cap, seg = buffer.capacity, layout["segment_slots"]
+    # the state first: small, and its counts say what the segments must hold
+    smeta, stensors = _record(atomic.inside(path, STATE), FRAME_BYTES + MAX_HEADER + 64 * cap)
+    state = decode(smeta.get("state"), stensors)
+    if not isinstance(state, dict) or not {"sampler", "inserted", "sampled"} <= set(state):
         raise CheckpointError(f"{path.name}/{STATE}: not a saved buffer state")
+    kind = getattr(buffer.sampler, "kind", None)
+    saved = state["sampler"].get("kind") if isinstance(state["sampler"], dict) else None
+    if kind is not None and saved != kind:
+        raise _Incompatible(f"checkpoint {path.name} does not fit this buffer: the saved sampler is "
+                            f"{str(saved)[:40]!r}; this buffer's sampler is {kind!r}")  # fmt: skip
+    if "inserted" in manifest and manifest["inserted"] != state["inserted"]:
+        raise CheckpointError(f"{path.name}: manifest and state disagree on the insert count")
+    sampler = _dense(state.pop("sampler"), cap)
+    if not isinstance(target, ExperienceBuffer):
+        _check_runtime(path, state, target)
+    limit = _segment_limit(buffer, seg)
+    dense = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in cols.items()}  # the schema's size
+    meta_t = torch.zeros((cap, 2), dtype=torch.int64)
+    for i in range(len(manifest["files"])):
+        name = manifest["files"][str(i)]
+        seg_meta, tensors = _record(atomic.inside(path, name), limit)
+        rows, meta_rows, data = _check_segment(name, seg_meta, tensors, i, seg, cols, cap)
+        meta_t.index_copy_(0, rows, meta_rows)
+        for dst, src in zip(dense.values(), data):
+            dst.index_copy_(0, rows, src)
     storage = dict(dense)
     storage["generation"], storage["version"] = meta_t[:, 0].clone(), meta_t[:, 1].clone()
-    buf = {k: state.pop(k) for k in ("sampler", "inserted", "sampled")}
-    buf["storage"] = storage
+    buf = {
+        "storage": storage,
+        "sampler": sampler,
+        "inserted": state.pop("inserted"),
+        "sampled": state.pop("sampled"),
+    }
     try:
-        buffer.storage.check_state(storage)
-        buffer.sampler.check_state(buf["sampler"])
+        buffer.check_state(buf)
     except CheckpointError as e:
-        raise _Incompatible(f"checkpoint {path.name} does not fit this buffer: {e}") from e
+        raise CheckpointError(f"checkpoint {path.name}: {e}") from e
     return {"buffer": buf, **state}
 
 
-def _dense(state: Any) -> Any:
-    if isinstance(state, dict):
-        if state.get("$sparse") is True:
-            values, index = state["values"], state["index"]
-            out = torch.zeros((state["rows"], *values.shape[1:]), dtype=values.dtype)
-            return out.index_copy_(0, index, values)
-        return {k: _dense(v) for k, v in state.items()}
-    return state
+def _check_runtime(path: Path, state: dict[str, Any], target: Conduit) -> None:
+    """Raise unless the runtime's saved part (delivery generator, versions) can be restored into ``target``."""
+    delivery, versions = state.get("delivery"), state.get("versions")
+    gen = delivery.get("generator") if isinstance(delivery, dict) else None
+    if gen is not None:
+        try:
+            torch.Generator(device=target.shuffle_generator.device).set_state(gen)
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint {path.name}: the saved delivery generator is unusable ({e})"
+            ) from e
+    if versions is not None and not (
+        isinstance(versions, dict)
+        and all(versions.get(k) is None or _is_count(versions.get(k)) for k in ("put", "get"))
+    ):
+        raise CheckpointError(
+            f"checkpoint {path.name}: saved policy versions {str(versions)[:80]} are not counts"
+        )
+
+
+def _dense(state: Any, capacity: int) -> Any:
+    """``state`` with each vector :func:`_sparse` reduced expanded to ``capacity`` rows again (checked first)."""
+    if not isinstance(state, dict):
+        return state
+    if state.get("$sparse") is not True:
+        return {k: _dense(v, capacity) for k, v in state.items()}
+    values, index = state.get("values"), state.get("index")
+    if (
+        state.get("rows") != capacity
+        or not isinstance(values, torch.Tensor)
+        or not isinstance(index, torch.Tensor)
+        or values.dim() != 1
+        or index.dtype != torch.int64
+        or tuple(index.shape) != tuple(values.shape)
+        or (index.numel() and not (0 <= int(index.min()) and int(index.max()) < capacity))
+    ):
+        raise CheckpointError(f"a saved sparse vector does not fit capacity {capacity}: {str(state)[:120]}")
+    return torch.zeros(capacity, dtype=values.dtype).index_copy_(0, index, values)

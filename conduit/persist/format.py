@@ -22,12 +22,15 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from conduit.buffer.base import MAX_COUNT
 from conduit.errors import CheckpointError
 
 MAGIC = b"CDR1"
 _FRAME = struct.Struct("<4sIQI")  # magic, header length, payload length, crc32
 FRAME_BYTES = _FRAME.size
 MAX_HEADER = 64 << 20  # a header larger than this is corrupt, not big
+MAX_DEPTH = 64  # lists and dicts in a header nest at most this deep (a deeper one is crafted)
+MAX_DIMS = 16  # dimensions of a saved tensor
 
 DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
@@ -114,20 +117,51 @@ def parse_record(
         raise CheckpointError(f"record at byte {offset}: checksum mismatch (corrupt data)")
     try:
         head = json.loads(bytes(header))
+        check_depth(head)
+        if not isinstance(head, dict) or "meta" not in head or not isinstance(head.get("tensors"), list):
+            raise ValueError("not a record header (expected 'meta' and a 'tensors' list)")
         tensors = [_tensor(payload, spec) for spec in head["tensors"]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"record at byte {offset}: malformed header ({e})") from e
+    except (ValueError, KeyError, TypeError, RuntimeError, OverflowError, RecursionError, MemoryError) as e:
+        raise CheckpointError(f"record at byte {offset}: malformed header ({type(e).__name__}: {e})") from e
     return head["meta"], tensors, start + hlen + plen
 
 
+def check_depth(tree: Any, limit: int = MAX_DEPTH) -> None:
+    """Raise ``ValueError`` if the lists and dicts of ``tree`` nest deeper than ``limit`` (no recursion)."""
+    level, depth = [tree], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            raise ValueError(f"nested deeper than {limit} levels")
+        nxt: list[Any] = []
+        for x in level:
+            if isinstance(x, dict):
+                nxt.extend(v for v in x.values() if isinstance(v, dict | list))
+            elif isinstance(x, list):
+                nxt.extend(v for v in x if isinstance(v, dict | list))
+        level = nxt
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"{what} {value!r} is not a size in [0, {MAX_COUNT}]")
+    return value
+
+
 def _tensor(payload: memoryview, spec: dict[str, Any]) -> torch.Tensor:
-    dtype = DTYPES.get(spec["dtype"])
+    if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list):
+        raise ValueError(f"tensor spec {str(spec)[:80]} lacks a shape list")
+    dtype = DTYPES.get(spec.get("dtype"))  # type: ignore[arg-type]
     if dtype is None:
-        raise ValueError(f"unknown dtype {spec['dtype']!r}")
-    shape, off, nbytes = [int(s) for s in spec["shape"]], int(spec["offset"]), int(spec["nbytes"])
+        raise ValueError(f"unknown dtype {str(spec.get('dtype'))[:40]!r} (supported: {sorted(DTYPES)})")
+    if len(spec["shape"]) > MAX_DIMS:
+        raise ValueError(f"tensor of {len(spec['shape'])} dimensions (at most {MAX_DIMS})")
+    shape = [_count(s, "dimension") for s in spec["shape"]]
+    off, nbytes = _count(spec.get("offset"), "offset"), _count(spec.get("nbytes"), "nbytes")
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if nbytes != math.prod(shape) * itemsize or off < 0 or off + nbytes > payload.nbytes:
-        raise ValueError(f"tensor {spec} does not fit the payload")
+    # the sizes are checked against the payload actually read before anything is allocated
+    if nbytes != math.prod(shape) * itemsize or off + nbytes > payload.nbytes:
+        raise ValueError(f"tensor {spec} does not fit the payload of {payload.nbytes} bytes")
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     raw = torch.frombuffer(payload[off : off + nbytes], dtype=torch.uint8)  # type: ignore[arg-type]
@@ -179,9 +213,9 @@ def decode(data: Any, tensors: list[torch.Tensor]) -> Any:
         return data
     try:
         if "$t" in data:
-            return tensors[data["$t"]].clone()
+            return tensors[_count(data["$t"], "tensor index")].clone()
         if "$np" in data:
-            return tensors[data["$np"]].numpy().copy()
+            return tensors[_count(data["$np"], "tensor index")].numpy().copy()
         if "$npv" in data:
             return decode(data["$npv"], tensors)[()]
         if "$f" in data:
@@ -191,5 +225,7 @@ def decode(data: Any, tensors: list[torch.Tensor]) -> Any:
         if "$tuple" in data:
             return tuple(decode(x, tensors) for x in data["$tuple"])
         return {decode(k, tensors): decode(v, tensors) for k, v in data["$d"]}
-    except (KeyError, IndexError, TypeError) as e:
-        raise CheckpointError(f"malformed saved state near {str(data)[:80]!r} ({e})") from e
+    except (KeyError, IndexError, TypeError, ValueError, OverflowError, RuntimeError, MemoryError) as e:
+        raise CheckpointError(
+            f"malformed saved state near {str(data)[:80]!r} ({type(e).__name__}: {e})"
+        ) from e

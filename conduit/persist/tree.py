@@ -8,6 +8,7 @@ that reads each conduit's checkpoint when the framework asks for it — by then 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,34 +25,49 @@ BUFFERS, STATE = "buffers", "state.cdr"
 def save_tree(
     state: dict[str, Any], conduits: Mapping[str, Conduit], directory: Path, previous: Path | None = None
 ) -> None:
-    """Write ``state`` (its ``"conduits"`` entry replaced by ``conduits``' checkpoints) to the new ``directory``."""
+    """Write ``state`` (its ``"conduits"`` entry replaced by ``conduits``' checkpoints) to the new ``directory``.
+
+    A save that fails removes ``directory`` and raises :class:`CheckpointError` naming the cause (a symbolic
+    link in ``previous`` is refused, never followed)."""
     directory.mkdir(parents=True)
-    rest = {k: v for k, v in state.items() if k != "conduits"}
-    names = sorted(conduits) if "conduits" in state else []
-    for name in names:
-        root = atomic.inside(directory / BUFFERS, str(name))
-        old = previous / BUFFERS / str(name) if previous is not None else None
-        if old is not None and old.is_dir():
-            atomic.link_tree(old, root)  # unchanged segments are reused, the previous checkpoint kept
-        save_checkpoint(conduits[name], root)
-    tensors: list[Any] = []
-    tree = encode({"rest": rest, "conduits": names}, tensors)
-    atomic.write_file(atomic.inside(directory, STATE), frame({"tree": tree}, tensors))
+    try:
+        rest = {k: v for k, v in state.items() if k != "conduits"}
+        names = sorted(conduits) if "conduits" in state else []
+        for name in names:
+            root = atomic.inside(directory / BUFFERS, str(name))
+            old = previous / BUFFERS / str(name) if previous is not None else None
+            if old is not None and old.is_dir():
+                atomic.link_tree(old, root)  # unchanged segments are reused, the previous checkpoint kept
+            save_checkpoint(conduits[name], root)
+        tensors: list[Any] = []
+        tree = encode({"rest": rest, "conduits": names}, tensors)
+        atomic.write_file(atomic.inside(directory, STATE), frame({"tree": tree}, tensors))
+    except BaseException as e:
+        shutil.rmtree(directory, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"saving {directory} failed: {e}") from e
+        raise
 
 
 def load_tree(directory: Path, conduit: Callable[[str], Conduit]) -> dict[str, Any]:
-    """The state :func:`save_tree` wrote; ``conduit(name)`` gives the conduit a saved buffer is read for."""
-    try:
-        data = bytearray(atomic.inside(directory, STATE).read_bytes())
-    except OSError as e:
-        raise CheckpointError(f"cannot read {directory / STATE}: {e}") from e
+    """The state :func:`save_tree` wrote; ``conduit(name)`` gives the conduit a saved buffer is read for.
+    Raises :class:`CheckpointError` naming the file and the problem for a damaged or crafted one."""
+    path = atomic.inside(directory, STATE)
+    data = atomic.read_regular(path)
     meta, tensors, _ = parse_record(data, 0)
-    tree = decode(meta.get("tree"), tensors)
-    if not isinstance(tree, dict) or not isinstance(tree.get("rest"), dict):
-        raise CheckpointError(f"{directory / STATE}: not a saved experience state")
+    tree = decode(meta.get("tree") if isinstance(meta, dict) else None, tensors)
+    names = tree.get("conduits") if isinstance(tree, dict) else None
+    if (
+        not isinstance(tree, dict)
+        or not isinstance(tree.get("rest"), dict)
+        or not isinstance(names, list | None)
+    ):
+        raise CheckpointError(f"{path}: not a saved experience state")
+    if not all(isinstance(n, str) for n in names or []):
+        raise CheckpointError(f"{path}: conduit names {str(names)[:80]} are not strings")
     state = dict(tree["rest"])
-    if tree.get("conduits"):
-        state["conduits"] = _Lazy(directory / BUFFERS, list(tree["conduits"]), conduit)
+    if names:
+        state["conduits"] = _Lazy(directory / BUFFERS, list(names), conduit)
     return state
 
 
