@@ -161,6 +161,8 @@ class Conduit:
         with self.metrics.span("get", exposed=True):
             delivery = self._scheduler.get(request, self.timeout_s)
             delivery.wait()
+            if self.journal is not None:  # consume-once: how far deliveries reached survives a restart
+                self.journal.delivered(delivery.generations, self.buffer.inserted)
             return delivery
 
     def _consumer(self, version: int | None) -> int | None:

@@ -78,6 +78,11 @@ class CheckpointError(ConduitError):
     """A saved state does not fit this buffer (other capacity, columns or sampler) or is malformed."""
 
 
+class JournalError(ConduitError):
+    """The journal could not make a write durable (e.g. disk full, file size limit): the write that
+    raises it was not committed, and every later one is refused the same way."""
+
+
 class NonFiniteError(ConduitError):
     """A column the schema marks ``check_finite`` (rewards, advantages) holds NaN or inf, and the
     buffer's ``nonfinite`` policy is ``"reject"``."""

@@ -168,7 +168,7 @@ def test_journal_replays_commits_and_priorities_exactly(tmp_path: Path) -> None:
     assert a.journal.records > 0 and a.journal.max_lag_s < 1.0
     b = Conduit(SCHEMA, BufferConfig.prioritized_replay(64), seed=0)
     report = replay(tmp_path / "j", b)
-    assert report.items == 104 and report.priority_updates == 16 and report.stopped_at is None
+    assert report.items == 104 and report.priority_updates == 16 and report.damaged == ()
     same(a, b, versions=False)  # the journal holds the buffer, not the runtime's version order
     a.close()
 
@@ -189,7 +189,7 @@ def test_checkpoint_then_journal_recovers_everything(tmp_path: Path) -> None:
     c.close()
 
 
-def test_torn_journal_tail_stops_replay_with_a_warning(
+def test_torn_journal_tail_is_skipped_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = Journal(tmp_path, flush_interval_s=10)
@@ -203,8 +203,9 @@ def test_torn_journal_tail_stops_replay_with_a_warning(
     fresh = BufferConfig.uniform_replay(64).build(SCHEMA)
     with caplog.at_level(logging.WARNING):
         report = replay(tmp_path, fresh)
-    assert report.items == 8 and report.stopped_at is not None and "byte" in report.stopped_at
-    assert "journal replay stopped" in caplog.text
+    assert report.items == 8 and len(report.damaged) == 1 and "truncated" in report.damaged[0].reason
+    assert report.lost_items == () and report.compacted is None  # a torn tail loses nothing durable
+    assert "journal replay skipped journal-000001.cdr bytes" in caplog.text
     assert fresh.inserted == 8
 
 
@@ -429,9 +430,10 @@ def test_a_torn_tail_does_not_hide_what_the_next_opening_journaled(tmp_path: Pat
     j2.close()
     third = BufferConfig.uniform_replay(64).build(SCHEMA)
     report = replay(tmp_path, third)
-    assert report.items == 16 and report.stopped_at is not None  # the tear is still reported
+    assert report.items == 16 and len(report.damaged) == 1  # the tear is still reported
     assert torch.equal(third.storage.data["reward"][:16], second.storage.data["reward"][:16])
-    # a later file that does not continue from the tear (its records start further on): replay stops
+    # a later file that does not continue from the tear (its records start further on): the items no
+    # file holds are reported lost, the later ones follow on, and the journal is compacted
     fourth = BufferConfig.uniform_replay(64).build(SCHEMA)
     fourth.extend(batch(24, 0))
     j3 = Journal(tmp_path, flush_interval_s=10)
@@ -440,4 +442,10 @@ def test_a_torn_tail_does_not_hide_what_the_next_opening_journaled(tmp_path: Pat
     j3.close()
     (tmp_path / j2.path.name).unlink()
     fifth = BufferConfig.uniform_replay(64).build(SCHEMA)
-    assert replay(tmp_path, fifth).items == 8 and fifth.inserted == 8
+    report = replay(tmp_path, fifth)
+    assert report.items == 16 and report.lost_items == ((9, 24),) and fifth.inserted == 16
+    assert fifth.storage.data["reward"][8:16].tolist() == list(range(200, 208))
+    sixth = BufferConfig.uniform_replay(64).build(SCHEMA)  # the compacted journal: the same, nothing lost
+    assert replay(tmp_path, sixth).damaged == () and torch.equal(
+        sixth.storage.data["reward"], fifth.storage.data["reward"]
+    )

@@ -140,11 +140,13 @@ class ExperienceBuffer:
             overwritten = (
                 0 if self.sampler.consumes else min(n, max(0, self.writer.inserted + n - self.capacity))
             )
+            if self.observer is not None:  # a journal that cannot take the write refuses it before the commit
+                self.observer.check()
             first_generation = self.writer.inserted + 1
             slots = self.writer.reserve(n)
             self.storage.write(slots, batch, version, first_generation)
             self.sampler.on_insert(slots, self.writer.inserted)
-            if self.observer is not None:
+            if self.observer is not None:  # enqueues only: never raises after the commit
                 self.observer.committed(batch, slots, version, first_generation)
             self._cond.notify_all()
         self.metrics.incr("inserted", n)
@@ -303,6 +305,8 @@ class ExperienceBuffer:
             dev = self.storage.device
             if slots.device != dev or generations.device != dev or priorities.device != dev:
                 slots, generations, priorities = slots.to(dev), generations.to(dev), priorities.to(dev)
+            if self.observer is not None:  # refused before anything changes (see extend)
+                self.observer.check()
             stored = self.storage.generation
             reject = self.nonfinite == "reject"
             fused = self.sampler.update_checked(slots, generations, stored, priorities, self.capacity, reject)
@@ -323,6 +327,33 @@ class ExperienceBuffer:
         if applied + nonfinite < slots.numel():
             self.metrics.incr("priority_updates_skipped", slots.numel() - applied - nonfinite)
         return applied
+
+    def restore_consumed(self, inserted: int, head: int, version: int | None = None) -> None:
+        """Journal replay of a consume-once buffer: items up to ``inserted`` were committed, those up to
+        ``head`` consumed (and need no storage: they are never read again); ``version`` the last
+        written. Moves the insert count and the FIFO head forward only."""
+        with self._cond:
+            sampler = self.sampler.state_dict()
+            if sampler.get("kind") != "fifo":
+                raise CheckpointError(
+                    f"restore_consumed needs a FIFO buffer, this one is {sampler.get('kind')!r}"
+                )
+            old_head = sampler["head"]
+            assert isinstance(old_head, int)
+            if not (
+                self.writer.inserted <= inserted
+                and old_head <= head <= inserted
+                and inserted - head <= self.capacity
+            ):
+                raise CheckpointError(
+                    f"cannot move a FIFO at head {old_head}, insert count {self.writer.inserted} to head "
+                    f"{head}, insert count {inserted} (capacity {self.capacity})"
+                )
+            self.sampler.load_state_dict({"kind": "fifo", "head": head, "tail": inserted})
+            self.writer.inserted = inserted
+            if version is not None and (self.last_version is None or version > self.last_version):
+                self.last_version = version
+            self._cond.notify_all()
 
     # -- blocking, growth, state, close ----------------------------------------------------------
 

@@ -8,14 +8,16 @@ A file is a sequence of Conduit records (``conduit.persist.format``: JSON header
 bytes, CRC32-checked, no pickle); one record is one group: its stable prompt identity
 (:func:`prompt_identity`: dataset index + prompt hash, never verl's per-draw uid), the step it was
 drawn for, and every TransferQueue field and tag of each of its trajectories. A record torn by a
-kill (the tail of a file) fails its checksum: :func:`read_step` skips it with a warning and keeps
-the records before it. Journals of steps already trained into a checkpoint are pruned
-(:func:`prune`). Pure file logic: no verl, no TransferQueue (``journal_worker.py`` writes,
-``resume.py`` restores).
+kill (the tail of a file) or a flipped byte fails its checksum: :func:`read_step` skips those bytes
+with a warning and keeps every intact record before and after them. Journals of steps already
+trained into a checkpoint are pruned (:func:`prune`). Each batch's durability lag goes to
+``lag.jsonl`` (:func:`append_lag`), bounded to its last ~:data:`LAG_MAX_BYTES` / 2 bytes of lines.
+Pure file logic: no verl, no TransferQueue (``journal_worker.py`` writes, ``resume.py`` restores).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -30,13 +32,16 @@ import numpy as np
 import torch
 
 from conduit.errors import CheckpointError
-from conduit.persist.format import decode, encode, frame, parse_record
+from conduit.persist.format import decode, encode, frame
+from conduit.persist.journal import Damage, scan
 
 logger = logging.getLogger(__name__)
 
 JOURNAL_DIR = "conduit_journal"
 SUFFIX = ".cdj"
 KIND = "conduit_verl.group/1"
+LAG_FILE = "lag.jsonl"
+LAG_MAX_BYTES = 4 << 20  # past this, lag.jsonl is cut to its newest lines (about half of it)
 
 
 @dataclass
@@ -93,6 +98,8 @@ class JournalGroup:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"malformed journaled group ({e})") from e
+        if not all(isinstance(t, dict) for t in group.tags) or not isinstance(group.samples, list):
+            raise CheckpointError(f"journaled group {group.identity}: tags or samples of the wrong type")
         if not (len(group.suffixes) == len(group.samples) == len(group.tags) > 0):
             raise CheckpointError(
                 f"journaled group {group.identity}: {len(group.suffixes)} keys, {len(group.samples)} "
@@ -156,24 +163,25 @@ def prune(root: Path, through_step: int) -> list[int]:
 
 
 def read_step(root: Path, step: int) -> tuple[list[JournalGroup], list[str]]:
-    """Every intact group journaled for ``step``, and a line per problem found (a torn tail record,
-    a group of another step). A bad record ends its file: the records before it are kept."""
+    """Every intact group journaled for ``step``, and a line per problem found (a torn or corrupt
+    stretch, a record that is not a group, a group of another step). Reading resumes after a bad
+    stretch at the next intact record, so one bad record loses only itself."""
     groups: list[JournalGroup] = []
     problems: list[str] = []
     directory = step_dir(root, step)
     if not directory.is_dir():
         return groups, problems
     for path in sorted(directory.glob(f"*{SUFFIX}")):
-        data = bytearray(path.read_bytes())
-        offset = 0
-        while offset < len(data):
+        for entry in scan(bytearray(path.read_bytes()), path.name):
+            if isinstance(entry, Damage):
+                problems.append(f"{path.name}: {entry.reason}; skipped bytes {entry.start}..{entry.end}")
+                continue
+            offset, end, meta, tensors = entry
             try:
-                meta, tensors, nxt = parse_record(data, offset)
                 group = JournalGroup.from_record(meta, tensors)
             except CheckpointError as e:
-                problems.append(f"{path.name}: {e}; skipped its last {len(data) - offset} byte(s)")
-                break
-            offset = nxt
+                problems.append(f"{path.name}: {e}; skipped bytes {offset}..{end}")
+                continue
             if group.step != step:
                 problems.append(f"{path.name}: group {group.identity} of step {group.step} ignored")
                 continue
@@ -243,3 +251,19 @@ def match(
             kept[row] = candidates.pop(0)
     unused = [g for gs in pool.values() for g in gs]
     return kept, unused
+
+
+def append_lag(root: Path, line: dict[str, Any]) -> None:
+    """Append one JSON line to ``root/lag.jsonl``; past :data:`LAG_MAX_BYTES` the file is first cut to
+    its newest lines (about half), so it stays bounded. Writers on the node serialise on a lock."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LAG_FILE, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        if os.fstat(f.fileno()).st_size > LAG_MAX_BYTES:
+            f.seek(-(LAG_MAX_BYTES // 2), os.SEEK_END)
+            tail = f.read()
+            keep = tail[tail.find(b"\n") + 1 :]  # whole lines only
+            f.seek(0)
+            f.truncate()
+            f.write(keep)
+        f.write((json.dumps(line) + "\n").encode())

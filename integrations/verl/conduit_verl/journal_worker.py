@@ -11,13 +11,12 @@ logged and skipped (it was trained; its step is past).
 
 The worker finds the journal under ``trainer.default_local_dir`` (made absolute by the trainer).
 Each batch's durability lag (group finished → on disk) is appended to ``lag.jsonl`` in the
-journal directory, for the benchmark.
+journal directory, for the benchmark (bounded: ``journal.append_lag`` keeps its newest lines).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
@@ -26,12 +25,25 @@ import ray
 
 from conduit_verl.compat import set_agent_loop_workers, tq
 from conduit_verl.completion import ConduitAgentLoopManager, _NotifyingWorker
-from conduit_verl.journal import JournalGroup, JournalWriter, journal_root, prompt_identity
+from conduit_verl.journal import (
+    LAG_FILE,
+    JournalGroup,
+    JournalWriter,
+    append_lag,
+    journal_root,
+    prompt_identity,
+)
 
 logger = logging.getLogger(__name__)
 
 MANAGER_FQN = "conduit_verl.journal_worker.JournalingAgentLoopManager"
-LAG_FILE = "lag.jsonl"
+__all__ = [
+    "LAG_FILE",
+    "MANAGER_FQN",
+    "JournalingAgentLoopManager",
+    "JournalingAgentLoopWorker",
+    "split_samples",
+]
 
 
 def split_samples(data: Any, size: int) -> list[dict[str, Any]]:
@@ -143,8 +155,7 @@ class _JournalingWorker(_NotifyingWorker):  # type: ignore[misc]
             "bytes": nbytes,
             "lag_s": [now - g.t_done for g in groups],
         }
-        with open(self._journal_root / LAG_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
+        append_lag(self._journal_root, line)
 
 
 JournalingAgentLoopWorker = ray.remote(_JournalingWorker)

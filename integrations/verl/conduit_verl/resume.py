@@ -7,7 +7,7 @@ matched by its stable identity (dataset index + prompt hash, ``journal.prompt_id
 the groups journaled for step ``k``; a matched prompt's trajectories are put back into
 TransferQueue under its new uid (every field and tag as the agent loop wrote them) and its
 prompt tag set ``finished``, and only the other prompts are sent to generation. Journals of
-older steps (already trained into the checkpoint) are pruned; a torn tail record is skipped with
+older steps (already trained into the checkpoint) are pruned; a torn or corrupt record is skipped with
 a warning. Each prompt is either restored or generated, never both, never neither.
 """
 

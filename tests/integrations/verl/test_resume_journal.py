@@ -255,3 +255,40 @@ def test_cpu_launcher_resume_flags():
     assert run.resume_overrides(["trainer.save_freq=-1"], args) == ["trainer.save_freq=-1"]
     with pytest.raises(SystemExit):
         run.parse_args(["--trainer-mode", "sync", "--journal", "on"])
+
+
+def test_a_corrupt_record_mid_file_loses_that_group_only(tmp_path):
+    root = journal_root(tmp_path)
+    writer = JournalWriter(root)
+    writer.append([_group("0:a", 5, seed=0), _group("1:b", 5, seed=1), _group("2:c", 5, seed=2)])
+    writer.close()
+    (path,) = step_dir(root, 5).iterdir()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # inside the second record
+    path.write_bytes(bytes(data))
+    got, problems = read_step(root, 5)
+    assert [g.identity for g in got] == ["0:a", "2:c"]  # the group after the damage is kept
+    assert len(problems) == 1 and "checksum" in problems[0] and "skipped bytes" in problems[0]
+
+
+def test_the_lag_file_stays_bounded(tmp_path, monkeypatch):
+    pytest.importorskip("verl")
+    import json
+
+    import conduit_verl.journal as journal
+    from conduit_verl.journal_worker import LAG_FILE, _JournalingWorker
+
+    monkeypatch.setattr(journal, "LAG_MAX_BYTES", 4096)
+
+    class _Worker:  # what _write uses of the worker
+        _journal_root = journal_root(tmp_path)
+        _journal_writer = JournalWriter(_journal_root)
+
+    worker = _Worker()
+    for i in range(300):  # a line per journaled batch
+        _JournalingWorker._write(worker, [_group(f"{i}:x", i)])
+    worker._journal_writer.close()
+    lag = worker._journal_root / LAG_FILE
+    assert lag.stat().st_size <= 4096 + 200
+    lines = [json.loads(x) for x in lag.read_text().splitlines()]
+    assert 10 < len(lines) < 300 and all(line["groups"] == 1 for line in lines)
