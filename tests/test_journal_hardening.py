@@ -235,21 +235,26 @@ class _Full:
         return getattr(self.f, name)
 
 
-def test_a_journal_that_fails_refuses_the_next_write_before_committing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", ["sync", "async"])
+def test_a_journal_that_fails_refuses_the_next_write_before_committing(tmp_path: Path, overlap: str) -> None:
     cfg = BufferConfig.prioritized_replay(256, journal={"path": str(tmp_path / "j"), "flush_interval_s": 60})
-    c = Conduit(SCHEMA, cfg, seed=0)
+    c = Conduit(SCHEMA, cfg, SchedulerConfig(overlap=overlap), seed=0)
     c.put(batch(8, 0))
+    c.flush()
     c.journal.flush()
     c.journal._file = _Full(c.journal._file, 100)  # the disk fills up
     c.put(batch(8, 8))  # committed; its record is still queued
+    c.flush()
     with pytest.raises(JournalError, match="No space left"):
         c.journal.flush()
     for _ in range(3):  # every retry is refused before anything is committed
         with pytest.raises(JournalError, match="No space left"):
             c.put(batch(8, 16))
-    d = c.get(4)
-    with pytest.raises(JournalError, match="No space left"):
-        c.update_priorities(d, torch.ones(4))
+            c.flush()  # async: the refusal surfaces here
+    if overlap == "sync":
+        d = c.get(4)
+        with pytest.raises(JournalError, match="No space left"):
+            c.update_priorities(d, torch.ones(4))
     assert c.buffer.inserted == 16 and rewards(c) == [float(x) for x in range(16)]
     with pytest.raises(JournalError):
         c.close()

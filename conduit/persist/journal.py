@@ -669,6 +669,8 @@ def replay(directory: str | os.PathLike[str], target: Conduit | ExperienceBuffer
     buffer = target if isinstance(target, ExperienceBuffer) else target.buffer
     base = atomic.local_dir(directory)
     live = buffer.observer if isinstance(buffer.observer, Journal) else None
+    if live is not None and live.directory != base:
+        live = None  # journaling elsewhere: untouched by this replay
     if live is not None:
         live.flush()  # its records are part of what is replayed
     files = journal_files(base)
