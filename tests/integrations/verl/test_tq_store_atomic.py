@@ -10,8 +10,10 @@ import torch
 pytest.importorskip("transfer_queue")
 from conduit_verl.errors import StorageBackendError  # noqa: E402
 from conduit_verl.tq_store.columns import column_of, spec_of, to_wire  # noqa: E402
-from conduit_verl.tq_store.fields import KeyIndex, write_mapped  # noqa: E402
-from conduit_verl.tq_store.store import MAX_GLOBAL_INDEX, NodeStore  # noqa: E402
+from conduit_verl.tq_store.fields import write_mapped  # noqa: E402
+from conduit_verl.tq_store.store import NodeStore  # noqa: E402
+
+MAX_GLOBAL_INDEX = 2**31  # store.MAX_GLOBAL_INDEX
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -145,14 +147,17 @@ def test_a_large_key_costs_memory_for_the_keys_held_not_for_its_value():
     psutil = pytest.importorskip("psutil")
     s = NodeStore(default_tier="host")
     rss = psutil.Process().memory_info().rss
-    keys = np.array([150_000_000, MAX_GLOBAL_INDEX - 1, 3])
-    s.put(keys, {"a": wire("a", torch.tensor([1.0, 2.0, 3.0])), "r": wire("r", jagged([2, 1, 3]))})
+    keys = np.array([150_000_000, 3])  # (a table as long as the largest key took 1.2 GB here)
+    s.put(keys, {"a": wire("a", torch.tensor([1.0, 2.0])), "r": wire("r", jagged([2, 1]))})
     grown = psutil.Process().memory_info().rss - rss
-    assert grown < 64 << 20, f"{grown >> 20} MiB for three keys"
+    assert grown < 64 << 20, f"{grown >> 20} MiB for two keys"
+    top = MAX_GLOBAL_INDEX - 1  # the largest key allowed: no dearer
+    s.put(np.array([top]), {"a": wire("a", torch.tensor([7.0])), "r": wire("r", jagged([1]))})
+    assert psutil.Process().memory_info().rss - rss < 64 << 20
     assert s.fields["a"].index.nbytes == 3 * 16
-    assert s.get(np.array([MAX_GLOBAL_INDEX - 1, 150_000_000]), ["a"])["a"][2].tolist() == [2.0, 1.0]
+    assert s.get(np.array([top, 150_000_000]), ["a"])["a"][2].tolist() == [7.0, 1.0]
     s.clear(np.array([150_000_000]))
-    assert s.fields["a"].missing(torch.from_numpy(keys)) == [150_000_000]
+    assert s.fields["a"].missing(torch.tensor([150_000_000, 3, top])) == [150_000_000]
     s.close()
 
 
@@ -167,6 +172,10 @@ def test_a_large_key_costs_memory_for_the_keys_held_not_for_its_value():
     )
 )
 def test_the_key_index_maps_keys_as_a_dict_does(ops):
+    from conduit_verl.tq_store.fields import KeyIndex
+    from conduit_verl.tq_store.store import MAX_GLOBAL_INDEX as bound
+
+    assert bound == MAX_GLOBAL_INDEX
     index, model = KeyIndex(), {}
     for n, (op, keys) in enumerate(ops):
         slots = torch.tensor(keys, dtype=torch.int64)
