@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Ragged, Schema
 from conduit.errors import CheckpointError, ConduitError
 from conduit.persist import atomic, load_checkpoint, save_checkpoint
-from conduit.persist.format import _FRAME, FRAME_BYTES, MAGIC
+from conduit.persist.format import _FRAME, FRAME_BYTES, MAGIC, decode, encode, frame, parse_record
 from conduit.persist.tree import save_tree
 
 SCHEMA = Schema([Column("obs", torch.float32, (4,)), Column("reward", torch.float32)])
@@ -521,3 +521,22 @@ def test_load_checkpoint_into_a_bare_buffer_checks_it_the_same_way(tmp_path: Pat
         load_checkpoint(b, tmp_path)
     assert b.inserted == 0
     a.close()
+
+
+def test_what_a_load_would_refuse_for_nesting_is_never_saved() -> None:
+    """A state nested deeper than a load accepts (``MAX_DEPTH``) is refused at save, not found unloadable
+    later; one just inside the bound round-trips."""
+    deep: Any = torch.ones(2)
+    for _ in range(28):
+        deep = {"x": deep}
+    tensors: list[torch.Tensor] = []
+    data = bytearray(b"".join(bytes(p) for p in frame({"s": encode(deep, tensors)}, tensors)))
+    meta, got, _ = parse_record(data, 0)
+    out = decode(meta["s"], got)
+    for _ in range(28):
+        out = out["x"]
+    assert torch.equal(out, torch.ones(2))
+    for _ in range(10):
+        deep = {"x": deep}
+    with pytest.raises(CheckpointError, match="nested deeper"):
+        frame({"s": encode(deep, [])}, [])

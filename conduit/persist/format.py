@@ -29,7 +29,7 @@ MAGIC = b"CDR1"
 _FRAME = struct.Struct("<4sIQI")  # magic, header length, payload length, crc32
 FRAME_BYTES = _FRAME.size
 MAX_HEADER = 64 << 20  # a header larger than this is corrupt, not big
-MAX_DEPTH = 64  # lists and dicts in a header nest at most this deep (a deeper one is crafted)
+MAX_DEPTH = 100  # lists and dicts in a header nest at most this deep (~30 levels of saved dicts)
 MAX_DIMS = 16  # dimensions of a saved tensor
 
 DTYPES: dict[str, torch.dtype] = {
@@ -76,7 +76,12 @@ def frame(meta: dict[str, Any], tensors: list[torch.Tensor]) -> list[bytes | mem
             {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "offset": offset, "nbytes": v.nbytes}
         )
         offset += v.nbytes
-    header = json.dumps({"meta": meta, "tensors": specs}, separators=(",", ":")).encode()
+    head = {"meta": meta, "tensors": specs}
+    try:
+        check_depth(head)  # what a load would refuse is never written
+    except ValueError as e:
+        raise CheckpointError(f"cannot save a state {e}") from e
+    header = json.dumps(head, separators=(",", ":")).encode()
     crc = zlib.crc32(header)
     for v in views:
         crc = zlib.crc32(v, crc)
