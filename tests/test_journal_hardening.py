@@ -55,13 +55,14 @@ def test_a_flipped_byte_mid_journal_loses_that_record_only_and_a_second_recovery
     cfg = BufferConfig.prioritized_replay(
         1024, journal={"path": str(tmp_path / "j"), "flush_interval_s": 0.05}
     )
-    a = Conduit(SCHEMA, cfg, seed=0)
-    for i in range(15):
-        a.put(batch(10, 10 * i))
-        d = a.get(4)
-        a.update_priorities(d, torch.rand(4) + 0.5)
-    a.close()
-    (path,) = (tmp_path / "j").glob("journal-*.cdr")
+    for part in (range(10), range(10, 15)):  # two openings: two journal files
+        a = Conduit(SCHEMA, cfg, seed=0)
+        for i in part:
+            a.put(batch(10, 10 * i))
+            d = a.get(4)
+            a.update_priorities(d, torch.rand(4) + 0.5)
+        a.close()
+    path = tmp_path / "j" / "journal-000001.cdr"  # the oldest
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
     hit = next(m for off, end, m in records(path) if off <= middle < end)
