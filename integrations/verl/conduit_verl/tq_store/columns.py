@@ -53,9 +53,13 @@ def torch_dtype(name: object) -> torch.dtype:
     raise StorageBackendError(f"dtype {name!r} is not one of {sorted(TORCH_DTYPES)}")
 
 
+#: per dtype of :data:`TORCH_DTYPES` the numpy dtype its tensors travel as
+_NUMPY_DTYPES = {d: torch.empty(0, dtype=_VIEWS.get(d, d)).numpy().dtype for d in TORCH_DTYPES.values()}
+
+
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype a tensor of ``dtype`` travels as."""
-    return torch.empty(0, dtype=_VIEWS.get(dtype, dtype)).numpy().dtype
+    return _NUMPY_DTYPES[dtype]
 
 
 @dataclass(frozen=True)
@@ -304,24 +308,23 @@ def from_wire(wire: tuple, writable: bool = False) -> Column:
         offsets = wire[3]
         if values.dim() < 1 or not isinstance(offsets, np.ndarray) or offsets.dtype != np.int64:
             raise StorageBackendError("a jagged column is values of 1 or more dims and int64 offsets")
-        offsets = torch.from_numpy(np.array(offsets, copy=True))
         _check_offsets(offsets, values.shape[0])
-        return Column(JAGGED, Ragged(values, offsets))
+        return Column(JAGGED, Ragged(values, torch.from_numpy(np.array(offsets, copy=True))))
     if kind == OBJECT and len(wire) == 2 and isinstance(wire[1], list | tuple):
         return Column(OBJECT, list(wire[1]))
     raise StorageBackendError(f"malformed column: kind {kind!r} with {len(wire) if kind else 0} parts")
 
 
-def _check_offsets(offsets: torch.Tensor, total: int) -> None:
+def _check_offsets(offsets: np.ndarray, total: int) -> None:
     """Offsets of ``total`` values: 1-d, from 0, never going back, ending at ``total`` (vectorised)."""
     if (
-        offsets.dim() != 1
-        or offsets.numel() < 1
-        or int(offsets[0]) != 0
-        or int(offsets[-1]) != total
+        offsets.ndim != 1
+        or offsets.size < 1
+        or offsets[0] != 0
+        or offsets[-1] != total
         or bool((offsets[1:] < offsets[:-1]).any())
     ):
         raise StorageBackendError(
             f"jagged offsets must run from 0 to the {total} values without going back; "
-            f"got {offsets.numel()} offsets {offsets[:8].tolist()}..."
+            f"got {offsets.size} offsets {offsets[:8].tolist()}..."
         )

@@ -27,6 +27,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from conduit import Ragged
@@ -101,60 +102,67 @@ class Budgets:
 
 class KeyIndex:
     """Per global index the row holding it: sorted keys and their rows (memory in proportion to the
-    indexes held, whatever their values). Every operation is vectorised over a batch."""
+    indexes held, whatever their values). Every operation is vectorised over a batch (numpy: a few
+    microseconds a call at the batch sizes of a put)."""
 
     def __init__(self) -> None:
-        self.keys = torch.zeros(0, dtype=torch.int64)
-        self.rows = torch.zeros(0, dtype=torch.int64)
+        self.keys = np.zeros(0, dtype=np.int64)
+        self.rows = np.zeros(0, dtype=np.int64)
 
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.rows.nbytes
 
-    def _find(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _find(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per slot its position in :attr:`keys` and whether it is there."""
-        if not self.keys.numel():
-            return torch.zeros_like(slots), torch.zeros_like(slots, dtype=torch.bool)
-        pos = torch.searchsorted(self.keys, slots).clamp_(max=self.keys.numel() - 1)
-        return pos, self.keys.index_select(0, pos) == slots
+        if not self.keys.size:
+            return np.zeros(slots.size, dtype=np.int64), np.zeros(slots.size, dtype=bool)
+        pos = np.minimum(np.searchsorted(self.keys, slots), self.keys.size - 1)
+        return pos, self.keys[pos] == slots
 
     def find(self, slots: torch.Tensor) -> torch.Tensor:
         """The rows holding ``slots``; -1 where none."""
-        if not self.keys.numel():
+        s = slots.numpy()
+        if not self.keys.size:
             return torch.full_like(slots, -1)
-        pos, hit = self._find(slots)
-        return torch.where(hit, self.rows.index_select(0, pos), -1)
+        pos, hit = self._find(s)
+        return torch.from_numpy(np.where(hit, self.rows[pos], -1))
 
     def set(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Point ``slots`` (distinct) at ``rows``."""
-        pos, hit = self._find(slots)
-        self.rows[pos[hit]] = rows[hit]
-        new = ~hit
-        if not bool(new.any()):
+        s, r = slots.numpy(), rows.numpy()
+        if not s.size:
             return
-        keys, order = torch.sort(slots[new])
-        at = torch.searchsorted(self.keys, keys) + torch.arange(keys.numel())
-        total = self.keys.numel() + keys.numel()
-        old = torch.ones(total, dtype=torch.bool)
+        increasing = s.size == 1 or bool((s[1:] > s[:-1]).all())
+        if increasing and (not self.keys.size or s[0] > self.keys[-1]):
+            self.keys, self.rows = np.concatenate([self.keys, s]), np.concatenate([self.rows, r])
+            return  # keys that come in increasing order, past the ones held (TransferQueue's counter)
+        pos, hit = self._find(s)
+        self.rows[pos[hit]] = r[hit]
+        new = ~hit
+        if not new.any():
+            return
+        order = np.argsort(s[new], kind="stable")
+        keys, new_rows = s[new][order], r[new][order]
+        at = np.searchsorted(self.keys, keys) + np.arange(keys.size)
+        total = self.keys.size + keys.size
+        old = np.ones(total, dtype=bool)
         old[at] = False
-        merged_keys, merged_rows = (
-            torch.empty(total, dtype=torch.int64),
-            torch.empty(total, dtype=torch.int64),
-        )
-        merged_keys[at], merged_rows[at] = keys, rows[new][order]
+        merged_keys, merged_rows = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.int64)
+        merged_keys[at], merged_rows[at] = keys, new_rows
         merged_keys[old], merged_rows[old] = self.keys, self.rows
         self.keys, self.rows = merged_keys, merged_rows
 
     def remove(self, slots: torch.Tensor) -> torch.Tensor:
         """Forget ``slots``; the rows they had."""
-        pos, hit = self._find(slots)
+        pos, hit = self._find(slots.numpy())
         gone = pos[hit]
-        rows = self.rows.index_select(0, gone)
-        if gone.numel():
-            keep = torch.ones(self.keys.numel(), dtype=torch.bool)
+        rows = self.rows[gone]
+        if gone.size:
+            keep = np.ones(self.keys.size, dtype=bool)
             keep[gone] = False
             self.keys, self.rows = self.keys[keep], self.rows[keep]
-        return rows
+        return torch.from_numpy(rows)
 
 
 class FieldArray:
@@ -174,6 +182,7 @@ class FieldArray:
         self.data: torch.Tensor | None = None
         self.lengths = torch.zeros(0, dtype=torch.int64)  # per row
         self.used = torch.zeros(0, dtype=torch.bool)  # per row: an index's, or reserved by a plan
+        self._in_use: int | None = 0  # used.sum(), None when stale
         self.index = KeyIndex()  # per global index its row
         self.objects: list[object] = []  # per row
         self.path: str | None = None
@@ -204,6 +213,13 @@ class FieldArray:
         shape = (capacity,) if self.kind == SCALAR else (capacity, max_len, *self.rest)
         return math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
 
+    @property
+    def in_use(self) -> int:
+        """Rows in use (an index's, or reserved by a plan)."""
+        if self._in_use is None:
+            self._in_use = int(self.used.sum())
+        return self._in_use
+
     def new_rows(self, slots: torch.Tensor) -> int:
         """How many of ``slots`` (global indexes) have no row yet."""
         return int((self.index.find(slots) < 0).sum())
@@ -212,7 +228,7 @@ class FieldArray:
         """Bytes this field's array takes after a write of ``new_rows`` more rows of up to ``longest``
         tokens if the write grows it (a re-allocation: the moment its tier can change at no extra
         copy); None if it fits."""
-        target = self._target(int(self.used.sum()) + new_rows, longest if self.kind == JAGGED else 0)
+        target = self._target(self.in_use + new_rows, longest if self.kind == JAGGED else 0)
         return None if target is None else self._array_nbytes(*target)
 
     def try_grow(self, new_rows: int, longest: int, free: dict[str, int | None]) -> None:
@@ -227,7 +243,7 @@ class FieldArray:
 
     def grow(self, new_rows: int, longest: int) -> None:
         """Make room for ``new_rows`` more rows and rows of ``longest`` tokens (the contents kept)."""
-        self._ensure(int(self.used.sum()) + new_rows, longest if self.kind == JAGGED else 0)
+        self._ensure(self.in_use + new_rows, longest if self.kind == JAGGED else 0)
 
     def _ensure(self, capacity: int, max_len: int) -> None:
         target = self._target(capacity, max_len)
@@ -297,9 +313,10 @@ class FieldArray:
 
     def _take(self, n: int, longest: int) -> torch.Tensor:
         """``n`` free rows (ascending), marked used; the array grown to hold them and ``longest`` tokens."""
-        self._ensure(int(self.used.sum()) + n, longest if self.kind == JAGGED else 0)
+        self._ensure(self.in_use + n, longest if self.kind == JAGGED else 0)
         rows = torch.nonzero(~self.used).flatten()[:n]
         self.used[rows] = True
+        self._in_use = None
         return rows
 
     # -- batch operations ------------------------------------------------------------------------
@@ -314,11 +331,12 @@ class FieldArray:
                 f"{kind} {dtype} {tuple(rest)} (clear the field's samples first)"
             )
 
-    def put(self, slots: torch.Tensor, column: Column) -> None:
-        """Store ``column`` for ``slots`` (distinct). Cannot fail once :meth:`grow` made room for it."""
+    def put(self, slots: torch.Tensor, column: Column, rows: torch.Tensor | None = None) -> None:
+        """Store ``column`` for ``slots`` (distinct; ``rows``: their rows now, ``index.find(slots)``, if
+        known). Cannot fail once :meth:`grow` made room for it."""
         self.check(column)
         longest = int(column.data.lengths.max()) if self.kind == JAGGED and column.size else 0
-        rows = self.index.find(slots)
+        rows = self.index.find(slots) if rows is None else rows.clone()
         new = rows < 0
         taken = self._take(int(new.sum()), longest)  # also grows max_len for rows written in place
         if taken.numel():
@@ -347,6 +365,7 @@ class FieldArray:
     def release(self, rows: torch.Tensor) -> None:
         """Free rows a plan reserved and never committed (growth keeps row numbers)."""
         self.used[rows] = False
+        self._in_use = None
 
     def commit(self, slots: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor | None) -> None:
         """Point ``slots`` (distinct) at the reserved ``rows`` (written by the plan's writer); free
@@ -355,6 +374,7 @@ class FieldArray:
             self.lengths.index_copy_(0, rows, lengths)
         old = self.index.find(slots)
         self.used[old[old >= 0]] = False
+        self._in_use = None
         self.index.set(slots, rows)
 
     def missing(self, slots: torch.Tensor) -> list[int]:
@@ -381,6 +401,7 @@ class FieldArray:
     def clear(self, slots: torch.Tensor) -> None:
         rows = self.index.remove(slots)
         self.used[rows] = False
+        self._in_use = None
         if self.kind == OBJECT:
             for r in rows.tolist():
                 self.objects[r] = None

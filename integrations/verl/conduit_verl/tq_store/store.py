@@ -149,20 +149,21 @@ class NodeStore:
 
     def _write(self, slots: torch.Tensor, columns: dict[str, Column]) -> None:
         """Write checked ``columns`` (:meth:`_checked`) of ``slots``: all of them, or none."""
+        found = {name: self.fields[name].index.find(slots) for name in columns if name in self.fields}
         self._grow(
             {
                 name: (
                     col.kind,
                     col.dtype,
                     col.rest,
-                    self.fields[name].new_rows(slots) if name in self.fields else slots.numel(),
+                    int((found[name].numpy() < 0).sum()) if name in found else slots.numel(),
                     _longest(col),
                 )
                 for name, col in columns.items()
             }
         )
         for name, col in columns.items():
-            self.fields[name].put(slots, col)
+            self.fields[name].put(slots, col, found.get(name))
             self.puts[name] = self.puts.get(name, 0) + 1
             self._count("bytes_put", col.nbytes)
             self._count("bytes_put_copied", col.nbytes)
