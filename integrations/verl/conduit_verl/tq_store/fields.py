@@ -35,7 +35,7 @@ from conduit.buffer.ragged_kernels import gather_prefixes, scatter_prefixes
 from conduit.buffer.recycled import host_pool
 from conduit.buffer.tiers import allocate, reserve_file
 from conduit_verl.errors import StorageBackendError
-from conduit_verl.tq_store.columns import JAGGED, OBJECT, SCALAR, Column
+from conduit_verl.tq_store.columns import JAGGED, OBJECT, SCALAR, Column, torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -434,7 +434,7 @@ def _map(layout: Layout) -> torch.Tensor:
     try:
         if os.fstat(fd).st_ino != layout.inode:
             raise StaleLayoutError(f"{layout.path} is another file now")
-        dtype = getattr(torch, layout.dtype.removeprefix("torch."))
+        dtype = torch_dtype(layout.dtype)
         numel = math.prod(layout.shape)
         flat = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=max(numel, 1), dtype=dtype)
     finally:
