@@ -1,8 +1,10 @@
 """Checkpoint pause: how long a save of a full buffer holds the buffer's lock while ingestion runs.
 
 A prioritized buffer of ``--gib`` GiB (1 KiB items) is filled; a producer thread keeps putting
-batches and a consumer thread keeps sampling while the buffer is saved twice: a full save (every
-segment written) and an incremental one (only the segments written since). Each row reports the
+batches and a consumer thread keeps sampling while the buffer is saved three times: a full save
+(every segment written) and two incremental ones (only the segments written since are new; a
+reused segment is verified, then copied the first time — the only other copy is the previous
+checkpoint's — and hard-linked once another kept checkpoint has a copy of its own). Each row reports the
 pause (the longest time the save held the buffer's lock; ``locked_s``: all its holds), the longest put and sample seen during the save and
 without one, the bytes written and the segments written/reused. Medians over ``--repeats``.
 
@@ -33,6 +35,7 @@ from conduit import BufferConfig, Column, ColumnBatch, Conduit, Schema  # noqa: 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 ITEM_FLOATS, BATCH = 256, 64  # 1 KiB items
+KINDS = ("full", "incremental", "incremental 2")
 
 
 class Load:
@@ -84,7 +87,7 @@ def run(gib: float, repeats: int) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory(prefix="conduit-ckpt-") as tmp:
             with Load(c) as idle:
                 time.sleep(1.0)
-            for kind in ("full", "incremental"):
+            for kind in KINDS:
                 with Load(c) as load:
                     time.sleep(0.2)
                     report = c.save(tmp)
@@ -100,6 +103,7 @@ def run(gib: float, repeats: int) -> list[dict[str, Any]]:
                         "bytes_written": report.bytes_written,
                         "segments_written": report.segments_written,
                         "segments_reused": report.segments_reused,
+                        "segments_linked": report.segments_linked,
                         "put_max_during_save_s": load.put_max,
                         "get_max_during_save_s": load.get_max,
                         "put_max_idle_s": idle.put_max,
@@ -113,7 +117,7 @@ def run(gib: float, repeats: int) -> list[dict[str, Any]]:
 
 def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     out = {}
-    for kind in ("full", "incremental"):
+    for kind in KINDS:
         mine = [r for r in rows if r["kind"] == kind]
         out[kind] = {k: statistics.median(r[k] for r in mine) for k in mine[0] if k not in ("kind", "repeat")}
     return out
