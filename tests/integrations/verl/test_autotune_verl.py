@@ -129,19 +129,30 @@ def test_evaluation_ranks_and_gaps() -> None:
     assert view["medians"]["4"]["tail"] == pytest.approx(0.45)
     assert view["medians"]["4"]["rest"] == pytest.approx(4.45)  # not the wall: its steps differ
     iteration = view["median_wall_s"]
+    # auto's steps 3..5: step 3 is not a grid step (settling there), so auto is compared on 4 and 5
     auto_rows = [
-        {"iteration": i, "wall_s": w, "model_gen_s": 3.0} for i, w in ((2, 10.5), (3, 10.4), (4, 12.0))
+        {"iteration": i, "wall_s": w, "model_gen_s": 3.0} for i, w in ((3, 10.0), (4, 10.6), (5, 12.0))
     ]
-    auto_trace = {2: {"g": 4, "arm": "stream"}, 3: {"g": 4, "arm": "stream"}, 4: {"g": 16, "arm": "whole"}}
+    auto_trace = {3: {"g": 4, "arm": "stream"}, 4: {"g": 4, "arm": "stream"}, 5: {"g": 16, "arm": "whole"}}
     ev = evaluate(view, auto_rows, auto_trace, scale=2.0)
     assert ev["tau_tail"] == pytest.approx(4 / 6)  # 5 of 6 pairs agree
     assert ev["best_g"] == 4 and ev["model_pick"] == 2
-    assert ev["model_pick_gap"] == pytest.approx((4.65 - 4.45) / iteration)
+    assert ev["model_pick_gap_tuned"] == pytest.approx((4.65 - 4.45) / 4.45)
+    assert ev["model_pick_gap_iteration"] == pytest.approx((4.65 - 4.45) / iteration)
     assert ev["top3_overlap"] == 3
-    assert ev["auto_gap"] == pytest.approx((4.5 - 4.45) / iteration)
+    # grid steps 4 and 5 ran g = 1 and 2 (rest 5.0 and 4.6); auto's rest there: 4.6 and 6.0
+    assert ev["auto_steps_compared"] == [4, 5]
+    assert ev["auto_best_g"] == 2 and ev["auto_rest_s"] == pytest.approx(5.3)
+    assert ev["auto_gap_tuned"] == pytest.approx((5.3 - 4.6) / 4.6)
+    assert ev["auto_gap_iteration"] == pytest.approx((5.3 - 4.6) / iteration)
+    assert ev["auto_rank"] == 3 and ev["auto_rank_among"] == 2
     assert ev["auto_probes"] == 1 and ev["auto_g"] == [4, 4, 16]
-    assert ev["auto_probe_share"] == pytest.approx((6.0 - 4.45) / 32.9)
-    assert ev["targets"] == {"tau_tail>=0.8": False, "auto_within_5%": True}
+    assert ev["auto_probe_share"] == pytest.approx((6.0 - 4.3) / 32.6)  # all its steps
+    assert ev["targets"] == {
+        "tau_tail>=0.8": False,
+        "auto_within_10%_of_tuned": False,
+        "auto_within_5%_of_iteration": True,
+    }
 
 
 def test_repeatability_needs_two_repetitions_of_three_g() -> None:
