@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -14,7 +15,15 @@ from conduit.batch import ColumnBatch, validate
 from conduit.buffer.buffer import check_size
 from conduit.buffer.tiers import check_tier_available
 from conduit.config import BufferConfig, SchedulerConfig
-from conduit.errors import CheckpointError, ClosedError, ConfigError, SchemaError, ShapeError, VersionError
+from conduit.errors import (
+    CapacityError,
+    CheckpointError,
+    ClosedError,
+    ConfigError,
+    SchemaError,
+    ShapeError,
+    VersionError,
+)
 from conduit.metrics import Metrics
 from conduit.ops.delivery import Delivery, DeliveryPlan, Part, Request
 from conduit.ops.operator import Operator
@@ -83,8 +92,15 @@ class Conduit:
         self._version_lock = threading.Lock()
         self.journal: Journal | None = None
         if self.buffer_config.journal is not None:  # durable experience: recover what it holds, then append
-            self.journal = open_journal(self.buffer, self.buffer_config.journal)
+            try:
+                self.journal = open_journal(self.buffer, self.buffer_config.journal)
+            except BaseException:
+                self._scheduler.stop()  # no worker outlives a failed construction
+                raise
             self._put_version = self.buffer.last_version  # puts go on from the replayed experience
+        # Dropped without close(): stop the workers (they hold the scheduler, never the Conduit) and
+        # flush the journal, so neither the threads nor the buffer outlive the Conduit.
+        self._finalizer = weakref.finalize(self, _release, self._scheduler, self.journal)
 
     @property
     def timeout_s(self) -> float:
@@ -145,6 +161,8 @@ class Conduit:
         """
         check_size(size)
         check_size(num_epochs)
+        if size < self.ranks:  # checked before drawing: a refused layout must not consume items
+            raise ConfigError(f"an epoch delivery of {size} items cannot be split over {self.ranks} ranks")
         share = -(-size // self.ranks)
         mb = share if minibatch_size is None else minibatch_size
         check_size(mb)
@@ -158,6 +176,11 @@ class Conduit:
 
     def _get(self, request: Request) -> Delivery:
         self._check_open()
+        if self.buffer.sampler.consumes and request.size > self.buffer.capacity:
+            raise CapacityError(
+                f"get({request.size}): a consume-once buffer of capacity {self.buffer.capacity} never "
+                f"holds {request.size} items; ask for at most {self.buffer.capacity}"
+            )
         with self.metrics.span("get", exposed=True):
             delivery = self._scheduler.get(request, self.timeout_s)
             delivery.wait()
@@ -251,7 +274,7 @@ class Conduit:
 
         def load(first: int | None) -> None:
             self.buffer.load_state_dict(state["buffer"])  # type: ignore[arg-type]
-            self._scheduler.ready.clear()  # prepared items belonged to the replaced contents
+            self._scheduler.discard_prepared()  # prepared items belonged to the replaced contents
             delivery = state.get("delivery")
             if isinstance(delivery, dict) and isinstance(delivery.get("generator"), torch.Tensor):
                 self._scheduler.plan.generator.set_state(delivery["generator"])
@@ -270,6 +293,7 @@ class Conduit:
         if self._closed:
             return
         self._closed = True
+        self._finalizer.detach()
         try:
             self._scheduler.close(drain, self.timeout_s)
         finally:
@@ -285,6 +309,13 @@ class Conduit:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("Conduit was used after close()")
+
+
+def _release(scheduler: Scheduler, journal: Journal | None) -> None:
+    """What a Conduit dropped without ``close()`` does: signal its workers to end, close its journal."""
+    scheduler.stop()
+    if journal is not None:
+        journal.close()
 
 
 def _advance(last: int | None, version: int, who: str) -> int:

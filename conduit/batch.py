@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -255,10 +256,25 @@ class ColumnBatch:
         for k in td.keys():
             v = td.get(k)
             if getattr(v, "is_nested", False):
-                out[k] = Ragged(v.values(), v.offsets())
+                out[k] = _jagged_to_ragged(k, v)
             else:
                 out[k] = v
         return ColumnBatch(out, int(td.batch_size[0]))
+
+
+def _jagged_to_ragged(name: str, v: Any) -> Ragged:  # a NestedTensor: typed loosely by torch
+    """A jagged nested tensor (ragged along dim 1, no holes) as a :class:`Ragged`, without a copy."""
+    if v.layout != torch.jagged:
+        raise SchemaError(
+            f"column {name!r} is a nested tensor with layout {v.layout}; pass a jagged one "
+            "(torch.nested.nested_tensor(..., layout=torch.jagged)) or a conduit.Ragged"
+        )
+    if v.lengths() is not None or getattr(v, "_ragged_idx", 1) != 1:
+        raise SchemaError(
+            f"column {name!r} is a jagged nested tensor with holes or ragged past dim 1; pass contiguous "
+            "items ragged along dim 1 (nested_tensor_from_jagged(values, offsets))"
+        )
+    return Ragged(v.values(), v.offsets())
 
 
 def _item_count(name: str, data: object) -> int:

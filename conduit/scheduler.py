@@ -9,8 +9,14 @@
 
 Both serve a request from prepared deliveries first (:class:`~conduit.ops.delivery.ReadyQueue`), so a
 consume-once item is delivered exactly once whatever batch sizes the caller asks for. Inputs are
-validated by the runtime on the caller's thread before they reach a scheduler. A background failure
-is kept and raised to every caller (``put``, ``flush``, ``get``, ``update_priorities``) at once.
+validated by the runtime on the caller's thread before they reach a scheduler.
+
+Failures have one outcome in both modes. A fragment refused for its data (an ingestion operator raising,
+NaN in a checked column) raises its error once — sync: from that ``put``; async: from the next ``put``,
+``flush`` or ``get`` — and the runtime goes on. A delivery operator that raises leaves the drawn items
+held for the next ``get`` (nothing consume-once is lost) and raises to the getter. Waiting getters are
+served in arrival order. Only a worker that dies (an error that is not a ``ConduitError``) ends the async
+runtime: its error is raised to every caller from then on.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
@@ -77,6 +84,15 @@ class Scheduler(ABC):
     def close(self, drain: bool, timeout: float) -> None:
         """Stop; with ``drain`` ingest what is queued first (raises if it cannot)."""
 
+    @abstractmethod
+    def stop(self) -> None:
+        """Tell the workers to end and wake every waiter, without waiting (safe from a finalizer)."""
+
+    def discard_prepared(self) -> None:
+        """Drop prepared and held items (call quiesced: they belonged to contents being replaced)."""
+        self.ready.clear()
+        self.plan.held = None
+
 
 class InlineScheduler(Scheduler):
     """``overlap="sync"``: everything runs in the caller's thread; a lock keeps concurrent callers whole."""
@@ -114,10 +130,20 @@ class InlineScheduler(Scheduler):
 
     def quiesced(self, fn: Callable[[int | None], T], timeout: float) -> T:
         with self._lock:
-            return fn(self.ready.first_slot())
+            return fn(self.ready.first_slot(self.plan))
 
     def close(self, drain: bool, timeout: float) -> None:
+        self.stop()
+
+    def stop(self) -> None:
         self.buffer.close()  # not under the lock: a get() blocked in the buffer must wake and raise
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """One waiting ``get``: getters are served in the order they arrived."""
+
+    request: Request
 
 
 class BackgroundScheduler(Scheduler):
@@ -126,7 +152,7 @@ class BackgroundScheduler(Scheduler):
     def _start(self) -> None:
         buffer, plan, config = self.buffer, self.plan, self.config
         self.cond = threading.Condition()
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # a worker died: raised to every caller, for good
         self.closed = False
         # ingestion
         self.queue: collections.deque[tuple[ColumnBatch, int]] = collections.deque()
@@ -135,11 +161,14 @@ class BackgroundScheduler(Scheduler):
         self.uncommitted = 0  # items queued (put, not yet taken by the ingest worker)
         self.ingesting = (0, 0)  # (items being ingested, the buffer's insert count when taken)
         self.flushing = 0
+        self.refused: list[ConduitError] = []  # fragments ingestion refused, not yet reported
         # delivery
-        self.request: Request | None = None
+        self.getters: collections.deque[_Ticket] = collections.deque()  # waiting gets, in arrival order
+        self.request: Request | None = None  # what the delivery thread prepares for (first getter's)
         self.inflight = False  # the delivery thread is preparing or applying priorities
         self.paused = 0
         self.refusal: ConduitError | None = None  # why the last preparation could not run (error mode)
+        self.failed: ConduitError | None = None  # a delivery that failed, not yet reported to a getter
         self.priorities: collections.deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
             collections.deque()
         )
@@ -161,7 +190,13 @@ class BackgroundScheduler(Scheduler):
     def put(self, batch: ColumnBatch, version: int, timeout: float) -> None:
         with self.cond:
             ok = self.cond.wait_for(
-                lambda: self.closed or self.error is not None or len(self.queue) < self.queue_limit, timeout
+                lambda: (
+                    self.closed
+                    or self.error is not None
+                    or bool(self.refused)
+                    or len(self.queue) < self.queue_limit
+                ),
+                timeout,
             )
             self._raise_pending()
             if not ok:
@@ -195,37 +230,57 @@ class BackgroundScheduler(Scheduler):
 
     def get(self, request: Request, timeout: float) -> Delivery:
         deadline = time.monotonic() + timeout
+        ticket = _Ticket(request)
         with self.cond:
             self._raise_pending()
-            if self.request != request:
-                # Only the delivery thread draws, and it appends in draw order: whatever it prepared for
-                # the old request is served first, re-cut to this one.
-                self.request, self.refusal = request, None
-                self.buffer.wake()  # the delivery thread may be waiting for the old request's items
-                self.cond.notify_all()
-            while True:
-                self._raise_pending()
+            self.getters.append(ticket)
+            try:
+                return self._serve(ticket, timeout, deadline)
+            finally:
+                self.getters.remove(ticket)
+                self.cond.notify_all()  # the next getter (if any) takes its turn
+
+    def _serve(self, ticket: _Ticket, timeout: float, deadline: float) -> Delivery:
+        """Wait for ``ticket``'s turn, then for its delivery (call with ``cond`` held)."""
+        request = ticket.request
+        while True:
+            self._raise_pending()
+            if self.getters[0] is ticket:
+                if self.request != request:
+                    # Only the delivery thread draws, and it appends in draw order: whatever it prepared
+                    # for the old request is served first, re-cut to this one.
+                    self.request, self.refusal = request, None
+                    self.buffer.wake()  # the delivery thread may be waiting for the old request's items
+                    self.cond.notify_all()
                 delivery = self.ready.take(request, self.plan)
                 if delivery is not None:
                     self.metrics.set_gauge("delivery_ready", len(self.ready.entries))
-                    self.cond.notify_all()
                     return delivery
+                if self.failed is not None:  # reported once; the delivery thread then tries again
+                    err, self.failed = self.failed, None
+                    raise type(err)(f"delivery failed (the items are kept for the next get): {err}") from err
                 if self.error_mode and self.refusal is not None:
                     if isinstance(self.refusal, InsufficientDataError) and not self.inflight:
-                        if self.buffer.wait_sampleable(request.size, 0) is None:  # the refusal is outdated
+                        if self._shortfall_reason(request) is None:  # the refusal is outdated
                             self.refusal = None
                             self.cond.notify_all()
                             continue
                     raise type(self.refusal)(f"get() refused: {self.refusal}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    reason = (
-                        self.refusal
-                        or self.buffer.wait_sampleable(request.size, 0)
-                        or "no delivery became ready"
-                    )
-                    raise InsufficientDataError(f"get() timed out after {timeout:g}s: {reason}")
-                self.cond.wait(left)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ahead = self.getters.index(ticket)
+                reason = (
+                    f"{ahead} earlier get() call(s) still waiting"
+                    if ahead
+                    else self.refusal or self._shortfall_reason(request) or "no delivery became ready"
+                )
+                raise InsufficientDataError(f"get() timed out after {timeout:g}s: {reason}")
+            self.cond.wait(left)
+
+    def _shortfall_reason(self, request: Request) -> str | None:
+        """Why the buffer cannot supply what ``request`` still lacks now (None: it can)."""
+        need = request.size - self.ready.items - self.plan.held_items
+        return None if need <= 0 else self.buffer.wait_sampleable(need, 0)
 
     def update_priorities(
         self, slots: torch.Tensor, generations: torch.Tensor, priorities: torch.Tensor
@@ -247,7 +302,7 @@ class BackgroundScheduler(Scheduler):
                 if not ok:
                     raise InsufficientDataError(f"the delivery worker did not pause within {timeout:g}s")
                 self._apply_priorities(self._take_priorities())
-                return fn(self.ready.first_slot())
+                return fn(self.ready.first_slot(self.plan))
             finally:
                 self.paused -= 1
                 self.cond.notify_all()
@@ -267,10 +322,7 @@ class BackgroundScheduler(Scheduler):
                 self.flushing -= 1
                 left = 0 if self.error is not None else len(self.queue) + self.busy
                 reason = self.buffer.insert_waiting or "timed out"
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
-        self.buffer.close()  # wakes a write or a wait_sampleable blocked in the buffer
+        self.stop()
         for t in self.threads:
             t.join(5.0)
         if left:
@@ -278,12 +330,20 @@ class BackgroundScheduler(Scheduler):
                 f"close(drain=True): {left} queued fragment(s) could not be ingested: {reason}"
             )
 
+    def stop(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.buffer.close()  # wakes a write or a wait_sampleable blocked in the buffer
+
     # -- workers ---------------------------------------------------------------------------------
 
     def _drained(self) -> bool:
         return self.error is not None or (not self.queue and not self.busy)
 
     def _raise_pending(self) -> None:
+        """Raise a dead worker's error (always), ``ClosedError``, or the fragments refused since the last
+        call (once)."""
         if self.error is not None:
             err = self.error
             if isinstance(err, ConduitError):
@@ -291,6 +351,11 @@ class BackgroundScheduler(Scheduler):
             raise ConduitError(f"background worker failed: {err!r}") from err
         if self.closed:
             raise ClosedError("Conduit was used after close()")
+        if self.refused:
+            first, more = self.refused[0], len(self.refused) - 1
+            self.refused.clear()
+            also = f" ({more} more fragment(s) refused since)" if more else ""
+            raise type(first)(f"{first}{also}; this call did nothing, the runtime goes on") from first
 
     def _guard(self, loop: Callable[[], None]) -> None:
         try:
@@ -329,13 +394,52 @@ class BackgroundScheduler(Scheduler):
                 self.ingesting = (total, self.buffer.inserted)
                 self.metrics.set_gauge("ingest_queue", len(self.queue))
                 self.cond.notify_all()
-            with self.metrics.span("ingest/batch"):
-                batch = run_chain(self.ingest, ColumnBatch.cat(group), self.metrics, "ingest")
-                self.buffer.extend(batch, version=version)
+            try:
+                with self.metrics.span("ingest/batch"):
+                    self._ingest(group, version)
+            finally:
+                with self.cond:
+                    self.busy = 0
+                    self.ingesting = (0, 0)
+                    self.cond.notify_all()
+
+    def _ingest(self, group: list[ColumnBatch], version: int) -> None:
+        """Run the ingestion operators on ``group`` and commit it. A fragment refused for its data (a
+        ``ConduitError``: an operator failing, NaN in a checked column) is noted for the next caller, as
+        sync would raise it; when a group fails, its fragments are retried one by one, so only the bad
+        ones are refused. Anything else (and ``ClosedError``) ends the worker."""
+        try:
+            self.buffer.extend(
+                run_chain(self.ingest, ColumnBatch.cat(group), self.metrics, "ingest"), version
+            )
+            return
+        except ClosedError:
+            raise
+        except ConduitError as e:
+            if len(group) == 1:
+                self._refuse(e, group[0], version)
+                return
+        left = sum(b.size for b in group)
+        for fragment in group:  # the failure path only: one fragment at a time, as sync would
             with self.cond:
-                self.busy = 0
-                self.ingesting = (0, 0)
-                self.cond.notify_all()
+                self.ingesting = (left, self.buffer.inserted)
+            try:
+                self.buffer.extend(run_chain(self.ingest, fragment, self.metrics, "ingest"), version)
+            except ClosedError:
+                raise
+            except ConduitError as e:
+                self._refuse(e, fragment, version)
+            left -= fragment.size
+
+    def _refuse(self, error: ConduitError, fragment: ColumnBatch, version: int) -> None:
+        refused = type(error)(
+            f"ingestion refused a fragment of {fragment.size} item(s) (version {version}): {error}"
+        )
+        refused.__cause__ = error
+        with self.cond:
+            self.refused.append(refused)
+            self.cond.notify_all()
+        self.metrics.incr("ingest_refused", fragment.size)
 
     def _room(self) -> int:
         """Deliveries the next draw may prepare (0: enough is ready): up to ``g_del``, within ``depth``."""
@@ -363,11 +467,18 @@ class BackgroundScheduler(Scheduler):
         while True:
             with self.cond:
                 self.cond.wait_for(
-                    lambda: self.closed or (not self.paused and (bool(self.priorities) or self._room() > 0))
+                    lambda: (
+                        self.closed
+                        or (
+                            not self.paused
+                            and (bool(self.priorities) or (self.failed is None and self._room() > 0))
+                        )
+                    )
                 )
                 if self.closed:
                     return
-                request, room, have = self.request, self._room(), self.ready.items
+                request, have = self.request, self.ready.items
+                room = self._room() if self.failed is None else 0  # after a failure: wait for a getter
                 pending = self._take_priorities()
                 self.inflight = True
             out: list[Delivery] = []
@@ -387,14 +498,18 @@ class BackgroundScheduler(Scheduler):
 
         With ``have`` items already prepared but fewer than the request, only the shortfall is drawn
         (the caller's ``get`` cuts the request from both), so consume-once data never waits for more
-        items than the request needs.
+        items than the request needs. Items held from a failed delivery count towards it. A failing
+        delivery (an operator) is noted for the next getter; its items are held, not lost.
         """
 
         def moved_on() -> bool:
             return self.closed or bool(self.paused) or self.request != request
 
         short = request.size - have if 0 < have < request.size else 0
-        reason = self.buffer.wait_sampleable(short or request.size, timeout=0.5, cancel=moved_on)
+        need = (short or request.size) - self.plan.held_items
+        reason = None
+        if need > 0:
+            reason = self.buffer.wait_sampleable(need, timeout=0.5, cancel=moved_on)
         if reason is not None or moved_on():
             with self.cond:
                 if self.request == request:  # a refusal of an older request never fails a newer one
@@ -418,6 +533,13 @@ class BackgroundScheduler(Scheduler):
             with self.cond:
                 if self.request == request:
                     self.refusal = e
+                self.cond.notify_all()
+            return []
+        except ClosedError:
+            return []
+        except ConduitError as e:  # a delivery operator failed: the next getter hears of it
+            with self.cond:
+                self.failed = e
                 self.cond.notify_all()
             return []
         with self.cond:

@@ -164,13 +164,21 @@ class DeliveryPlan:
         self.ops, self.device, self.ranks = tuple(ops), device, ranks
         self.generator = torch.Generator()
         self.generator.manual_seed(0 if seed is None else seed)
+        # Items drawn from the buffer whose delivery (operators, move) failed: the next draw starts with
+        # them, so a consume-once item is never lost to a failing delivery operator. Only the thread that
+        # draws (sync: under the scheduler's lock; async: the delivery worker) touches it.
+        self.held: Part | None = None
+
+    @property
+    def held_items(self) -> int:
+        return 0 if self.held is None else self.held.size
 
     def batches(self, buffer: ExperienceBuffer, request: Request, limit: int) -> int:
         """How many deliveries one draw prepares: up to ``limit`` (consume-once: no more than are available)."""
         if request.minibatch_size is not None:
             return 1
         if buffer.sampler.consumes:
-            return max(1, min(limit, len(buffer) // request.size))
+            return max(1, min(limit, (len(buffer) + self.held_items) // request.size))
         return limit
 
     def prepare(
@@ -194,15 +202,34 @@ class DeliveryPlan:
         metrics: Metrics,
         stream: torch.cuda.Stream | None = None,
     ) -> tuple[Part, torch.cuda.Event | None]:
-        """Sample ``n`` items, run the delivery operators and move them to the consumer device."""
+        """Sample ``n`` items, run the delivery operators and move them to the consumer device.
+
+        Items held from a failed delivery come first; if the operators or the move fail, the drawn
+        items are held again (in order) and the error is raised: nothing drawn is lost.
+        """
         with metrics.span("deliver/sample"):
-            sample = buffer.sample(n, version=version)
-        batch = run_chain(self.ops, sample.batch, metrics, "deliver")
-        ready = None
-        if batch.device != self.device:
-            batch, ready = self._move(batch, buffer.storage.tier, metrics, stream)
-        weights = None if sample.weights is None else sample.weights.to(self.device)
-        return Part(batch, sample.slots, sample.generations, sample.versions, weights), ready
+            raw = self._sample(buffer, n, version)
+        try:
+            batch = run_chain(self.ops, raw.batch, metrics, "deliver")
+            ready = None
+            if batch.device != self.device:
+                batch, ready = self._move(batch, buffer.storage.tier, metrics, stream)
+            weights = None if raw.weights is None else raw.weights.to(self.device)
+        except BaseException:
+            self.held = raw if self.held is None else Part.cat([raw, self.held])
+            raise
+        return Part(batch, raw.slots, raw.generations, raw.versions, weights), ready
+
+    def _sample(self, buffer: ExperienceBuffer, n: int, version: int | None) -> Part:
+        """``n`` raw items: the held ones first, then fresh ones from the buffer."""
+        held = self.held
+        if held is not None and held.size >= n:
+            self.held = held.slice(n, held.size) if held.size > n else None
+            return held.slice(0, n) if held.size > n else held
+        s = buffer.sample(n - self.held_items, version=version)  # raises with ``held`` kept
+        fresh = Part(s.batch, s.slots, s.generations, s.versions, s.weights)
+        self.held = None
+        return fresh if held is None else Part.cat([held, fresh])
 
     def lay_out(self, items: Part, request: Request, ready: torch.cuda.Event | None) -> Delivery:
         """Cut ``items`` into the request's per-rank parts."""
@@ -270,9 +297,13 @@ class ReadyQueue:
             self.items += rest.size
         return plan.lay_out(merged.slice(0, request.size), request, None)
 
-    def first_slot(self) -> int | None:
-        """The slot of the oldest prepared item (None when nothing is prepared)."""
-        return int(self.entries[0].items.slots[0]) if self.entries else None
+    def first_slot(self, plan: DeliveryPlan | None = None) -> int | None:
+        """The slot of the oldest prepared item, else of ``plan``'s oldest held item (None: neither)."""
+        if self.entries:
+            return int(self.entries[0].items.slots[0])
+        if plan is not None and plan.held is not None:
+            return int(plan.held.slots[0])
+        return None
 
     def clear(self) -> None:
         self.entries.clear()
