@@ -3,15 +3,24 @@
     python benchmarks/rllib_iteration.py [--quick] [--env ID] [--algo dqn|ppo]
         [--train-batch-size N] [--iters N] [--overlap sync|async] [--out FILE]
 
-Per iteration it records end-to-end wall time and exposed experience-path latency: for native RLlib
-the sum of buffer add + sample + priority update + learner connector + minibatch iteration (wrapped
-methods, see ``rllib_native_timing.py``); for Conduit the time the training step is blocked in the
-plugin's Conduit calls (``conduit/exposed_s``) plus any RLlib minibatch iteration still on its path.
-Every row also carries the iteration's work: env steps sampled, gradient updates (counted at the
-learner) and module steps trained. A workload's ratios (Conduit ÷ native, medians) are reported only
-when both sides did the same total work over the measured iterations; otherwise the ratio is refused
-("—", JSON ``null`` with ``ratio_refused`` naming the counts) and the median wall time per gradient
-update is shown beside it. Writes JSON rows and a PNG bar plot of the ratios per workload.
+Per iteration it records end-to-end wall time and exposed experience-path latency, both systems
+timed by the same wrappers (``rllib_native_timing.py``, ``install(conduit=True)``): native = buffer
+add + sample + priority update + learner connector + minibatch iteration; Conduit = the plugin's
+methods that replace them (add, sample incl. building the learner input, priority update, first
+ready, minibatch preparation). The plugin's own timer (``conduit/exposed_s``) is kept beside it as a
+cross-check (``conduit_reported_exposed_s``). Every row also carries the iteration's work: env steps
+sampled, gradient updates (counted at the learner) and module steps trained (samples). A workload's
+ratios (Conduit ÷ native, medians) are reported only when both sides did the same total work over the
+measured iterations; otherwise the ratio is refused ("—", JSON ``null`` with ``ratio_refused`` naming
+the counts) and the median wall time per gradient update is shown beside it.
+
+Conduit DQN's staleness is measured beside the ratios (``rllib_staleness.py``): the priority age of
+each train batch (gradient updates whose priorities were not yet applied when it was drawn) and the
+staging delay (transitions collected but not yet sampleable when it was asked for); native RLlib has
+both at 0 by construction. The JSON records the run's settings (``machine.settings``: env steps per
+DQN iteration, PPO train batch, measured and warm-up iterations). Writes JSON rows and a PNG bar plot
+of the ratios per workload. ``--quick`` (200 env steps per DQN iteration, PPO batch ≤ 1000, 3
+iterations) is a smoke run: it writes to /tmp unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import rllib_staleness  # noqa: E402
 from rllib_native_timing import (  # noqa: E402
     PathTimer,
     WorkCounter,
@@ -101,17 +111,24 @@ def run_workload(
 ) -> list[dict]:
     import conduit_rllib
 
-    wrap_buffer = install(timer)
+    wrap_buffer = install(timer, conduit=True)
     native = make_config(w, steps, seed=1).build_algo()
     wrap_buffer(native)
     conduit = conduit_rllib.enable(make_config(w, steps, seed=1), overlap=overlap).build_algo()
     counters = {"native": WorkCounter(native), "conduit": WorkCounter(conduit)}
+    probe = rllib_staleness.StalenessProbe(conduit) if w.algo == "dqn" else None
     rows = []
     try:
         for it in range(warmup + iters):
             for system, algo in (("native", native), ("conduit", conduit)):
                 result, wall, exposed, parts = timed_train(algo, timer, conduit=system == "conduit")
                 work = counters[system].take(result)
+                stale: dict = {}
+                if system == "conduit":
+                    stale["conduit_reported_exposed_s"] = result["conduit"]["exposed_s"]
+                    if probe is not None:
+                        age, delay = probe.take()
+                        stale["priority_age_hist"], stale["staging_delay_hist"] = age, delay
                 if it < warmup:
                     continue
                 rows.append(
@@ -124,7 +141,8 @@ def run_workload(
                         "wall_s": wall,
                         "exposed_s": exposed,
                         **work,
-                        "native_path_parts": parts,
+                        **stale,
+                        "path_parts": parts,
                         "return_mean": result["env_runners"].get("episode_return_mean"),
                     }
                 )
@@ -148,8 +166,16 @@ def _per_update(sel: list[dict], system: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def _staleness(sel: list[dict], key: str) -> dict | None:
+    """Conduit's pooled staleness histogram ``key`` over the workload's rows, summarized."""
+    return rllib_staleness.summary(
+        rllib_staleness.pooled(r.get(key) for r in sel if r["system"] == "conduit")
+    )
+
+
 def ratios(rows: list[dict]) -> dict[str, dict]:
-    """Per workload: medians side by side, work totals, and the ratios (or why they are refused)."""
+    """Per workload: medians side by side, work totals, the ratios (or why they are refused), and
+    Conduit's measured priority age and staging delay (pooled over the measured iterations)."""
     out: dict[str, dict] = {}
     keys = sorted({(r["algo"], r["env"], r["train_batch_size"]) for r in rows})
     for algo, env, tb in keys:
@@ -178,6 +204,8 @@ def ratios(rows: list[dict]) -> dict[str, dict]:
             "ratio_refused": refused,
             "native_wall_s_per_update": _per_update(sel, "native"),
             "conduit_wall_s_per_update": _per_update(sel, "conduit"),
+            "conduit_priority_age_updates": _staleness(sel, "priority_age_hist"),
+            "conduit_staging_delay_transitions": _staleness(sel, "staging_delay_hist"),
         }
     return out
 
@@ -186,22 +214,36 @@ def _fmt(v: float | None, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
 
+def _med_max(s: dict | None) -> str:
+    return "—" if s is None else f"{s['median']:g}/{s['max']:g}"
+
+
 def table(rat: dict[str, dict]) -> str:
-    """Wall and exposed medians side by side with their ratios; a refused ratio prints as "—" with why."""
+    """Wall and exposed medians side by side with their ratios, the work, and Conduit's staleness; a
+    refused ratio prints as "—" with why."""
     lines = [
         f"{'workload':34s} {'wall native':>11s} {'wall conduit':>12s} {'ratio':>6s} {'exp native':>10s} "
-        f"{'exp conduit':>11s} {'ratio':>6s} {'updates n/c':>13s} {'s/update n':>10s} {'s/update c':>10s}"
+        f"{'exp conduit':>11s} {'ratio':>6s} {'env steps n/c':>15s} {'updates n/c':>13s} "
+        f"{'s/update n':>10s} {'s/update c':>10s} {'prio age c':>10s} {'staging c':>10s}"
     ]
     for name, r in rat.items():
         n, c = r["native_work"]["gradient_updates"], r["conduit_work"]["gradient_updates"]
+        en, ec = r["native_work"]["env_steps_sampled"], r["conduit_work"]["env_steps_sampled"]
         lines.append(
             f"{name:34s} {r['native_wall_s']:11.3f} {r['conduit_wall_s']:12.3f} {_fmt(r['ratio_wall'], '6.2f'):>6s} "
             f"{r['native_exposed_s']:10.4f} {r['conduit_exposed_s']:11.4f} {_fmt(r['ratio_exposed'], '6.3f'):>6s} "
-            f"{f'{n}/{c}':>13s} {_fmt(r['native_wall_s_per_update'], '10.5f'):>10s} "
-            f"{_fmt(r['conduit_wall_s_per_update'], '10.5f'):>10s}"
+            f"{f'{en}/{ec}':>15s} {f'{n}/{c}':>13s} {_fmt(r['native_wall_s_per_update'], '10.5f'):>10s} "
+            f"{_fmt(r['conduit_wall_s_per_update'], '10.5f'):>10s} "
+            f"{_med_max(r.get('conduit_priority_age_updates')):>10s} "
+            f"{_med_max(r.get('conduit_staging_delay_transitions')):>10s}"
         )
         if r["ratio_refused"]:
             lines.append(f"{'':34s} ratio refused: {r['ratio_refused']}")
+    lines.append(
+        "prio age c: median/max gradient updates whose priorities were not yet applied when Conduit drew "
+        "the batch; staging c: median/max transitions collected but not yet sampleable at a sample "
+        "(native RLlib: 0 and 0 by construction). Exposed time: the same wrappers on both systems."
+    )
     return "\n".join(lines)
 
 
@@ -242,7 +284,9 @@ def main() -> None:
     p.add_argument("--train-batch-size", type=int, default=None)
     p.add_argument("--iters", type=int, default=None, help="measured iterations per system")
     p.add_argument("--overlap", choices=["sync", "async"], default="async")
-    p.add_argument("--out", default="benchmarks/results/rllib_iteration.json")
+    p.add_argument(
+        "--out", default=None, help="default: benchmarks/results/rllib_iteration.json (--quick: /tmp)"
+    )
     a = p.parse_args()
     prov = provenance.start()
 
@@ -273,9 +317,17 @@ def main() -> None:
         "ray": ray.__version__,
         "overlap": a.overlap,
         "quick": a.quick,
+        "settings": {
+            "dqn_env_steps_per_iteration": steps,
+            "train_batch_sizes": {w.name: w.train_batch_size for w in sweep},
+            "measured_iterations": iters,
+            "warmup_iterations": 1,
+            "exposed_timing": "benchmark wrappers on both systems (rllib_native_timing.install(conduit=True))",
+        },
         **provenance.finish(prov),
     }
-    out = Path(a.out)
+    default = "/tmp/rllib_iteration_quick.json" if a.quick else "benchmarks/results/rllib_iteration.json"
+    out = Path(a.out or default)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine, "rows": rows, "ratios": rat}, indent=1))
     plot(rat, out.with_suffix(".png"))

@@ -5,6 +5,11 @@ iteration (the time spent *producing* each minibatch, not the update on it). RLl
 moving averages per call, so they cannot give per-iteration sums; these wrappers can. Used by the
 demo (``benchmarks/rllib_demo.py``, run by ``./dev demo``) and ``benchmarks/rllib_iteration.py``. The
 wrapped methods are RLlib internals (2.60); this is measurement code, not part of ``conduit_rllib``.
+
+``install(timer, conduit=True)`` also wraps the Conduit plugin's replacements of those methods
+(``ConduitReplay.add/sample/update_priorities/ready``, ``ConduitOnPolicy.add/deliver`` and each
+prepared minibatch), so both systems' exposed time is measured by the same wrappers; ``timed_train``
+then no longer adds the plugin's own ``conduit/exposed_s`` (the caller can still read it).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class PathTimer:
         self.total = 0.0
         self.by_name: dict[str, float] = {}
         self._depth = 0
+        self.conduit_wrapped = False  # install(conduit=True): the plugin's path is timed by these wrappers
 
     def take(self) -> tuple[float, dict[str, float]]:
         out = (self.total, dict(self.by_name))
@@ -54,15 +60,17 @@ class PathTimer:
         timed._path_timed = True  # type: ignore[attr-defined]
         setattr(owner, method, timed)
 
-    def wrap_iter(self, owner: type, name: str) -> None:
-        """Time each ``next()`` of ``owner.__iter__`` (the consumer's work between items is not counted)."""
-        fn = owner.__iter__
+    def wrap_iter(self, owner: type, name: str, method: str = "__iter__") -> None:
+        """Time each ``next()`` of the iterator ``owner.method(...)`` returns (the consumer's work between
+        items is not counted)."""
+        fn = getattr(owner, method)
         if getattr(fn, "_path_timed", False):
             return
         timer = self
 
-        def timed_iter(this: Any) -> Iterator[Any]:
-            it = fn(this)
+        @functools.wraps(fn)
+        def timed_iter(this: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            it = iter(fn(this, *args, **kwargs))
             while True:
                 t0 = time.perf_counter()
                 try:
@@ -75,17 +83,38 @@ class PathTimer:
                 yield item
 
         timed_iter._path_timed = True  # type: ignore[attr-defined]
-        owner.__iter__ = timed_iter  # type: ignore[method-assign]
+        setattr(owner, method, timed_iter)
 
 
-def install(timer: PathTimer) -> Callable[[Any], None]:
-    """Wrap the learner connector and minibatch iterators now; return a hook wrapping an algo's buffer."""
+def install(timer: PathTimer, conduit: bool = False) -> Callable[[Any], None]:
+    """Wrap the learner connector and minibatch iterators now; return a hook wrapping an algo's buffer.
+
+    ``conduit=True`` also wraps the Conduit plugin's experience path (see the module docstring), under
+    the same names where the step is the same (``buffer_add``, ``buffer_sample``, ``priority_update``,
+    ``minibatch_iter``); ``ConduitReplay.sample`` also builds the learner input (native's connector).
+    """
     from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
     from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator, MiniBatchDummyIterator
 
     timer.wrap(LearnerConnectorPipeline, "__call__", "learner_connector")
     timer.wrap_iter(MiniBatchCyclicIterator, "minibatch_iter")
     timer.wrap_iter(MiniBatchDummyIterator, "minibatch_iter")
+    if conduit:
+        from conduit_rllib.learner import PreparedMinibatches
+        from conduit_rllib.onpolicy import ConduitOnPolicy
+        from conduit_rllib.replay import ConduitReplay
+
+        for method, name in (
+            ("add", "buffer_add"),
+            ("sample", "buffer_sample"),
+            ("update_priorities", "priority_update"),
+            ("ready", "buffer_ready"),
+        ):
+            timer.wrap(ConduitReplay, method, name)
+        timer.wrap(ConduitOnPolicy, "add", "buffer_add")
+        timer.wrap(ConduitOnPolicy, "deliver", "deliver")
+        timer.wrap_iter(PreparedMinibatches, "minibatch_iter", method="minibatches")
+        timer.conduit_wrapped = True
 
     def wrap_buffer(algo: Any) -> None:
         buf = getattr(algo, "local_replay_buffer", None)
@@ -105,10 +134,10 @@ def install(timer: PathTimer) -> Callable[[Any], None]:
 def timed_train(
     algo: Any, timer: PathTimer, conduit: bool
 ) -> tuple[dict[str, Any], float, float, dict[str, float]]:
-    """One ``algo.train()``: ``(result, wall_s, exposed_s, native path parts)``.
+    """One ``algo.train()``: ``(result, wall_s, exposed_s, path parts)``.
 
-    Exposed time is the wrapped native path still on the training thread plus, for a Conduit
-    algorithm, the time its training step was blocked in Conduit calls.
+    Exposed time is the wrapped path on the training thread. For a Conduit algorithm whose plugin was
+    not wrapped (``install(conduit=False)``) it adds the plugin's own timer (``conduit/exposed_s``).
     """
     timer.take()
     timer.active = True
@@ -117,7 +146,7 @@ def timed_train(
     wall = time.perf_counter() - t0
     timer.active = False
     path, parts = timer.take()
-    exposed = path + (result["conduit"]["exposed_s"] if conduit else 0.0)
+    exposed = path + (result["conduit"]["exposed_s"] if conduit and not timer.conduit_wrapped else 0.0)
     return result, wall, exposed, parts
 
 
