@@ -99,6 +99,8 @@ class InlineScheduler(Scheduler):
 
     def _start(self) -> None:
         self._lock = threading.RLock()
+        self._turns = threading.Condition()
+        self._getters: collections.deque[object] = collections.deque()  # waiting gets, in arrival order
 
     def put(self, batch: ColumnBatch, version: int, timeout: float) -> None:
         self.buffer.extend(run_chain(self.ingest, batch, self.metrics, "ingest"), version=version)
@@ -107,6 +109,23 @@ class InlineScheduler(Scheduler):
         return None
 
     def get(self, request: Request, timeout: float) -> Delivery:
+        ticket = object()
+        with self._turns:  # getters take turns in arrival order (a lock alone grants it in any order)
+            self._getters.append(ticket)
+            try:
+                self._turns.wait_for(lambda: self._getters[0] is ticket)
+            except BaseException:  # interrupted while waiting: give up the place in the line
+                self._getters.remove(ticket)
+                self._turns.notify_all()
+                raise
+        try:
+            return self._get(request)
+        finally:
+            with self._turns:
+                self._getters.popleft()
+                self._turns.notify_all()
+
+    def _get(self, request: Request) -> Delivery:
         with self._lock:
             delivery = self.ready.take(request, self.plan)
             if delivery is not None:
