@@ -3,9 +3,14 @@
     python benchmarks/buffer_throughput.py [--quick] [--load] [--out FILE]
 
 Every system runs the same cells — (op, sampler, batch, dim) with the same prefilled (full) buffer
-capacity — in one run. TorchRL runs in its own venv (``benchmarks/envs/setup_torchrl.sh``) through a
-subprocess; RLlib and Conduit run in this process. Writes a JSON of flat rows plus ratios, targets and
-machine facts, and a PNG of the same stem. See ``peers/`` for what each system's call does.
+capacity — in one run. TorchRL runs in its own venv (``benchmarks/envs/setup_torchrl.sh``: TorchRL
+0.14.1 on the main env's CPU torch) through a subprocess; RLlib and Conduit run in this process.
+Every row carries the median and the best round side by side (and every round) and the work one call
+did (``work``: transitions, fields, bytes, priority update); a Conduit ÷ peer ratio is only computed on
+equal work, else refused with the difference. RLlib's cell builds a full DQN train batch from episodes,
+so it is compared with ``conduit_dqn`` (Conduit delivering the same train batch), not with Conduit's
+one-column cell. Writes a JSON of flat rows plus ratios, targets and machine facts, and a PNG of the
+same stem. See ``peers/`` for what each system's call does.
 With ``--load``, every timing round also runs with (cores - 1) busy processes on the other cores;
 those rows carry ``load: true``, and ``load_ratios`` (+ ``<stem>_load.png``) gives loaded ÷ idle.
 """
@@ -37,7 +42,7 @@ from torchrl_driver import DEFAULT_PYTHON, RemoteTorchRL, ensure_env  # noqa: E4
 
 OPS = ("sample", "insert")
 SAMPLERS = ("prioritized", "uniform")
-ALL_SYSTEMS = ("memcpy", "conduit", "rllib", "torchrl")
+ALL_SYSTEMS = ("memcpy", "conduit", "conduit_dqn", "rllib", "torchrl")
 FULL = {
     "batches": [32, 256, 1024],
     "dims": [4, 64, 1024, 16384],
@@ -45,15 +50,15 @@ FULL = {
     "rllib_dims": [4, 64],
 }
 QUICK = {"batches": [32, 256], "dims": [4, 64, 1024, 16384], "rllib_batches": [32, 256], "rllib_dims": [4]}
-FULL_TIMING = Timing(min_time=0.2, rounds=8, warmup=3)
-QUICK_TIMING = Timing(min_time=0.1, rounds=5, warmup=2)
+FULL_TIMING = Timing(min_time=0.5, rounds=20, warmup=3)  # 25 ms rounds, as before; 20 of them, not 8
+QUICK_TIMING = Timing(min_time=0.2, rounds=10, warmup=2)
 DEFAULT_OUT = HERE / "results" / "buffer_throughput.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer cells and reps (whole run ~2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="fewer cells and rounds (a smoke run)")
     ap.add_argument(
         "--load",
         action="store_true",
@@ -91,6 +96,10 @@ def make_systems(
         systems += [MemcpySystem(), GatherSystem()]
     if "conduit" in wanted:
         systems.append(ConduitSystem())
+    if "conduit_dqn" in wanted:
+        from conduit_dqn_peer import ConduitDQNSystem
+
+        systems.append(ConduitDQNSystem(grid["rllib_dims"], grid["rllib_batches"]))
     if "rllib" in wanted:
         from rllib_peer import RLlibSystem
 
@@ -188,14 +197,26 @@ def build_report(
             "sample_prioritized": "one sample call + one priority update of the sampled items with new priorities",
             "rllib": "sample = buffer.sample(sample_episodes=True) + DQN learner connector to a torch train batch "
             "(+ update_priorities); insert = buffer.add of one finished episode of `batch` steps",
+            "conduit_dqn": "conduit doing rllib's work on the rllib cells: sample = one sample(out=...) of the DQN "
+            "transition columns under RLlib's names and dtypes + weights -> SampleBatch -> MultiAgentBatch "
+            "(+ update_priorities); insert = the same finished episode through conduit_rllib's TransitionPacker "
+            "and n-step operator (n=1) into the buffer",
+            "work": "per row, what one call did, measured on the last warmup call's payload: transitions, fields "
+            "(delivered columns for sample, what was taken in for insert), bytes, priority_update, access",
+            "ratios": "peer us per call / conduit us per call, median round (ratio_median) beside best round "
+            "(ratio_best), computed only where the conduit system's work record equals the peer's; otherwise "
+            "ratio_* are null and `refused` names the difference (conduit's one-column cell vs rllib's DQN "
+            "train batch is refused; conduit_dqn vs rllib is the equal-work comparison). memcpy is a bandwidth "
+            "reference, not a peer: no ratio against it",
             "memcpy": "torch copy of one contiguous [batch, dim] float32 block (into the store for insert, out of it "
             "for sample)",
             "gb_per_s": "batch * dim * 4 bytes (the obs payload) / seconds per call, for every system",
             "gather_reference": "bare torch.index_select of `batch` random rows into a preallocated output",
             "interleaving": "per cell, all systems warm up, then timing rounds go round-robin over the systems",
-            "timing": "each cell: warmup calls, then timing.rounds rounds of >= min_time/rounds s each; us_per_call and the "
-            "rates come from the best round (other load only adds time), us_per_call_median from the median round; "
-            "the speed-up targets and conduit_over_peer_median use the median round",
+            "timing": "each cell: warmup calls, then timing.rounds rounds of >= min_time/rounds s each; every row gives "
+            "the median round (us_per_call_median, items_per_s_median, gb_per_s_median) beside the best round "
+            "(*_best) and every round (us_per_call_rounds); the targets, the overhead and the table use the median "
+            "round",
             "load": "rows with load=true ran with (cores - 1) pure-Python busy processes on the other cores (--load), "
             "interleaved round by round with the idle (load=false) rounds; load_ratios = loaded / idle median us per call; "
             "load_reference = the same ratio for a single-threaded pure-Python loop (the floor: CPU sharing, not waiting)",

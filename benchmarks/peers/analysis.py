@@ -1,7 +1,10 @@
 """Derived results: Conduit ÷ peer ratios, per-call overhead, loaded ÷ idle, and the pass/fail targets.
 
 Rows measured with the other cores busy (``load: true``) only enter the loaded ÷ idle comparison;
-every other figure uses the idle rows.
+every other figure uses the idle rows. Every figure is computed on the median round; ratios also give
+the best round beside it. A ratio is only computed between two rows whose measured work per call
+(``row["work"]``, see ``harness.work_record``) is equal; otherwise it is refused and the difference
+recorded.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ MIN_X_RLLIB = 30.0
 MAX_LOADED_OVER_IDLE = 1.5
 GATHER_DIM = 16384
 MIN_MEMCPY_FRACTION = 0.5
+CONDUIT_SYSTEMS = ("conduit", "conduit_dqn")  # Conduit doing the peers' work: one column / a DQN train batch
+REFERENCE_SYSTEMS = ("memcpy",)  # bandwidth references, not peers: no ratio against them
+WORK_KEYS = ("transitions", "fields", "bytes", "priority_update", "access")
 
 
 def idle_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -35,27 +41,55 @@ def index_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[Key, Mapping
     return out
 
 
+def work_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """None when rows ``a`` and ``b`` did the same work per call, else what differs (the refusal)."""
+    wa, wb = a.get("work"), b.get("work")
+    missing = [r["system"] for r, w in ((a, wa), (b, wb)) if not w]
+    if missing:
+        return f"work not recorded for {', '.join(missing)}"
+    assert wa is not None and wb is not None
+    diffs = [f"{k} {wa.get(k)!r} vs {wb.get(k)!r}" for k in WORK_KEYS if wa.get(k) != wb.get(k)]
+    return "; ".join(diffs) or None
+
+
 def compute_ratios(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Conduit items/s ÷ each peer's items/s, for every cell both measured (best and median round)."""
+    """Peer time ÷ Conduit time per call (median round, and best round beside it), for every cell a
+    Conduit system and a peer both measured; ``ratio_median`` / ``ratio_best`` are None and
+    ``refused`` says why where the two did unequal work."""
     by = index_rows(rows)
-    conduit = by.get("conduit", {})
     out: list[dict[str, Any]] = []
-    for peer in sorted(s for s in by if s != "conduit"):
-        for key, prow in by[peer].items():
-            if key in conduit:
+    peers = sorted(s for s in by if s not in CONDUIT_SYSTEMS and s not in REFERENCE_SYSTEMS)
+    for peer in peers:
+        for key, prow in sorted(by[peer].items()):
+            for csys in CONDUIT_SYSTEMS:
+                crow = by.get(csys, {}).get(key)
+                if crow is None:
+                    continue
                 op, sampler, batch, dim = key
-                out.append(
-                    {
-                        "op": op,
-                        "sampler": sampler,
-                        "batch": batch,
-                        "dim": dim,
-                        "peer": peer,
-                        "conduit_over_peer": conduit[key]["items_per_s"] / prow["items_per_s"],
-                        "conduit_over_peer_median": prow["us_per_call_median"]
-                        / conduit[key]["us_per_call_median"],
-                    }
-                )
+                refused = work_difference(crow, prow)
+                entry: dict[str, Any] = {
+                    "op": op,
+                    "sampler": sampler,
+                    "batch": batch,
+                    "dim": dim,
+                    "conduit_system": csys,
+                    "peer": peer,
+                    "conduit_us_median": crow["us_per_call_median"],
+                    "conduit_us_best": crow["us_per_call_best"],
+                    "peer_us_median": prow["us_per_call_median"],
+                    "peer_us_best": prow["us_per_call_best"],
+                    "ratio_median": None,
+                    "ratio_best": None,
+                    "refused": None,
+                    "conduit_work": crow.get("work"),
+                    "peer_work": prow.get("work"),
+                }
+                if refused:
+                    entry["refused"] = f"unequal work ({csys} vs {peer}): {refused}"
+                else:
+                    entry["ratio_median"] = prow["us_per_call_median"] / crow["us_per_call_median"]
+                    entry["ratio_best"] = prow["us_per_call_best"] / crow["us_per_call_best"]
+                out.append(entry)
     return out
 
 
@@ -89,7 +123,7 @@ def compute_overhead(
             key = ("sample", sampler, OVERHEAD_BATCH, dim)
             row, g = conduit.get(key), gather.get(key)
             pts = [
-                (k[2], r["us_per_call"])
+                (k[2], r["us_per_call_median"])
                 for k, r in conduit.items()
                 if k[:2] == ("sample", sampler) and k[3] == dim
             ]
@@ -98,16 +132,19 @@ def compute_overhead(
                     "sampler": sampler,
                     "dim": dim,
                     "batch": OVERHEAD_BATCH,
-                    "call_us": row["us_per_call"] if row else None,
-                    "gather_us": g["us_per_call"] if g else None,
-                    "minus_gather_us": (row["us_per_call"] - g["us_per_call"]) if (row and g) else None,
+                    "call_us": row["us_per_call_median"] if row else None,
+                    "gather_us": g["us_per_call_median"] if g else None,
+                    "minus_gather_us": (row["us_per_call_median"] - g["us_per_call_median"])
+                    if (row and g)
+                    else None,
                     "intercept_us": _fit_intercept(pts),
                 }
             )
     return {
         "method": "conduit sample call at batch 256 minus a bare torch.index_select of 256 random rows "
-        "(preallocated output) from a store of the same shape, timed interleaved with it; intercept_us = "
-        "intercept of conduit's call time vs batch size (least squares over the measured batches)",
+        "(preallocated output) from a store of the same shape, timed interleaved with it (median rounds); "
+        "intercept_us = intercept of conduit's median call time vs batch size (least squares over the "
+        "measured batches)",
         "per_cell": per,
     }
 
@@ -123,39 +160,53 @@ def _speedup_target(
     errors: Mapping[str, str],
     dims: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """Conduit ÷ ``peer`` by median round for prioritized sample+update at every target batch (and dim)."""
+    """Peer ÷ Conduit by median round for prioritized sample+update at every target batch (and dim),
+    on equal work only: a cell where no Conduit system did the peer's work is refused, not passed."""
     batches = " and ".join(str(b) for b in TARGET_BATCHES)
     scope = f", dims {', '.join(str(d) for d in dims)}" if dims else ""
-    name = (
-        f"prioritized sample+update at batch {batches}{scope}: conduit >= {minimum:g}x {peer} (median round)"
-    )
+    name = f"prioritized sample+update at batch {batches}{scope}: conduit >= {minimum:g}x {peer} (median round, equal work)"
     for system in ("conduit", peer):
         if system in errors:
             return _not_evaluated(name, f"{system} unavailable: {errors[system]}")
-    by = index_rows(rows)
+    per_cell: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in compute_ratios(rows):
+        wanted = (r["op"], r["sampler"]) == ("sample", "prioritized") and r["batch"] in TARGET_BATCHES
+        if r["peer"] == peer and wanted and (dims is None or r["dim"] in dims):
+            per_cell.setdefault((r["batch"], r["dim"]), []).append(r)
     cells = []
-    for key, prow in sorted(by.get(peer, {}).items()):
-        op, sampler, batch, dim = key
-        crow = by.get("conduit", {}).get(key)
-        wanted = (op, sampler) == ("sample", "prioritized") and batch in TARGET_BATCHES
-        if wanted and crow and (dims is None or dim in dims):
-            x = prow["us_per_call_median"] / crow["us_per_call_median"]
+    for (batch, dim), entries in sorted(per_cell.items()):
+        equal = [e for e in entries if e["refused"] is None]
+        if equal:
+            e = equal[0]
             cells.append(
                 {
                     "batch": batch,
                     "dim": dim,
-                    "conduit_us_median": crow["us_per_call_median"],
-                    f"{peer}_us_median": prow["us_per_call_median"],
-                    "ratio": x,
-                    "ratio_best_round": crow["items_per_s"] / prow["items_per_s"],
-                    "passed": x >= minimum,
+                    "conduit_system": e["conduit_system"],
+                    "conduit_us_median": e["conduit_us_median"],
+                    f"{peer}_us_median": e["peer_us_median"],
+                    "conduit_us_best": e["conduit_us_best"],
+                    f"{peer}_us_best": e["peer_us_best"],
+                    "ratio": e["ratio_median"],
+                    "ratio_best_round": e["ratio_best"],
+                    "work": e["peer_work"],
+                    "passed": e["ratio_median"] >= minimum,
                 }
             )
+        else:
+            refusals = "; ".join(e["refused"] for e in entries)
+            cells.append({"batch": batch, "dim": dim, "ratio": None, "refused": refusals, "passed": None})
     if not cells:
-        missing = [s for s in ("conduit", peer) if s not in by]
+        have = {r["system"] for r in idle_rows(rows)}
+        missing = [s for s in (peer,) if s not in have] + ([] if have & set(CONDUIT_SYSTEMS) else ["conduit"])
         why = f"{' and '.join(missing)} not run" if missing else "no cell measured by both systems"
         return _not_evaluated(name, why)
-    return {"target": name, "passed": all(c["passed"] for c in cells), "cells": cells}
+    verdicts = [c["passed"] for c in cells]
+    passed = False if False in verdicts else (None if None in verdicts else True)
+    out: dict[str, Any] = {"target": name, "passed": passed, "cells": cells}
+    if None in verdicts:
+        out["reason"] = "ratio refused in some cells (unequal work): no claim there"
+    return out
 
 
 def compute_load_ratios(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -211,13 +262,13 @@ def _gather_target(rows: Iterable[Mapping[str, Any]], errors: Mapping[str, str])
         for key, mrow in sorted(by.get("memcpy", {}).items()):
             crow = by.get("conduit", {}).get(key)
             if key[0] == "sample" and key[1] == sampler and key[3] == GATHER_DIM and crow:
-                frac = crow["gb_per_s"] / mrow["gb_per_s"]
+                frac = crow["gb_per_s_median"] / mrow["gb_per_s_median"]
                 cells.append(
                     {
                         "sampler": sampler,
                         "batch": key[2],
-                        "conduit_gb_per_s": crow["gb_per_s"],
-                        "memcpy_gb_per_s": mrow["gb_per_s"],
+                        "conduit_gb_per_s": crow["gb_per_s_median"],
+                        "memcpy_gb_per_s": mrow["gb_per_s_median"],
                         "fraction": frac,
                         "passed": frac >= MIN_MEMCPY_FRACTION,
                         "counts_for_target": sampler == "uniform",

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from harness import ALPHA, BETA, Cell, System
+from harness import ALPHA, BETA, Cell, System, work_record
 
 PREFILL_CHUNK = 8192
 N_PRIORITY_SETS = 16
@@ -35,27 +35,44 @@ class ConduitSystem(System):
         buf = self._buf
         if cell.op == "insert":
             src = torch.randn(cell.batch, cell.dim)
-            return lambda: buf.extend(ColumnBatch({"obs": src}))
+
+            def insert() -> ColumnBatch:
+                batch = ColumnBatch({"obs": src})
+                buf.extend(batch)
+                return batch
+
+            return insert
         # A steady-state consumer reuses its batch memory: sample(out=...) gathers into the previous
         # batch (like the memcpy and gather references, which copy into a preallocated output).
         out = [buf.sample(cell.batch).batch]
         if cell.sampler != "prioritized":
 
-            def sample() -> None:
+            def sample() -> ColumnBatch:
                 out[0] = buf.sample(cell.batch, out=out[0]).batch
+                return out[0]
 
             return sample
         prio_sets = [torch.rand(cell.batch) * 2 + 1e-3 for _ in range(N_PRIORITY_SETS)]
         k = [0]
 
-        def sample_and_update() -> None:
+        def sample_and_update() -> ColumnBatch:
             s = buf.sample(cell.batch, out=out[0])
             out[0] = s.batch
             buf.update_priorities(s.slots, s.generations, prio_sets[k[0] % N_PRIORITY_SETS])
             k[0] += 1
+            return s.batch
 
         return sample_and_update
+
+    def measure(self, cell: Cell, payload: object) -> dict[str, Any]:
+        return batch_work(payload, cell.op == "sample" and cell.sampler == "prioritized")
 
     def close(self) -> None:
         super().close()
         self._buf = None
+
+
+def batch_work(batch: Any, priority_update: bool) -> dict[str, Any]:
+    """The work record of a ``ColumnBatch`` delivered (sample) or taken in (insert)."""
+    cols = {k: v.numel() * v.element_size() for k, v in batch.columns.items()}
+    return work_record(batch.size, cols, priority_update, "buffer")

@@ -88,17 +88,40 @@ def group_by_buffer(cells: Iterable[Cell]) -> dict[tuple[str, int, int], list[Ce
 
 @dataclass(frozen=True)
 class Measured:
-    """Seconds per call: the best round (the reported figure) and the median round."""
+    """Seconds per call of every timing round, summarised as the median round and the best round."""
 
     best: float
     median: float
     calls: int
+    per_round: tuple[float, ...] = ()
 
     @staticmethod
     def from_rounds(rounds: list[tuple[float, int]]) -> Measured:
         """Summarise ``(elapsed seconds, calls)`` rounds."""
         per_call = [e / n for e, n in rounds]
-        return Measured(min(per_call), statistics.median(per_call), sum(n for _, n in rounds))
+        return Measured(
+            min(per_call), statistics.median(per_call), sum(n for _, n in rounds), tuple(per_call)
+        )
+
+
+def work_record(
+    transitions: int, field_bytes: dict[str, int], priority_update: bool, access: str
+) -> dict[str, Any]:
+    """What one call of a cell did, measured on the call's own payload (see :meth:`System.measure`).
+
+    ``transitions``: rows delivered (sample) or taken in (insert); ``fields``: the names of the
+    columns / arrays delivered or taken in; ``bytes``: their payload; ``priority_update``: whether the
+    call also wrote new priorities; ``access``: how the rows were reached (``"buffer"`` for a
+    replay buffer's sample or insert, ``"contiguous copy"`` for the memcpy reference). Two systems'
+    times are only divided where these records are equal (``analysis.work_difference``).
+    """
+    return {
+        "transitions": int(transitions),
+        "fields": sorted(field_bytes),
+        "bytes": int(sum(field_bytes.values())),
+        "priority_update": bool(priority_update),
+        "access": access,
+    }
 
 
 def run_round(fn: Callable[[], object], seconds: float) -> tuple[float, int]:
@@ -123,13 +146,16 @@ class System:
     """One benchmarked system, driven cell by cell so that systems can be interleaved round by round.
 
     Subclasses implement :meth:`open` (build and prefill a buffer for one (sampler, dim, capacity)),
-    :meth:`step_fn` (the callable timed for a cell) and :meth:`close`; :meth:`supports` limits cells.
+    :meth:`step_fn` (the callable timed for a cell; it returns the payload it moved: the delivered
+    batch for a sample, what it took in for an insert), :meth:`measure` (the work record of one call,
+    from that payload) and :meth:`close`; :meth:`supports` limits cells.
     """
 
     name = "system"
 
     def __init__(self) -> None:
         self._fn: Callable[[], object] | None = None
+        self._last: object = None
 
     def supports(self, cell: Cell) -> bool:
         """Whether this system measures ``cell``."""
@@ -143,15 +169,24 @@ class System:
         """The callable one timed call of ``cell`` runs."""
         raise NotImplementedError
 
+    def measure(self, cell: Cell, payload: object) -> dict[str, Any]:
+        """The :func:`work_record` of one call of ``cell`` that returned ``payload``."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release the buffer built by :meth:`open`."""
         self._fn = None
+        self._last = None
 
     def prepare(self, cell: Cell, warmup: int) -> None:
-        """Make ``cell`` current and run its warmup calls."""
+        """Make ``cell`` current and run its warmup calls (at least one: it gives the work record)."""
         self._fn = self.step_fn(cell)
-        for _ in range(warmup):
-            self._fn()
+        for _ in range(max(1, warmup)):
+            self._last = self._fn()
+
+    def work(self, cell: Cell) -> dict[str, Any]:
+        """The work one call of the current cell does, measured on the last warmup call's payload."""
+        return self.measure(cell, self._last)
 
     def round(self, seconds: float) -> tuple[float, int]:
         """One timing round of the current cell."""
@@ -160,8 +195,7 @@ class System:
 
 
 def make_row(cell: Cell, system: str, m: Measured, **extra: Any) -> dict[str, Any]:
-    """The flat result record of one cell for one system (rates from the best round)."""
-    seconds_per_call = m.best
+    """The flat result record of one cell for one system: median round beside best round."""
     row: dict[str, Any] = {
         "op": cell.op,
         "sampler": cell.sampler,
@@ -169,11 +203,15 @@ def make_row(cell: Cell, system: str, m: Measured, **extra: Any) -> dict[str, An
         "dim": cell.dim,
         "capacity": cell.capacity,
         "system": system,
-        "us_per_call": seconds_per_call * 1e6,
         "us_per_call_median": m.median * 1e6,
+        "us_per_call_best": m.best * 1e6,
+        "items_per_s_median": cell.batch / m.median,
+        "items_per_s_best": cell.batch / m.best,
+        "gb_per_s_median": cell.nbytes / m.median / 1e9,
+        "gb_per_s_best": cell.nbytes / m.best / 1e9,
+        "rounds": len(m.per_round),
+        "us_per_call_rounds": [round(x * 1e6, 2) for x in m.per_round],
         "timed_calls": m.calls,
-        "items_per_s": cell.batch / seconds_per_call,
-        "gb_per_s": cell.nbytes / seconds_per_call / 1e9,
     }
     row.update(extra)
     return row
@@ -184,5 +222,6 @@ def progress_line(row: dict[str, Any]) -> str:
     return (
         f"  {row['system']:<8} {row['op']:<6} {row['sampler']:<11} B={row['batch']:<5} dim={row['dim']:<6} "
         f"{'loaded' if row.get('load') else 'idle':<6} "
-        f"{row['us_per_call']:>11.1f} us/call {row['items_per_s']:>13,.0f} items/s {row['gb_per_s']:>8.3f} GB/s"
+        f"median {row['us_per_call_median']:>10.1f} us/call (best {row['us_per_call_best']:>10.1f}) "
+        f"{row['items_per_s_median']:>13,.0f} items/s {row['gb_per_s_median']:>8.3f} GB/s"
     )

@@ -10,21 +10,24 @@ Conduit's sample call to get its per-call overhead.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from harness import Cell, System
+from harness import Cell, System, work_record
 
 N_INDEX_SETS = 16
 
 
-def _walk(cap: int, b: int, copy: Callable[[int], object]) -> Callable[[], None]:
-    """A step that applies ``copy(p)`` at successive block offsets ``p``, wrapping around the store."""
+def _walk(cap: int, b: int, copy: Callable[[int], object]) -> Callable[[], object]:
+    """A step that applies ``copy(p)`` at successive block offsets ``p``, wrapping around the store;
+    it returns what ``copy`` returns (the block copied)."""
     pos = [0]
 
-    def step() -> None:
+    def step() -> object:
         p = pos[0] if pos[0] + b <= cap else 0
-        copy(p)
+        out = copy(p)
         pos[0] = p + b
+        return out
 
     return step
 
@@ -46,6 +49,12 @@ class MemcpySystem(System):
         out = torch.empty(cell.batch, cell.dim)
         return _walk(cell.capacity, cell.batch, lambda p: out.copy_(store[p : p + cell.batch]))
 
+    def measure(self, cell: Cell, payload: object) -> dict[str, Any]:
+        assert isinstance(payload, torch.Tensor)
+        return work_record(
+            cell.batch, {"obs": payload.numel() * payload.element_size()}, False, "contiguous copy"
+        )
+
     def close(self) -> None:
         super().close()
         self._store = None
@@ -66,8 +75,13 @@ class GatherSystem(MemcpySystem):
         idx_sets = [torch.randint(0, cell.capacity, (cell.batch,)) for _ in range(N_INDEX_SETS)]
         k = [0]
 
-        def step() -> None:
+        def step() -> torch.Tensor:
             torch.index_select(store, 0, idx_sets[k[0] % N_INDEX_SETS], out=out)
             k[0] += 1
+            return out
 
         return step
+
+    def measure(self, cell: Cell, payload: object) -> dict[str, Any]:
+        assert isinstance(payload, torch.Tensor)
+        return work_record(cell.batch, {"obs": payload.numel() * payload.element_size()}, False, "gather")

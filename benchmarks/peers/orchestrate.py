@@ -4,8 +4,9 @@ For each (sampler, dim, capacity) group every system builds its prefilled buffer
 every system warms up, and the timing rounds go round-robin over the systems (rotating who goes
 first), so a burst of load from other processes on a shared machine hits all systems of a cell alike.
 With a :class:`load.CpuLoad`, every round is run twice, idle and with the other cores busy, and each
-cell gives one row per system and state (``load: false`` / ``true``). A system that raises is dropped
-from the rest of the run and its error recorded.
+cell gives one row per system and state (``load: false`` / ``true``). Each row carries the work one
+call did (``work``, measured on the last warmup call's payload; ratios need it equal). A system that
+raises is dropped from the rest of the run and its error recorded.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ def run_interleaved(
         )
         for cell in sorted(group, key=lambda c: (c.op == "insert", c.batch)):  # sample before insert
             active = [s for s in opened if s.supports(cell) and s.name not in errors]
+            work: dict[str, Any] = {}
             for s in active:
                 _guard(s, errors, "warmup", s.prepare, cell, timing.warmup)
+                if s.name not in errors:
+                    work[s.name] = _guard(s, errors, "work", s.work, cell)
             active = [s for s in active if s.name not in errors]
             states = (False, True) if load is not None else (False,)
             rounds: dict[tuple[str, bool], list[tuple[float, int]]] = {
@@ -72,7 +76,8 @@ def run_interleaved(
             for s in active:
                 for busy in states:
                     if s.name not in errors and rounds[(s.name, busy)]:
-                        row = make_row(cell, s.name, Measured.from_rounds(rounds[(s.name, busy)]), load=busy)
+                        m = Measured.from_rounds(rounds[(s.name, busy)])
+                        row = make_row(cell, s.name, m, load=busy, work=work[s.name])
                         rows.append(row)
                         on_row(row)
         for s in opened:

@@ -5,45 +5,54 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from analysis import MAX_LOADED_OVER_IDLE, index_rows
+from analysis import MAX_LOADED_OVER_IDLE, compute_ratios, index_rows
 
-SYSTEMS = ("conduit", "torchrl", "rllib", "memcpy")
+SYSTEMS = ("conduit", "conduit_dqn", "torchrl", "rllib", "memcpy")
 PANELS = (("sample", "prioritized"), ("sample", "uniform"), ("insert", "prioritized"), ("insert", "uniform"))
-COLORS = {"conduit": "tab:blue", "torchrl": "tab:orange", "rllib": "tab:red", "memcpy": "tab:gray"}
+COLORS = {
+    "conduit": "tab:blue",
+    "conduit_dqn": "tab:cyan",
+    "torchrl": "tab:orange",
+    "rllib": "tab:red",
+    "memcpy": "tab:gray",
+}
 
 
-def _fmt_rate(r: Mapping[str, Any] | None) -> str:
+def _fmt_us(r: Mapping[str, Any] | None) -> str:
     if r is None:
         return "-"
-    v = r["items_per_s"]
-    return f"{v / 1e6:.3f}M" if v >= 1e4 else f"{v / 1e3:.2f}k"
+    return f"{r['us_per_call_median']:.1f}/{r['us_per_call_best']:.1f}"
 
 
 def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
-    """One line per cell: items/s per system, Conduit's GB/s and its ratio to each peer."""
+    """One line per cell: median/best µs per call per system, and each equal-work ratio (median, best)."""
     by = index_rows(rows)
     systems = [s for s in SYSTEMS if s in by]
     keys = sorted(
         {k for rows_ in by.values() for k in rows_}, key=lambda k: (k[0] != "sample", k[1], k[3], k[2])
     )
-    peers = [s for s in systems if s != "conduit"]
-    head = f"{'op':<7}{'sampler':<12}{'batch':>6}{'dim':>7} | " + "".join(f"{s:>10}" for s in systems)
-    head += " | conduit GB/s | " + "".join(f"{'c/' + p:>10}" for p in peers)
+    ratios: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in compute_ratios(rows):
+        ratios.setdefault((r["op"], r["sampler"], r["batch"], r["dim"]), []).append(r)
+    head = f"{'op':<7}{'sampler':<12}{'batch':>6}{'dim':>7} | " + "".join(f"{s:>18}" for s in systems)
+    head += " | peer / conduit, median round (best round)"
     lines = [
-        "items/s per system (M = 1e6, k = 1e3); c/X = conduit items/s / X items/s",
+        "us per call, median round / best round; a ratio only where the two did equal work",
         head,
         "-" * len(head),
     ]
     for k in keys:
-        c = by.get("conduit", {}).get(k)
         line = f"{k[0]:<7}{k[1]:<12}{k[2]:>6}{k[3]:>7} | " + "".join(
-            f"{_fmt_rate(by[s].get(k)):>10}" for s in systems
+            f"{_fmt_us(by[s].get(k)):>18}" for s in systems
         )
-        line += f" | {c['gb_per_s']:>12.3f} | " if c else f" | {'-':>12} | "
-        for p in peers:
-            pr = by[p].get(k)
-            line += f"{c['items_per_s'] / pr['items_per_s']:>10.2f}" if (c and pr) else f"{'-':>10}"
-        lines.append(line)
+        parts = []
+        for r in ratios.get(k, []):
+            name = f"{r['peer']}/{r['conduit_system']}"
+            if r["refused"]:
+                parts.append(f"{name} refused (unequal work)")
+            else:
+                parts.append(f"{name} {r['ratio_median']:.2f}x ({r['ratio_best']:.2f}x)")
+        lines.append(line + " | " + "; ".join(parts))
     return "\n".join(lines)
 
 
@@ -68,8 +77,12 @@ def format_targets(targets: Iterable[Mapping[str, Any]]) -> str:
         if "cells" in t:
             parts = []
             for c in t["cells"]:
-                if "ratio" in c:
-                    parts.append(f"B={c['batch']} dim={c['dim']}: {c['ratio']:.1f}x")
+                if "ratio" in c and c["ratio"] is None:
+                    parts.append(f"B={c['batch']} dim={c['dim']}: refused (unequal work)")
+                elif "ratio" in c:
+                    parts.append(
+                        f"B={c['batch']} dim={c['dim']}: {c['ratio']:.1f}x (best round {c['ratio_best_round']:.1f}x)"
+                    )
                 elif "loaded_over_idle" in c:
                     parts.append(
                         f"{c['sampler'][:4]} B={c['batch']} dim={c['dim']}: {c['loaded_over_idle']:.2f}x"
@@ -90,7 +103,7 @@ def format_targets(targets: Iterable[Mapping[str, Any]]) -> str:
 
 
 def plot(rows: list[Mapping[str, Any]], path: str, title: str) -> None:
-    """Grouped bars of items/s (log scale) per cell and system, one panel per (op, sampler)."""
+    """Grouped bars of median-round items/s (log scale), best round as a tick, per cell and system."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,12 +119,14 @@ def plot(rows: list[Mapping[str, Any]], path: str, title: str) -> None:
         width = 0.8 / max(1, len(systems))
         for i, s in enumerate(systems):
             xs = [j + (i - (len(systems) - 1) / 2) * width for j, k in enumerate(keys) if k in by[s]]
-            ys = [by[s][k]["items_per_s"] for k in keys if k in by[s]]
+            ys = [by[s][k]["items_per_s_median"] for k in keys if k in by[s]]
+            best = [by[s][k]["items_per_s_best"] for k in keys if k in by[s]]
             ax.bar(xs, ys, width, label=s, color=COLORS.get(s))
+            ax.scatter(xs, best, marker="_", color="k", s=40, zorder=3)
         ax.set_xticks(range(len(keys)))
         ax.set_xticklabels([f"B={k[2]}\ndim={k[3]}" for k in keys], fontsize=8)
         ax.set_yscale("log")
-        ax.set_ylabel("items/s")
+        ax.set_ylabel("items/s (bar: median round, tick: best)")
         label = "sample + priority update" if (op, sampler) == ("sample", "prioritized") else op
         ax.set_title(f"{label} ({sampler})")
         ax.grid(axis="y", which="both", alpha=0.3)

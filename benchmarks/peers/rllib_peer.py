@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-from harness import ALPHA, BETA, Cell, System
+from harness import ALPHA, BETA, Cell, System, work_record
 
 PREFILL_EPISODE_LEN = 200
 GAMMA = 0.99
@@ -99,15 +99,44 @@ class RLlibSystem(System):
             return _insert_fn(self._buf, _episode(cell.batch, cell.dim, self._rng))
         return _sample_fn(self._buf, self._learner, cell.batch, cell.sampler == "prioritized", self._rng)
 
+    def measure(self, cell: Cell, payload: object) -> dict[str, Any]:
+        if cell.op == "insert":
+            return episode_work(payload)
+        return train_batch_work(payload, cell.sampler == "prioritized")
+
     def close(self) -> None:
         super().close()
         self._buf = self._learner = None
 
 
-def _insert_fn(buf: Any, template: Any) -> Callable[[], None]:
-    def step() -> None:
+def episode_work(episode: Any) -> dict[str, Any]:
+    """The work record of inserting one finished ``SingleAgentEpisode`` (its numpy arrays)."""
+    arrays = {
+        "observations": episode.get_observations(),
+        "actions": episode.get_actions(),
+        "rewards": episode.get_rewards(),
+    }
+    return work_record(
+        len(episode), {k: int(np.asarray(v).nbytes) for k, v in arrays.items()}, False, "buffer"
+    )
+
+
+def train_batch_work(batch: Any, priority_update: bool) -> dict[str, Any]:
+    """The work record of a delivered ``MultiAgentBatch`` of torch tensors (every module's columns)."""
+    cols: dict[str, int] = {}
+    rows = 0
+    for sb in batch.policy_batches.values():
+        rows += len(sb)
+        for k, v in sb.items():
+            cols[k] = cols.get(k, 0) + v.numel() * v.element_size()
+    return work_record(rows, cols, priority_update, "buffer")
+
+
+def _insert_fn(buf: Any, template: Any) -> Callable[[], Any]:
+    def step() -> Any:
         template.id_ = uuid.uuid4().hex  # a new episode each call; add() deep-copies it
         buf.add([template])
+        return template
 
     return step
 
@@ -120,7 +149,7 @@ def _sample_fn(
     prio_sets = [(rng.random(batch) * 2 + 1e-3).astype(np.float32) for _ in range(N_PRIORITY_SETS)]
     k = [0]
 
-    def step() -> None:
+    def step() -> Any:
         episodes = buf.sample(
             num_items=batch,
             n_step=1,
@@ -134,12 +163,13 @@ def _sample_fn(
         data = learner._learner_connector(
             rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=learner.metrics
         )
-        MultiAgentBatch(
+        out = MultiAgentBatch(
             {mid: SampleBatch(cols) for mid, cols in data.items()}, env_steps=sum(len(e) for e in episodes)
         )
         if prioritized:
             buf.update_priorities(prio_sets[k[0] % N_PRIORITY_SETS])
             k[0] += 1
+        return out
 
     return step
 

@@ -78,6 +78,9 @@ class RemoteTorchRL(System):
         elapsed, calls = self._call("round", seconds=seconds)
         return float(elapsed), int(calls)
 
+    def work(self, cell: Cell) -> dict[str, Any]:
+        return dict(self._call("work", cell=cell.to_dict()))
+
     def close(self) -> None:
         self._call("close")
 

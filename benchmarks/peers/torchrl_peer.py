@@ -6,7 +6,7 @@ priorities, the cost a DQN learner pays per step.
 
 Serves the :class:`harness.System` calls over stdin/stdout, one JSON object per line, so the parent can
 interleave TorchRL's rounds with the other systems': requests ``{"call": "open"|"prepare"|"round"|
-"close"|"info"|"exit", ...}``, replies ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``.
+"work"|"close"|"info"|"exit", ...}``, replies ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``.
 Usage: ``python torchrl_peer.py [--threads N]``.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from harness import ALPHA, BETA, Cell, System
+from harness import ALPHA, BETA, Cell, System, work_record
 
 PREFILL_CHUNK = 8192
 N_PRIORITY_SETS = 16
@@ -50,18 +50,33 @@ class TorchRLSystem(System):
         rb = self._rb
         if cell.op == "insert":
             src = torch.randn(cell.batch, cell.dim)
-            return lambda: rb.extend(TensorDict({"obs": src}, batch_size=[cell.batch]))
+
+            def insert() -> Any:
+                td = TensorDict({"obs": src}, batch_size=[cell.batch])
+                rb.extend(td)
+                return td
+
+            return insert
         if cell.sampler != "prioritized":
             return lambda: rb.sample(cell.batch)
         prio_sets = [torch.rand(cell.batch) * 2 + 1e-3 for _ in range(N_PRIORITY_SETS)]
         k = [0]
 
-        def sample_and_update() -> None:
-            _, info = rb.sample(cell.batch, return_info=True)
+        def sample_and_update() -> Any:
+            td, info = rb.sample(cell.batch, return_info=True)
             rb.update_priority(info["index"], prio_sets[k[0] % N_PRIORITY_SETS])
             k[0] += 1
+            return td
 
         return sample_and_update
+
+    def measure(self, cell: Cell, payload: Any) -> dict[str, Any]:
+        leaves = {
+            ".".join(k) if isinstance(k, tuple) else k: v.numel() * v.element_size()
+            for k, v in payload.items(include_nested=True, leaves_only=True)
+        }
+        prioritized = cell.op == "sample" and cell.sampler == "prioritized"
+        return work_record(int(payload.batch_size[0]), leaves, prioritized, "buffer")
 
     def close(self) -> None:
         super().close()
@@ -70,14 +85,22 @@ class TorchRLSystem(System):
 
 def versions() -> dict[str, Any]:
     """Versions and thread count of this venv."""
+    import os
+
     import tensordict
     import torchrl
 
+    rebuilt = os.path.join(os.path.dirname(torchrl.__file__), "_torchrl_rebuilt.txt")
+    extension = "prebuilt (the release's wheel)"
+    if os.path.exists(rebuilt):
+        with open(rebuilt) as f:
+            extension = f.read().strip()
     return {
         "torch": torch.__version__,
         "torchrl": torchrl.__version__,
         "tensordict": tensordict.__version__,
         "num_threads": torch.get_num_threads(),
+        "torchrl_extension": extension,
     }
 
 
@@ -90,6 +113,8 @@ def handle(system: TorchRLSystem, req: dict[str, Any]) -> Any:
         return system.prepare(Cell.from_dict(req["cell"]), req["warmup"])
     if call == "round":
         return list(system.round(req["seconds"]))
+    if call == "work":
+        return system.work(Cell.from_dict(req["cell"]))
     if call == "close":
         return system.close()
     if call == "info":

@@ -1,0 +1,104 @@
+"""Rules of the buffer and TransferQueue benchmarks (issue 27, items 4 and 5), checked without timing.
+
+Buffer benchmark: a Conduit ÷ peer ratio is refused where the two did unequal work (RLlib's DQN train
+batch against Conduit's one-column gather), median and best round are both reported, and more rounds
+than before are timed. TransferQueue benchmark: SimpleStorage rows carry ``storage_units``, the ratio
+and the targets use SimpleStorage's best unit count (and name it), and no "copies per byte" figure
+computed from a table is reported.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH / "peers"))
+sys.path.insert(1, str(BENCH))
+
+from analysis import compute_ratios, evaluate_targets  # noqa: E402
+from harness import Cell, Measured, make_row, work_record  # noqa: E402
+
+OBS_ONLY = work_record(32, {"obs": 32 * 4 * 4}, True, "buffer")
+TRAIN_BATCH = work_record(
+    32,
+    {
+        k: 128
+        for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "n_step", "weights")
+    },
+    True,
+    "buffer",
+)
+
+
+def _row(system: str, median_us: float, work: dict, best_us: float | None = None, **kw) -> dict:
+    cell = Cell(kw.get("op", "sample"), "prioritized", kw.get("batch", 32), kw.get("dim", 4), 100_000)
+    best = (best_us if best_us is not None else median_us) * 1e-6
+    m = Measured(best=best, median=median_us * 1e-6, calls=10, per_round=(best, median_us * 1e-6))
+    return make_row(cell, system, m, load=False, work=work)
+
+
+def test_ratio_refused_when_the_work_differs() -> None:
+    # Conduit's one-column gather is 100x faster than RLlib's DQN train batch: no ratio is claimed.
+    rows = [_row("conduit", 50.0, OBS_ONLY), _row("rllib", 5000.0, TRAIN_BATCH)]
+    (r,) = compute_ratios(rows)
+    assert r["ratio_median"] is None and r["ratio_best"] is None
+    assert "unequal work" in r["refused"] and "fields" in r["refused"] and "bytes" in r["refused"]
+    assert r["conduit_work"] == OBS_ONLY and r["peer_work"] == TRAIN_BATCH
+    target = next(t for t in evaluate_targets(rows, {"per_cell": []}, {}) if "rllib" in t["target"])
+    assert target["passed"] is None  # not a pass on unequal work
+    assert target["cells"][0]["ratio"] is None and "unequal work" in target["cells"][0]["refused"]
+
+
+def test_ratio_computed_on_equal_work_and_rllib_target_uses_it() -> None:
+    rows = [
+        _row("conduit", 50.0, OBS_ONLY),
+        _row("conduit_dqn", 250.0, TRAIN_BATCH, best_us=200.0),
+        _row("rllib", 5000.0, TRAIN_BATCH, best_us=4000.0),
+    ]
+    by = {r["conduit_system"]: r for r in compute_ratios(rows)}
+    assert by["conduit"]["refused"] and by["conduit"]["ratio_median"] is None
+    assert by["conduit_dqn"]["refused"] is None
+    assert by["conduit_dqn"]["ratio_median"] == pytest.approx(20.0)
+    assert by["conduit_dqn"]["ratio_best"] == pytest.approx(20.0)
+    target = next(t for t in evaluate_targets(rows, {"per_cell": []}, {}) if "rllib" in t["target"])
+    (cell,) = target["cells"]
+    assert cell["conduit_system"] == "conduit_dqn" and cell["ratio"] == pytest.approx(20.0)
+    assert target["passed"] is False  # 20x < 30x: judged, on equal work
+
+
+def test_ratio_refused_when_a_row_has_no_work_record() -> None:
+    rows = [_row("conduit", 50.0, OBS_ONLY), _row("torchrl", 200.0, OBS_ONLY)]
+    rows[1].pop("work")
+    (r,) = compute_ratios(rows)
+    assert r["ratio_median"] is None and "work not recorded for torchrl" in r["refused"]
+
+
+def test_median_and_best_round_reported_side_by_side() -> None:
+    m = Measured.from_rounds([(0.010, 10), (0.003, 10), (0.007, 10), (0.020, 10), (0.005, 10)])
+    row = make_row(Cell("sample", "uniform", 32, 4, 100), "torchrl", m, work=OBS_ONLY)
+    assert row["us_per_call_median"] == pytest.approx(700.0)
+    assert row["us_per_call_best"] == pytest.approx(300.0)
+    assert row["rounds"] == 5 and len(row["us_per_call_rounds"]) == 5
+    assert row["items_per_s_median"] == pytest.approx(32 / 700e-6)
+    assert row["items_per_s_best"] == pytest.approx(32 / 300e-6)
+    assert "us_per_call" not in row  # no unlabelled (best-round) figure
+    rows = [
+        _row("conduit", 100.0, OBS_ONLY, best_us=80.0),
+        _row("torchrl", 722.0, OBS_ONLY, best_us=343.0),
+    ]
+    (r,) = compute_ratios(rows)
+    assert r["ratio_median"] == pytest.approx(7.22) and r["ratio_best"] == pytest.approx(343 / 80)
+    torchrl = next(t for t in evaluate_targets(rows, {"per_cell": []}, {}) if "torchrl" in t["target"])
+    (cell,) = torchrl["cells"]
+    assert cell["ratio"] == pytest.approx(7.22)  # the target judges the median round
+    assert cell["ratio_best_round"] == pytest.approx(343 / 80)
+
+
+def test_full_run_times_more_rounds() -> None:
+    import buffer_throughput
+
+    assert buffer_throughput.FULL_TIMING.rounds >= 20
+    assert "conduit_dqn" in buffer_throughput.ALL_SYSTEMS
