@@ -28,17 +28,22 @@ RayStore: TQ's ``RayStorageClient.put`` stores every tensor with ``ray.put(t, _t
 where Ray's NIXL transport is unavailable that put raises, and RayStore is dropped from the run with
 the error recorded under ``skipped`` (and ``errors``) in the JSON.
 
-Ray logical CPUs: TQ's controller and each SimpleStorage unit reserve ``num_cpus=1``, so the 2 units
-TQ defaults to need 3 logical CPUs (``num_cpus=2`` never schedules the second unit and ``tq.init``
-hangs). Every same-node cluster therefore gets ``num_cpus=3``, and every cross-node node 2 (logical
-only; the machine has what it has). Conduit's storage actors reserve none.
+SimpleStorage runs at 1, 2 and 4 storage units (``--simple-units``; TQ's default is 2), each unit
+count in its own worker, interleaved with the other systems; its rows carry ``storage_units``, and the
+ratios and targets compare Conduit with SimpleStorage's best unit count in each cell and op (named in
+``simplestorage_units``; ``best_of_units`` marks that row).
 
-Conduit's ``copies_per_byte``: per byte of payload, how many times it is written on the way: the
-storage actors' counters times each path's copies, counted from the backend's code (see
-``CONDUIT_COPIES``). Gets: ``bytes_get_mapped`` (read in place by a same-node reader, one copy) and
-``bytes_get_copied`` (gathered and shipped). Puts: ``bytes_put_direct`` (scattered by a same-node writer
-straight into the store's mapped memory through a write plan, one copy) and the rest of ``bytes_put``
-(shipped through Ray's object store and copied in by the actor).
+Ray logical CPUs: TQ's controller and each SimpleStorage unit reserve ``num_cpus=1``, so ``u`` units
+need ``u + 1`` logical CPUs (too few and ``tq.init`` hangs). A same-node cluster gets
+``max(3, u + 1)``; a cross-node node gets 2, or 3 where the units round-robin more than one unit onto
+a node (logical only; the machine has what it has). Conduit's storage actors reserve none.
+
+Conduit's path bytes (``conduit_path_bytes``): the storage actors' counters per round, summed over the
+actors — gets: ``bytes_get_mapped`` (read in place by a same-node reader) and ``bytes_get_copied``
+(gathered and shipped over the data port); puts: ``bytes_put_direct`` (scattered by a same-node writer
+straight into the store's mapped memory) out of ``bytes_put``. ``mapped_share`` is the measured share
+of the payload that took the mapped path. They count bytes per path, not copies: the JSON reports no
+copies-per-byte figure (an earlier one multiplied these counters by a table of copies per path).
 
 Writes a JSON (rows, ratios, targets, machine facts) and a PNG of the same stem.
 """
@@ -83,28 +88,8 @@ TARGET_MIN_FIELD_BYTES = MIB  # the get/put targets apply to cells with >= 1 MiB
 CALL_TIMEOUT_S = 600.0
 START_TIMEOUT_S = 240.0
 
-#: copies per payload byte on each Conduit path, counted from integrations/verl/conduit_verl/tq_store
-#: (backend.py, store.py, fields.py, columns.py) at the time of writing
-CONDUIT_COPIES = {
-    # same-node writer with a write plan: one scatter of its rows straight into the mapped /dev/shm
-    # file (fields.write_mapped: ragged_kernels.scatter_prefixes), then a metadata-only commit
-    "put_direct": 1,
-    # the data path (puts under direct_put_min_bytes, fields the writer cannot map, writers on another
-    # node, plans refused 3 times) over the store's data port: the writer's arrays go out as raw
-    # frames (TCP send: kernel copy), the store receives them (one copy into ZMQ's message) and
-    # scatters them into its array (from_wire makes a view; ragged_kernels.scatter_prefixes)
-    "put_sent": 3,
-    # a batch spanning several storage actors: one select (Ragged.index: copy_segments) per owner first
-    "put_select": 1,
-    # same-node reader: gather straight from the mapped /dev/shm file into its own tensor
-    "get_mapped": 1,
-    # the store gathers, sends raw frames (kernel copy), the reader receives them (one copy)
-    "get_sent": 3,
-    # a get answered by one store hands out the received (read-only) frames copied once more; one
-    # answered by several merges the parts into the batch's order instead (Column.merge: one copy)
-    "get_own_copy": 1,
-    "get_merge": 1,
-}
+SIMPLE_UNITS = (1, 2, 4)  # SimpleStorage storage units swept (TQ's default: 2)
+SIMPLE_TOTAL_SIZE = 100_000
 
 NIXL_NOTE = (
     " (TQ's RayStorageClient.put calls ray.put(tensor, _tensor_transport='nixl') for every tensor;"
@@ -197,13 +182,35 @@ def cell_seed(samples: int, tokens: int) -> int:
 # -- worker side ------------------------------------------------------------------------------------
 
 
-def tq_config(system: str) -> dict[str, Any]:
+def worker_label(system: str, units: int | None) -> str:
+    """The name of one worker: a system, or SimpleStorage at one unit count (``SimpleStorage@2``)."""
+    return f"{system}@{units}" if units else system
+
+
+def parse_label(label: str) -> tuple[str, int | None]:
+    """Inverse of :func:`worker_label`."""
+    system, _, units = label.partition("@")
+    return system, int(units) if units else None
+
+
+def tq_config(system: str, units: int | None = None) -> dict[str, Any]:
     backend: dict[str, Any] = {"storage_backend": system}
     if system == "SimpleStorage":
-        backend["SimpleStorage"] = {"total_storage_size": 100_000, "num_data_storage_units": 2}
+        backend["SimpleStorage"] = {
+            "total_storage_size": SIMPLE_TOTAL_SIZE,
+            "num_data_storage_units": units or 2,
+        }
     else:
         backend[system] = {}
     return {"controller": {"polling_mode": True}, "backend": backend}
+
+
+def ray_cpus(units: int | None, nodes: int) -> int:
+    """Logical CPUs per Ray node: TQ's controller and every SimpleStorage unit reserve one."""
+    need = (units or 0) + 1
+    if nodes == 1:
+        return max(3, need)
+    return 2 if -(-(units or 0) // nodes) <= 1 else 3  # units round-robin over the nodes
 
 
 def register_backend(system: str) -> None:
@@ -274,7 +281,7 @@ class BackendClock:
 class SameNodeRunner:
     """This process is the TQ client: it puts, gets and clears."""
 
-    def __init__(self, system: str) -> None:
+    def __init__(self, system: str, units: int | None = None) -> None:
         import ray
         import transfer_queue as tq
         from omegaconf import OmegaConf
@@ -282,12 +289,12 @@ class SameNodeRunner:
         register_backend(system)
         ray.init(
             address="local",
-            num_cpus=3,
+            num_cpus=ray_cpus(units, 1),
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             object_store_memory=2 * 2**30,
         )
-        tq.init(OmegaConf.create(tq_config(system)))
+        tq.init(OmegaConf.create(tq_config(system, units)))
         self.tq, self.system = tq, system
         self.cache: tuple[tuple, dict, Any] | None = None
         self.clock = BackendClock()
@@ -391,7 +398,7 @@ def _client_actor_class() -> Any:
 class CrossNodeRunner:
     """A 3-node Ray cluster on this machine: puts from node A, gets from node B, clears from the driver."""
 
-    def __init__(self, system: str, threads: int) -> None:
+    def __init__(self, system: str, threads: int, units: int | None = None) -> None:
         import ray
         import transfer_queue as tq
         from omegaconf import OmegaConf
@@ -403,12 +410,16 @@ class CrossNodeRunner:
         # 127.0.0.1 do not listen: keep the address as given (this process only)
         services = ray._private.services
         services.resolve_ip_for_localhost = lambda host: host
-        node_args = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "object_store_memory": 768 * MIB}
+        node_args = {
+            "num_cpus": ray_cpus(units, 3),
+            "node_ip_address": "127.0.0.1",
+            "object_store_memory": 768 * MIB,
+        }
         self.cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
         nodes = [self.cluster.add_node(**node_args) for _ in range(2)]
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, _node_ip_address="127.0.0.1")
-        tq.init(OmegaConf.create(tq_config(system)))
+        tq.init(OmegaConf.create(tq_config(system, units)))
         self.tq, self.system = tq, system
         client = _client_actor_class()
         ids = [n.node_id for n in nodes]
@@ -464,7 +475,7 @@ class CrossNodeRunner:
             self.cluster.shutdown()
 
 
-def worker_main(system: str, nodes: int, threads: int) -> None:
+def worker_main(system: str, nodes: int, threads: int, units: int | None = None) -> None:
     """One system's worker: JSON lines in on stdin, JSON lines out on the original stdout."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # Ray's and TQ's chatter goes to stderr (the worker log), never into the protocol
@@ -481,7 +492,7 @@ def worker_main(system: str, nodes: int, threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
-        runner: Any = SameNodeRunner(system) if nodes == 1 else CrossNodeRunner(system, threads)
+        runner: Any = SameNodeRunner(system, units) if nodes == 1 else CrossNodeRunner(system, threads, units)
     except BaseException as e:  # noqa: BLE001
         reply({"ready": False, **failure(e)})
         return
@@ -507,10 +518,11 @@ def worker_main(system: str, nodes: int, threads: int) -> None:
 class Worker:
     """A system's worker subprocess, driven one JSON line at a time."""
 
-    def __init__(self, system: str, nodes: int, logdir: Path, threads: int) -> None:
-        self.system, self.nodes = system, nodes
-        self.log_path = logdir / f"{system}-nodes{nodes}.log"
-        self.tmp = Path(tempfile.mkdtemp(prefix=f"tqb{nodes}{system[:2]}", dir="/tmp"))
+    def __init__(self, label: str, nodes: int, logdir: Path, threads: int) -> None:
+        self.system, self.nodes = label, nodes
+        backend, units = parse_label(label)
+        self.log_path = logdir / f"{backend}{units or ''}-nodes{nodes}.log"
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"tqb{nodes}{backend[:2]}{units or ''}", dir="/tmp"))
         env = dict(os.environ, RAY_TMPDIR=str(self.tmp), PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -518,11 +530,12 @@ class Worker:
                 sys.executable,
                 str(Path(__file__).resolve()),
                 "--worker",
-                system,
+                backend,
                 "--nodes",
                 str(nodes),
                 "--threads",
                 str(threads),
+                *(["--units", str(units)] if units else []),
             ],  # fmt: skip
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -614,33 +627,23 @@ def time_memcpy(values: list[Any], into: list[Any] | None = None, min_total_s: f
     return best
 
 
-def conduit_copies(op: str, counters: list[list[dict]] | None) -> float | None:
-    """Copies per payload byte on Conduit's path for this op (counters x per-path copies)."""
+def conduit_path_bytes(op: str, counters: list[list[dict]] | None) -> dict[str, Any] | None:
+    """Bytes per round through each of Conduit's paths for ``op``, from the storage actors' counters
+    (summed over the actors, averaged over the rounds), and the share that took the mapped path."""
     if not counters:
         return None
-    c = CONDUIT_COPIES
-    totals: dict[tuple[str, Any], int] = {}
-    for run in counters:
-        for actor in run:
-            for k in COUNTERS:
-                totals[(k, actor["node"])] = totals.get((k, actor["node"]), 0) + actor[k]
-    owners = len(counters[0])
-    select = c["put_select"] if owners > 1 else 0
+    keys = ("bytes_put", "bytes_put_direct") if op == "put" else ("bytes_get_mapped", "bytes_get_copied")
+    per_round = {k: sum(a[k] for run in counters for a in run) / len(counters) for k in keys}
     if op == "put":
-        total = sum(v for (k, _), v in totals.items() if k == "bytes_put")
-        direct = sum(v for (k, _), v in totals.items() if k == "bytes_put_direct")  # same-node writer only
-        if not total:
-            return None
-        return (direct * (c["put_direct"] + select) + (total - direct) * (c["put_sent"] + select)) / total
-    mapped = sum(v for (k, _), v in totals.items() if k == "bytes_get_mapped")
-    copied = sum(v for (k, _), v in totals.items() if k == "bytes_get_copied")
-    total = mapped + copied
-    if not total:
-        return None
-    merge = c["get_merge"] if owners > 1 else 0
-    return (
-        mapped * (c["get_mapped"] + merge) + copied * (c["get_sent"] + (merge or c["get_own_copy"]))
-    ) / total
+        total, mapped = per_round["bytes_put"], per_round["bytes_put_direct"]
+    else:
+        mapped = per_round["bytes_get_mapped"]
+        total = mapped + per_round["bytes_get_copied"]
+    return {
+        **{k: round(v) for k, v in per_round.items()},
+        "storage_actors": len(counters[0]),
+        "mapped_share": round(mapped / total, 4) if total else None,
+    }
 
 
 def run_phase(nodes: int, cells: list[tuple[int, int]], systems: list[str], rounds: int, logdir: Path,
@@ -707,7 +710,7 @@ def run_phase(nodes: int, cells: list[tuple[int, int]], systems: list[str], roun
                     memcpy_s.append(time_memcpy(flats))
                     copy_into_s.append(time_memcpy(flats, into))
             del arrays, flats, into
-            line = []
+            line: list[str] = []
             med_memcpy = statistics.median(memcpy_s) if memcpy_s else None
             if med_memcpy is not None:
                 rows.append(make_row("memcpy", "copy", nodes, samples, tokens, nbytes, per_field, memcpy_s,
@@ -722,10 +725,10 @@ def run_phase(nodes: int, cells: list[tuple[int, int]], systems: list[str], roun
                     secs = [x[f"{op}_s"] for x in runs]
                     backend = [x[f"{op}_backend_s"] for x in runs]
                     counters = [x[f"{op}_counters"] for x in runs if x.get(f"{op}_counters")]
-                    copies = conduit_copies(op, counters) if s == "Conduit" else None
-                    row = make_row(s, op, nodes, samples, tokens, nbytes, per_field, secs, copies,
-                                   "counters x per-path copies (CONDUIT_COPIES)" if copies else None,
-                                   med_memcpy)  # fmt: skip
+                    paths = conduit_path_bytes(op, counters) if s == "Conduit" else None
+                    backend_name, units = parse_label(s)
+                    row = make_row(backend_name, op, nodes, samples, tokens, nbytes, per_field, secs,
+                                   med_memcpy, units=units, paths=paths)  # fmt: skip
                     rows.append({**row, **backend_split(secs, backend), "verified": verified.get(s, False)})
                     line.append(f"{s} {op} {nbytes / statistics.median(secs) / 1e9:.2f}")
             print(
@@ -742,11 +745,13 @@ def run_phase(nodes: int, cells: list[tuple[int, int]], systems: list[str], roun
 
 
 def make_row(system: str, op: str, nodes: int, samples: int, tokens: int, nbytes: int, per_field: int,
-             secs: list[float], copies: float | None, copies_source: str | None,
-             memcpy_s: float | None) -> dict[str, Any]:  # fmt: skip
+             secs: list[float], memcpy_s: float | None, units: int | None = None,
+             paths: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     med = statistics.median(secs)
-    return {
-        "system": system,
+    row: dict[str, Any] = {"system": system}
+    if system == "SimpleStorage":
+        row["storage_units"] = units
+    row.update({
         "op": op,
         "nodes": nodes,
         "samples": samples,
@@ -754,12 +759,13 @@ def make_row(system: str, op: str, nodes: int, samples: int, tokens: int, nbytes
         "bytes": nbytes,
         "seconds": med,
         "gb_per_s": nbytes / med / 1e9,
-        "copies_per_byte": None if copies is None else round(copies, 3),
-        "copies_source": copies_source,
         "memcpy_equivalents": None if not memcpy_s else round(med / memcpy_s, 2),
         "min_field_bytes": per_field,
         "all_seconds": [round(x, 6) for x in secs],
-    }
+    })  # fmt: skip
+    if system == "Conduit":
+        row["conduit_path_bytes"] = paths
+    return row
 
 
 def backend_split(secs: list[float], backend: list[float]) -> dict[str, Any]:
@@ -773,17 +779,47 @@ def backend_split(secs: list[float], backend: list[float]) -> dict[str, Any]:
 # -- analysis, report -------------------------------------------------------------------------------
 
 
-def find(rows: list[dict], system: str, op: str, nodes: int, b: int, t: int) -> dict | None:
+def find(rows: list[dict], system: str, op: str, nodes: int, b: int, t: int,
+         units: int | None = None) -> dict | None:  # fmt: skip
+    """The row of ``system`` for one cell and op; for SimpleStorage, the given unit count's row or, by
+    default, the best (highest GB/s) over the unit counts swept."""
+    found = [
+        r
+        for r in rows
+        if (r["system"], r["op"], r["nodes"], r["samples"], r["tokens_per_sample"])
+        == (system, op, nodes, b, t)
+        and (units is None or r.get("storage_units") == units)
+    ]
+    return max(found, key=lambda r: r["gb_per_s"]) if found else None
+
+
+def mark_best_units(rows: list[dict]) -> None:
+    """Set ``best_of_units`` on every SimpleStorage row: whether it is its cell and op's best unit count."""
     for r in rows:
-        if (r["system"], r["op"], r["nodes"], r["samples"], r["tokens_per_sample"]) == (
-            system,
-            op,
-            nodes,
-            b,
-            t,
-        ):
-            return r
-    return None
+        if r["system"] == "SimpleStorage":
+            best = find(rows, "SimpleStorage", r["op"], r["nodes"], r["samples"], r["tokens_per_sample"])
+            r["best_of_units"] = best is r
+
+
+def simple_units(rows: list[dict]) -> list[int]:
+    return sorted({r["storage_units"] for r in rows if r["system"] == "SimpleStorage"})
+
+
+def units_summary(rows: list[dict]) -> list[dict]:
+    """Per phase and op, each SimpleStorage unit count's geometric-mean GB/s over the cells and the
+    number of cells where it was the best."""
+    out = []
+    for nodes in sorted({r["nodes"] for r in rows}):
+        for op in ("put", "get"):
+            for u in simple_units(rows):
+                mine = [r for r in rows if (r["system"], r["nodes"], r["op"], r.get("storage_units")) ==
+                        ("SimpleStorage", nodes, op, u)]  # fmt: skip
+                if mine:
+                    geo = statistics.geometric_mean([r["gb_per_s"] for r in mine])
+                    best = sum(bool(r.get("best_of_units")) for r in mine)
+                    out.append({"nodes": nodes, "op": op, "storage_units": u, "cells": len(mine),
+                                "geomean_gb_per_s": round(geo, 4), "best_in_cells": best})  # fmt: skip
+    return out
 
 
 def cells_of(rows: list[dict]) -> list[tuple[int, int, int]]:
@@ -806,6 +842,7 @@ def compute_ratios(rows: list[dict]) -> list[dict]:
             out.append({
                 "nodes": nodes, "samples": b, "tokens_per_sample": t, "op": op,
                 "conduit_over_simplestorage": None if s is None else round(c["gb_per_s"] / s["gb_per_s"], 3),
+                "simplestorage_units": None if s is None else s["storage_units"],
                 "conduit_over_memcpy": None if memcpy is None else round(c["gb_per_s"] / memcpy["gb_per_s"], 3),
             })  # fmt: skip
     return out
@@ -823,6 +860,8 @@ def evaluate_targets(rows: list[dict]) -> dict[str, dict]:
                 continue
             ratio = c["gb_per_s"] / r["gb_per_s"]
             cell = {"samples": b, "tokens_per_sample": t, "ratio": round(ratio, 3), "pass": ratio >= factor}
+            if ref == "SimpleStorage":
+                cell["simplestorage_units"] = r["storage_units"]  # its best unit count in this cell
             if c.get("client_seconds"):
                 # the ratio a backend taking no time at all would reach, given the TQ client's own time
                 cell["bound"] = round(r["seconds"] / c["client_seconds"], 2)
@@ -836,7 +875,13 @@ def evaluate_targets(rows: list[dict]) -> dict[str, dict]:
     big = f"cells with >= {TARGET_MIN_FIELD_BYTES // MIB} MiB in every token field"
     return {
         "same_node_get_vs_simplestorage": rule(
-            "get5x", f"same-node get GB/s >= 5x SimpleStorage ({big})", 1, "get", "SimpleStorage", 5.0, True
+            "get5x",
+            f"same-node get GB/s >= 5x SimpleStorage, best unit count ({big})",
+            1,
+            "get",
+            "SimpleStorage",
+            5.0,
+            True,
         ),
         "same_node_get_vs_memcpy": rule(
             "get50",
@@ -848,11 +893,17 @@ def evaluate_targets(rows: list[dict]) -> dict[str, dict]:
             True,
         ),
         "same_node_put_vs_simplestorage": rule(
-            "put3x", f"same-node put GB/s >= 3x SimpleStorage ({big})", 1, "put", "SimpleStorage", 3.0, True
+            "put3x",
+            f"same-node put GB/s >= 3x SimpleStorage, best unit count ({big})",
+            1,
+            "put",
+            "SimpleStorage",
+            3.0,
+            True,
         ),
         "same_node_put_vs_simplestorage_all_cells": rule(
             "put3x_all",
-            "same-node put GB/s >= 3x SimpleStorage (every cell; informational)",
+            "same-node put GB/s >= 3x SimpleStorage, best unit count (every cell; informational)",
             1,
             "put",
             "SimpleStorage",
@@ -860,36 +911,61 @@ def evaluate_targets(rows: list[dict]) -> dict[str, dict]:
             False,
         ),
         "cross_node_put_vs_simplestorage": rule(
-            "xput", "cross-node put GB/s >= SimpleStorage (every cell)", 3, "put", "SimpleStorage", 1.0, False
+            "xput",
+            "cross-node put GB/s >= SimpleStorage, best unit count (every cell)",
+            3,
+            "put",
+            "SimpleStorage",
+            1.0,
+            False,
         ),
         "cross_node_get_vs_simplestorage": rule(
-            "xget", "cross-node get GB/s >= SimpleStorage (every cell)", 3, "get", "SimpleStorage", 1.0, False
+            "xget",
+            "cross-node get GB/s >= SimpleStorage, best unit count (every cell)",
+            3,
+            "get",
+            "SimpleStorage",
+            1.0,
+            False,
         ),
     }
 
 
+def columns_of(rows: list[dict], systems: list[str]) -> list[tuple[str, str, int | None]]:
+    """(heading, system, units) per column: SimpleStorage once per unit count swept."""
+    cols: list[tuple[str, str, int | None]] = []
+    for s in systems:
+        if s == "SimpleStorage":
+            cols += [(f"Simple u={u}", s, u) for u in simple_units(rows)]
+        elif any(r["system"] == s for r in rows):
+            cols.append((s, s, None))
+    return cols
+
+
 def format_table(rows: list[dict], systems: list[str]) -> str:
-    cols = [s for s in systems if any(r["system"] == s for r in rows)]
-    head = ["nodes", "samples x tokens", "MiB", "op", *[f"{s} GB/s" for s in cols], "clone GB/s",
-            "copy_ GB/s", "Conduit/Simple", "Conduit/copy_", "Conduit copies/B", "Conduit TQ-client ms"]  # fmt: skip
+    cols = columns_of(rows, systems)
+    head = ["nodes", "samples x tokens", "MiB", "op", *[f"{h} GB/s" for h, _, _ in cols], "clone GB/s",
+            "copy_ GB/s", "Conduit/Simple(best u)", "Conduit/copy_", "Conduit mapped %",
+            "Conduit TQ-client ms"]  # fmt: skip
     lines = []
     for nodes, b, t in cells_of(rows):
         memcpy = find(rows, "memcpy", "copy", nodes, b, t)
         into = find(rows, "memcpy", "copy_into", nodes, b, t)
         for op in ("put", "get"):
-            got = {s: find(rows, s, op, nodes, b, t) for s in cols}
-            if not any(got.values()):
+            got = [find(rows, s, op, nodes, b, t, u) for _, s, u in cols]
+            if not any(got):
                 continue
-            anyrow = next(r for r in got.values() if r)
-            c, s = got.get("Conduit"), got.get("SimpleStorage")
+            anyrow = next(r for r in got if r)
+            c, s = find(rows, "Conduit", op, nodes, b, t), find(rows, "SimpleStorage", op, nodes, b, t)
+            share = (c.get("conduit_path_bytes") or {}).get("mapped_share") if c else None
             lines.append([
                 str(nodes), f"{b} x {t}", f"{anyrow['bytes'] / MIB:.1f}", op,
-                *[f"{got[x]['gb_per_s']:.3f}" if got[x] else "-" for x in cols],
+                *[f"{x['gb_per_s']:.3f}" if x else "-" for x in got],
                 f"{memcpy['gb_per_s']:.2f}" if memcpy else "-",
                 f"{into['gb_per_s']:.2f}" if into else "-",
-                f"{c['gb_per_s'] / s['gb_per_s']:.2f}x" if c and s else "-",
+                f"{c['gb_per_s'] / s['gb_per_s']:.2f}x (u={s['storage_units']})" if c and s else "-",
                 f"{c['gb_per_s'] / into['gb_per_s']:.0%}" if c and into else "-",
-                f"{c['copies_per_byte']:.2f}" if c and c["copies_per_byte"] is not None else "-",
+                f"{share:.0%}" if share is not None else "-",
                 f"{c['client_seconds'] * 1e3:.1f}" if c and c.get("client_seconds") is not None else "-",
             ])  # fmt: skip
     widths = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(head)]
@@ -905,6 +981,7 @@ def format_targets(targets: dict[str, dict]) -> str:
         verdict = "n/a (no cells)" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
         cells = ", ".join(
             f"{c['samples']}x{c['tokens_per_sample']}: {c['ratio']:.2f}"
+            + (f" (u={c['simplestorage_units']})" if "simplestorage_units" in c else "")
             + (f" (bound {c['bound']:.2f})" if "bound" in c else "")
             for c in t["cells"]
         )
@@ -920,17 +997,19 @@ def plot(rows: list[dict], systems: list[str], path: Path, title: str) -> None:
 
     phases = sorted({r["nodes"] for r in rows})
     fig, axes = plt.subplots(len(phases), 2, figsize=(14, 4.8 * len(phases)), squeeze=False)
-    colors = {"SimpleStorage": "tab:blue", "RayStore": "tab:orange", "Conduit": "tab:green"}
+    colors = {"RayStore": "tab:orange", "Conduit": "tab:green"}
+    blues = {1: "lightsteelblue", 2: "tab:blue", 4: "navy"}
     for pi, nodes in enumerate(phases):
         cells = [(b, t) for n, b, t in cells_of(rows) if n == nodes]
-        names = [s for s in systems if any(r["system"] == s and r["nodes"] == nodes for r in rows)]
+        here = [r for r in rows if r["nodes"] == nodes]
+        names = columns_of(here, systems)
         for oi, op in enumerate(("put", "get")):
             ax = axes[pi][oi]
             width = 0.8 / max(len(names), 1)
-            for si, s in enumerate(names):
-                ys = [(find(rows, s, op, nodes, b, t) or {}).get("gb_per_s", 0.0) for b, t in cells]
+            for si, (label, s, u) in enumerate(names):
+                ys = [(find(rows, s, op, nodes, b, t, u) or {}).get("gb_per_s", 0.0) for b, t in cells]
                 xs = [i - 0.4 + width * (si + 0.5) for i in range(len(cells))]
-                ax.bar(xs, ys, width, label=s, color=colors.get(s))
+                ax.bar(xs, ys, width, label=label, color=blues.get(u or 0) if u else colors.get(s))
             mc = [(find(rows, "memcpy", "copy", nodes, b, t) or {}).get("gb_per_s") for b, t in cells]
             if any(mc):
                 ax.scatter(range(len(cells)), mc, marker="_", s=900, color="black", label="memcpy (clone)",
@@ -1018,14 +1097,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads in the driver, the workers and the client actors (default 1: on a "
                     "small shared machine intra-op threads stall on each other)")  # fmt: skip
+    ap.add_argument("--simple-units", default=",".join(str(u) for u in SIMPLE_UNITS),
+                    help="SimpleStorage storage unit counts to sweep (default 1,2,4; TQ's default is 2)")  # fmt: skip
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--units", type=int, default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        worker_main(args.worker, args.nodes or 1, args.threads)
+        worker_main(args.worker, args.nodes or 1, args.threads, args.units)
         return 0
     import torch
 
@@ -1038,6 +1120,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = set(systems) - set(SYSTEMS)
     if bad:
         raise SystemExit(f"unknown systems {sorted(bad)}; choose from {SYSTEMS}")
+    units = [int(u) for u in args.simple_units.split(",") if u]
+    labels = [
+        lab for s in systems for lab in ([worker_label(s, u) for u in units] if s == "SimpleStorage" else [s])
+    ]
     phases = [args.nodes] if args.nodes else ([1] if args.quick else [1, 3])
     same = SAME_QUICK if args.quick else SAME_FULL
     cross = CROSS_CELLS
@@ -1047,18 +1133,19 @@ def main(argv: list[str] | None = None) -> int:
         same = cross = [(b, t) for b in bs for t in ts]
     rounds = args.rounds or ROUNDS[mode]
     logdir = Path(tempfile.mkdtemp(prefix="tq_backends-logs-"))
-    print(f"tq_backends ({mode}): systems {systems}, phases {phases}, {rounds} timed rounds + 1 warm-up "
+    print(f"tq_backends ({mode}): systems {labels}, phases {phases}, {rounds} timed rounds + 1 warm-up "
           f"per cell; load {load_start}; worker logs in {logdir}", flush=True)  # fmt: skip
     rows: list[dict] = []
     skipped: dict[str, str] = {}
     errors: list[dict] = []
     for nodes in phases:
         cells = same if nodes == 1 else cross
-        phase_systems = systems
+        phase_systems = labels
         if nodes == 3 and "RayStore" in skipped:  # it failed on the same node: the same call fails here
             print(f"\n(RayStore skipped for the cross-node phase: {skipped['RayStore'][:200]})", flush=True)
         rows += run_phase(nodes, cells, phase_systems, rounds, logdir, skipped, errors, t_start, args.threads)
     wall = time.perf_counter() - t_start
+    mark_best_units(rows)
     ratios, targets = compute_ratios(rows), evaluate_targets(rows)
     facts = provenance.finish(prov)  # git_commit, git_dirty, load_average_start/_end, created_utc
     created = facts.pop("created_utc")
@@ -1083,8 +1170,17 @@ def main(argv: list[str] | None = None) -> int:
             "taking no time would reach",
             "ray": "same node: ray.init(address='local', num_cpus=3, 127.0.0.1, no dashboard); cross node: "
             "ray.cluster_utils.Cluster, 3 nodes x num_cpus=2 on 127.0.0.1 (logical CPUs; see docstring)",
-            "simplestorage": tq_config("SimpleStorage")["backend"]["SimpleStorage"],
-            "conduit_copies_per_path": CONDUIT_COPIES,
+            "simplestorage": {
+                "total_storage_size": SIMPLE_TOTAL_SIZE,
+                "num_data_storage_units": units,
+                "compared": "per cell and op, the unit count with the highest GB/s "
+                "(rows: storage_units, best_of_units; ratios and targets: simplestorage_units)",
+            },
+            "ray_cpus": "same node: max(3, units + 1) logical CPUs; cross node: 2 per node (3 where the "
+            "SimpleStorage units put two on one node)",
+            "conduit_path_bytes": "per Conduit row, bytes per round through each path from the storage actors' "
+            "counters (put: bytes_put, bytes_put_direct; get: bytes_get_mapped, bytes_get_copied) and "
+            "mapped_share = bytes on the mapped path / payload bytes; measured bytes per path, not copies",
             "torch_threads": args.threads,
             "memcpy": "op 'copy_into': copy_ of every field's flat values into preallocated tensors (the reference "
             "of the memcpy target); op 'copy': torch clone (fresh memory). In the driver, per round the fastest of "
@@ -1094,6 +1190,7 @@ def main(argv: list[str] | None = None) -> int:
         "errors": errors,
         "rows": rows,
         "ratios": ratios,
+        "simplestorage_units": units_summary(rows),
         "targets": targets,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
