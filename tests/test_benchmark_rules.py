@@ -169,3 +169,18 @@ def test_no_copies_per_byte_from_a_table() -> None:
     ]  # fmt: skip
     got = tqb.conduit_path_bytes("get", two_rounds)
     assert got == {"bytes_get_mapped": 300, "bytes_get_copied": 200, "storage_actors": 2, "mapped_share": 0.6}
+
+
+# -- provenance ("Also") ----------------------------------------------------------------------------
+
+
+def test_every_script_that_writes_results_records_provenance() -> None:
+    scripts = sorted(BENCH.glob("*.py")) + sorted(BENCH.glob("gpu/*.py"))
+    writers = [p for p in scripts if "json.dump" in p.read_text()]
+    assert len(writers) >= 15
+    missing = [
+        p.name
+        for p in writers
+        if "provenance.start(" not in p.read_text() or "provenance.finish(" not in p.read_text()
+    ]
+    assert missing == []  # each JSON then carries git_commit, git_dirty and load_average_start/_end
