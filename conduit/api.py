@@ -184,6 +184,7 @@ class Conduit:
         with self.metrics.span("get", exposed=True):
             delivery = self._scheduler.get(request, self.timeout_s)
             delivery.wait()
+            self.buffer.release(request.size)  # delivered: a consume-once buffer may reuse the slots
             if self.journal is not None:  # consume-once: how far deliveries reached survives a restart
                 self.journal.delivered(delivery.generations, self.buffer.inserted)
             return delivery

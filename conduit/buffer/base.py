@@ -110,6 +110,15 @@ class Sampler(ABC):
     def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``n`` slots and, for prioritized sampling, their importance weights."""
 
+    def hold(self, n: int) -> None:
+        """The ``n`` items just sampled are not delivered yet: their slots stay taken until
+        :meth:`release` (a consume-once sampler; others ignore it)."""
+        del n
+
+    def release(self, n: int) -> None:
+        """The oldest ``n`` held items were delivered: their slots may be written again."""
+        del n
+
     def update_priorities(self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor) -> None:
         raise PriorityError(f"{type(self).__name__} has no priorities; use sampler='prioritized'")
 

@@ -189,11 +189,16 @@ class ExperienceBuffer:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def sample(self, n: int, version: int | None = None, out: ColumnBatch | None = None) -> Sample:
+    def sample(
+        self, n: int, version: int | None = None, out: ColumnBatch | None = None, hold: bool = False
+    ) -> Sample:
         """Read ``n`` committed items (FIFO: the next ``n``, consumed exactly once).
 
         ``out`` (optional) is a batch from an earlier sample of the same size whose fixed columns are
         reused as the destination of the gather — for steady-state consumers that are done with it.
+
+        ``hold=True`` (a runtime that delivers later): a consume-once sampler keeps the items' slots
+        taken until :meth:`release` says they were delivered, so no write overwrites them meanwhile.
 
         ``version`` is the consumer's policy version; with ``rate_limit.max_staleness`` set, FIFO
         items written more than ``max_staleness`` versions earlier are evicted and counted
@@ -208,6 +213,8 @@ class ExperienceBuffer:
             if self._sample_blocker(n) is not None:
                 self._wait(lambda: self._sample_blocker(n, version), "sample")
             slots, weights = self.sampler.sample(n)
+            if hold:
+                self.sampler.hold(n)
             batch = self.storage.read(slots, out)
             generations, versions = self.storage.read_meta(slots)
             self.sampled += n
@@ -215,6 +222,13 @@ class ExperienceBuffer:
                 self._cond.notify_all()  # a writer may wait for room or for the ratio
         self.metrics.incr("sampled", n)
         return Sample(batch, slots, generations, versions, weights)
+
+    def release(self, n: int) -> None:
+        """The oldest ``n`` items sampled with ``hold=True`` were delivered: their slots are free."""
+        with self._cond:
+            self.sampler.release(n)
+            if self._waiters:
+                self._cond.notify_all()  # a writer may wait for room
 
     def _check_out(self, out: ColumnBatch, n: int) -> None:
         for col in self.schema:

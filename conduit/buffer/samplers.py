@@ -6,6 +6,8 @@ that is still being written. All selection is vectorised over the batch.
 
 from __future__ import annotations
 
+from collections import deque
+
 import logging
 import math
 
@@ -93,6 +95,9 @@ class FifoSampler(Sampler):
         self.max_staleness, self.on_stale = max_staleness, on_stale
         self.head = 0  # items consumed (or evicted) so far
         self.tail = 0  # items committed so far
+        # items sampled but not yet delivered, as [first item, count] runs in item order (hold/release):
+        # their slots are not free yet, so a write can never overwrite an item that is still on its way
+        self._held: deque[list[int]] = deque()
         self._versions: torch.Tensor | None = None
         self._metrics: Metrics | None = None
 
@@ -111,10 +116,31 @@ class FifoSampler(Sampler):
         return None
 
     def insert_blocker(self, n: int) -> str | None:
-        free = self.capacity - self.available()
+        free = self.capacity - (self.tail - self._released())
         if n > free:
-            return f"only {free} free slots for {n} items: unconsumed on-policy items are never overwritten"
+            return (
+                f"only {free} free slots for {n} items: unconsumed on-policy items are never overwritten "
+                "(nor sampled ones not yet delivered)"
+            )
         return None
+
+    def _released(self) -> int:
+        """The first item whose slot is not free: the oldest held one, else the head."""
+        return self._held[0][0] if self._held else self.head
+
+    def hold(self, n: int) -> None:
+        if n:
+            self._held.append([self.head - n, n])
+
+    def release(self, n: int) -> None:
+        while n > 0 and self._held:
+            run = self._held[0]
+            k = min(n, run[1])
+            run[0] += k
+            run[1] -= k
+            n -= k
+            if run[1] == 0:
+                self._held.popleft()
 
     def peek(self, n: int) -> torch.Tensor:
         """The next ``n`` slots, without consuming them."""
@@ -172,6 +198,7 @@ class FifoSampler(Sampler):
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.head = int(state["head"])  # type: ignore[call-overload]
         self.tail = int(state["tail"])  # type: ignore[call-overload]
+        self._held.clear()
 
 
 class PrioritizedSampler(Sampler):

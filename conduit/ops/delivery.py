@@ -226,7 +226,8 @@ class DeliveryPlan:
         if held is not None and held.size >= n:
             self.held = held.slice(n, held.size) if held.size > n else None
             return held.slice(0, n) if held.size > n else held
-        s = buffer.sample(n - self.held_items, version=version)  # raises with ``held`` kept
+        # slots stay taken until delivered (``release``); raises with ``held`` kept
+        s = buffer.sample(n - self.held_items, version=version, hold=True)
         fresh = Part(s.batch, s.slots, s.generations, s.versions, s.weights)
         self.held = None
         return fresh if held is None else Part.cat([held, fresh])
