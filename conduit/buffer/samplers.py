@@ -6,10 +6,9 @@ that is still being written. All selection is vectorised over the batch.
 
 from __future__ import annotations
 
-from collections import deque
-
 import logging
 import math
+from collections import deque
 
 import torch
 
