@@ -273,15 +273,16 @@ class Conduit:
                 f"not a Conduit state: expected a dict with 'buffer', got {type(state).__name__}"
             )
 
+        generator, versions = _runtime_state(state)  # checked before anything changes
+
         def load(first: int | None) -> None:
+            # checks everything, then loads
             self.buffer.load_state_dict(state["buffer"])  # type: ignore[arg-type]
             self._scheduler.discard_prepared()  # prepared items belonged to the replaced contents
-            delivery = state.get("delivery")
-            if isinstance(delivery, dict) and isinstance(delivery.get("generator"), torch.Tensor):
-                self._scheduler.plan.generator.set_state(delivery["generator"])
-            versions = state.get("versions")
-            if isinstance(versions, dict):
-                self._put_version, self._get_version = versions.get("put"), versions.get("get")
+            if generator is not None:
+                self._scheduler.plan.generator.set_state(generator)
+            if versions is not None:
+                self._put_version, self._get_version = versions
 
         self._scheduler.quiesced(load, self.timeout_s)
 
@@ -317,6 +318,31 @@ def _release(scheduler: Scheduler, journal: Journal | None) -> None:
     scheduler.stop()
     if journal is not None:
         journal.close()
+
+
+def _runtime_state(
+    state: dict[str, object],
+) -> tuple[torch.Tensor | None, tuple[int | None, int | None] | None]:
+    """The delivery generator's state and the ``(put, get)`` versions of a Conduit state, checked:
+    :class:`CheckpointError` naming what is wrong, before anything is loaded."""
+    generator = None
+    delivery = state.get("delivery")
+    if isinstance(delivery, dict) and delivery.get("generator") is not None:
+        generator = delivery["generator"]
+        try:
+            torch.Generator().set_state(generator)  # a scratch generator: the state must fit one
+        except (TypeError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"the delivery generator's state does not load: {e}") from e
+    versions = state.get("versions")
+    if versions is None:
+        return generator, None
+    if not isinstance(versions, dict):
+        raise CheckpointError(f"versions must be a dict, got {type(versions).__name__}")
+    put, get = versions.get("put"), versions.get("get")
+    for name, v in (("put", put), ("get", get)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise CheckpointError(f"versions[{name!r}] must be a count >= 0 or None, got {v!r}")
+    return generator, (put, get)
 
 
 def _advance(last: int | None, version: int, who: str) -> int:

@@ -345,3 +345,28 @@ def test_undelivered_items_keep_their_slots_and_the_state_reloads_exactly(overla
     d.load_state_dict(state)
     assert ids(d.get(8)) == list(range(2, 10))
     d.close()
+
+
+@pytest.mark.parametrize(
+    ("part", "bad", "match"),
+    [
+        ("delivery", {"generator": torch.zeros(3, dtype=torch.uint8)}, "generator"),
+        ("versions", {"put": "seven", "get": None}, "versions"),
+        ("versions", [1, 2], "versions"),
+    ],
+)
+def test_load_state_dict_checks_the_runtime_state_before_replacing_the_buffer(part, bad, match) -> None:
+    """A state whose buffer loads but whose generator or versions do not: CheckpointError, and the
+    target Conduit is exactly as before (it had loaded the buffer first, then failed)."""
+    from conduit import CheckpointError
+
+    src = fifo("sync", capacity=8)
+    src.put(frag(100, 5))
+    state = {**src.state_dict(), part: bad}
+    src.close()
+    c = fifo("sync", capacity=8)
+    c.put(frag(0, 3))
+    with pytest.raises(CheckpointError, match=match):
+        c.load_state_dict(state)
+    assert ids(c.get(3)) == [0, 1, 2]  # the old contents, untouched
+    c.close()
