@@ -25,7 +25,8 @@ def _fmt_us(r: Mapping[str, Any] | None) -> str:
 
 
 def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
-    """One line per cell: median/best µs per call per system, and each equal-work ratio (median, best)."""
+    """One line per cell: median/best µs per call per system, and each peer's equal-work ratio (median,
+    best); the JSON's ``ratios`` also lists every refused pairing with its reason."""
     by = index_rows(rows)
     systems = [s for s in SYSTEMS if s in by]
     keys = sorted(
@@ -46,12 +47,15 @@ def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
             f"{_fmt_us(by[s].get(k)):>18}" for s in systems
         )
         parts = []
-        for r in ratios.get(k, []):
-            name = f"{r['peer']}/{r['conduit_system']}"
-            if r["refused"]:
-                parts.append(f"{name} refused (unequal work)")
-            else:
-                parts.append(f"{name} {r['ratio_median']:.2f}x ({r['ratio_best']:.2f}x)")
+        for peer in dict.fromkeys(r["peer"] for r in ratios.get(k, [])):
+            mine = [r for r in ratios[k] if r["peer"] == peer]
+            equal = [r for r in mine if not r["refused"]]
+            for r in equal:  # the equal-work ratio; a refused pairing only where there is none
+                parts.append(
+                    f"{peer}/{r['conduit_system']} {r['ratio_median']:.2f}x ({r['ratio_best']:.2f}x)"
+                )
+            if not equal:
+                parts.append(f"{peer}/{'|'.join(r['conduit_system'] for r in mine)} refused (unequal work)")
         lines.append(line + " | " + "; ".join(parts))
     return "\n".join(lines)
 
