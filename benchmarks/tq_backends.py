@@ -1084,7 +1084,7 @@ def machine_facts() -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="same node only, 2 x 2 cells, 5 rounds (< 3 min)")
+    ap.add_argument("--quick", action="store_true", help="same node only, 2 x 2 cells, 5 rounds (~3 min)")
     ap.add_argument("--nodes", type=int, choices=(1, 3), default=None,
                     help="only the same-node (1) or the cross-node (3) phase (default: both; --quick: 1)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
