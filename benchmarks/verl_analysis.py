@@ -141,8 +141,19 @@ def exposed_profile(rows: list[dict[str, Any]], system: str) -> dict[str, Any]:
     }
 
 
+#: conduit (``g_ing=auto``) measures its options over the first iterations after the warm-up one; the
+#: "steady" ratios take iterations from this one on, for every system alike
+STEADY_FROM = 8
+
+
+def measured(rows: list[dict[str, Any]], system: str, first: int = 0) -> list[dict[str, Any]]:
+    """``system``'s rows from iteration ``first`` on: the one rule that picks the iterations every
+    median and ratio uses, whatever the system (the warm-up iteration is dropped by ``rows_for_run``)."""
+    return [r for r in rows if r["system"] == system and r["iteration"] >= first]
+
+
 def median(rows: list[dict[str, Any]], system: str, key: str, first: int = 0) -> float | None:
-    vals = [float(r[key]) for r in rows if r["system"] == system and r["iteration"] >= first]
+    vals = [float(r[key]) for r in measured(rows, system, first)]
     return statistics.median(vals) if vals else None
 
 
@@ -202,11 +213,14 @@ def baseline_repeats(rows: list[dict[str, Any]], system: str, rel: float = 1e-4)
 
 
 def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 0) -> dict[str, Any]:
-    """Each conduit system ÷ each baseline, medians, for wall and exposed time.
+    """Each conduit system ÷ each baseline, medians, for wall and exposed time, every system's median
+    over the same iterations (``measured``: all measured ones).
 
     A ratio is refused (``refused/<system>_over_<base>``: the reason) when the two did different
-    work (``work_differs``). ``steady_from``: also ``<key>/conduit_steady_over_<base>``, conduit's
-    iterations from that one on (after ``g_ing=auto`` has measured its options).
+    work (``work_differs``). ``steady_from``: also ``<key>/conduit_steady_over_<base>``, both
+    systems' iterations from that one on (after ``g_ing=auto`` has measured its options). A system
+    on the other storage backend of a trainer that also ran (``verl_sync_tuned+tq_conduit`` beside
+    ``verl_sync_tuned``) gets ``backend/<key>/<system>_over_<trainer>``: the backend alone.
     """
     out: dict[str, Any] = {}
     systems = sorted({r["system"] for r in rows})
@@ -224,9 +238,10 @@ def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 
                 c = median(rows, system, key)
                 if c is not None and b:
                     out[f"{key.removesuffix('_s')}/{system}_over_{base}"] = round(c / b, 3)
-            c = median(rows, "conduit", key, steady_from) if steady_from and "conduit" in allowed else None
-            if c is not None and b:
-                out[f"{key.removesuffix('_s')}/conduit_steady_over_{base}"] = round(c / b, 3)
+            if steady_from and "conduit" in allowed:
+                c, bs = median(rows, "conduit", key, steady_from), median(rows, base, key, steady_from)
+                if c is not None and bs:
+                    out[f"{key.removesuffix('_s')}/conduit_steady_over_{base}"] = round(c / bs, 3)
         for system in mine:
             out[f"losses_equal/{system}_vs_{base}"] = losses_equal(rows, system, base)
             critic = losses_equal(rows, system, base, key="critic_loss")
@@ -234,9 +249,45 @@ def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 
                 out[f"critic_losses_equal/{system}_vs_{base}"] = critic
         out[f"repeats/{base}"] = baseline_repeats(rows, base)
     for system in systems:
+        trainer, sep, _ = system.partition("+tq_")
+        if sep and trainer in systems and not trainer.startswith("conduit"):
+            if why := work_differs(rows, system, trainer):
+                out[f"refused/backend/{system}_over_{trainer}"] = why
+            else:
+                for key in ("wall_s", "exposed_s"):
+                    c, b = median(rows, system, key), median(rows, trainer, key)
+                    if c is not None and b:
+                        out[f"backend/{key.removesuffix('_s')}/{system}_over_{trainer}"] = round(c / b, 3)
+    for system in systems:
         out[f"median_wall_s/{system}"] = median(rows, system, "wall_s")
         out[f"median_exposed_s/{system}"] = median(rows, system, "exposed_s")
+        ua = [
+            r["stages"]["update_actor"]
+            for r in measured(rows, system)
+            if "update_actor" in r.get("stages", {})
+        ]
+        if ua:  # identical work in every system: a difference here is the machine, not the data path
+            out[f"median_update_actor_s/{system}"] = round(statistics.median(ua), 4)
     return out
+
+
+def choose_poll(walls: dict[float, list[float]]) -> tuple[float, dict[str, Any]]:
+    """The tuned baseline's poll period: the one with the lowest median wall in the sweep (the most
+    favourable for verl, whatever the noise). Also says whether the sweep could order the periods:
+    ``resolved`` when the best median is below every other one by more than ``noise_s``, the median
+    absolute deviation of the steps around their own period's median (pooled over periods)."""
+    med = {p: statistics.median(v) for p, v in walls.items() if v}
+    chosen = min(med, key=lambda p: (med[p], p))
+    noise = statistics.median(abs(w - med[p]) for p, v in walls.items() if v for w in v)
+    gap = min((m - med[chosen] for p, m in med.items() if p != chosen), default=None)
+    return chosen, {
+        "rule": "the period with the lowest median wall in the sweep",
+        "chosen": chosen,
+        "median_wall_s_by_poll_s": {str(p): round(w, 4) for p, w in med.items()},
+        "noise_s": round(noise, 4),
+        "gap_to_next_best_s": None if gap is None else round(gap, 4),
+        "resolved": gap is not None and gap > noise,
+    }
 
 
 def calibration(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -250,19 +301,23 @@ def calibration(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def targets(ratio: dict[str, Any], sweep_ratios: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets against ``verl_sync_tuned`` (paced): met or not, from the measured ratios."""
-    # conduit's steady state (after g_ing=auto's probes) where the run was long enough to have one
-    base = "conduit_steady_over_verl_sync_tuned"
-    if f"wall/{base}" not in ratio:
-        base = "conduit_over_verl_sync_tuned"
+    """The issue's targets against ``verl_sync_tuned`` (paced): met or not, from the measured ratios,
+    both systems over all their measured iterations (``measured``; the steady ratios are reported
+    beside, not used). ``vs_control``: the same ratios against verl's sync trainer on Conduit's
+    storage backend (``verl_sync_tuned+tq_conduit``), the trainer mode alone, where it ran."""
+    base = "conduit_over_verl_sync_tuned"
     wall, exposed = ratio.get(f"wall/{base}"), ratio.get(f"exposed/{base}")
+    control = "conduit_over_verl_sync_tuned+tq_conduit"
     out: dict[str, Any] = {
         "ratios_used": base,
+        "iterations": "every measured iteration (after the warm-up one) of both systems",
         "exposed<=0.3x": exposed is not None and exposed <= 0.3,
         "wall<=0.85x": wall is not None and wall <= 0.85,
         "losses_equal": ratio.get("losses_equal/conduit_vs_verl_sync_tuned") is True
         and ratio.get("critic_losses_equal/conduit_vs_verl_sync_tuned") is not False,
     }
+    if f"wall/{control}" in ratio:
+        out["vs_control"] = {"wall": ratio[f"wall/{control}"], "exposed": ratio.get(f"exposed/{control}")}
     if sweep_ratios:
         walls = {k: r.get("wall/conduit_over_verl_sync_tuned") for k, r in sweep_ratios.items()}
         out["never_slower_in_sweep"] = all(w is not None and w <= 1.0 for w in walls.values())

@@ -4,10 +4,15 @@
     python benchmarks/verl_iteration.py --rollout paced [--tail 4] [--R 4] [--sweep] [--quick] ...
 
 Systems, same seed and data, run one after another in this invocation (each start costs ~75 s
-of Ray/verl start-up, so iterations cannot alternate between systems): ``verl_sync`` (as shipped,
-2 s replay-buffer poll), ``verl_sync_tuned`` (the poll period a sweep found best; the sweep is one
-run with a per-step period schedule and is recorded), ``verl_colocate_async``, ``conduit``. The first
-iteration of each run is warm-up. Exposed time: see ``verl_analysis.py``.
+of Ray/verl start-up, so iterations cannot alternate between systems; runs do): ``verl_sync`` (as
+shipped, 2 s replay-buffer poll), ``verl_sync_tuned`` (the poll period that measured fastest in a
+sweep: one run with a per-step period schedule, recorded with whether the sweep could order the
+periods, ``verl_analysis.choose_poll``), ``verl_colocate_async``, ``verl_separate_async`` (verl's
+trainer with the rollout on resources of its own, weights synced every step), ``conduit``. In each
+round verl's systems and Conduit's alternate, and every other round runs in the reverse order
+(``round_order``), so drift in the machine's load hits both sides alike. The first iteration of each
+run is warm-up; every system's medians are over the same iterations (``verl_analysis.measured``).
+Exposed time: see ``verl_analysis.py``.
 
 ``--rollout paced`` (16 prompts x n=8, responses up to 256 tokens, lognormal lengths with median
 64 and p99/median ``--tail``): the tiny model generates every token, but each response is released
@@ -16,8 +21,8 @@ A calibration run (paced sync, nothing waits) measures the ingestion time; the t
 a step's modelled generation ``--R`` times it. ``--sweep`` adds tails 1-8 x R 1-8 for
 ``verl_sync_tuned`` and ``conduit`` and plots the speed-up against the tail, one line per R. Every
 row carries ``rollout``, ``tail`` and ``R``: a paced row is a model of separate hardware, not a GPU
-measurement. The tuned poll period: each period repeated, in random order, the smallest one not
-slower than the fastest (``sweep``).
+measurement. The tuned poll period: each period repeated, in random order; the one with the lowest
+median wall (``sweep``).
 
 TransferQueue's storage backend is a second dimension. A system runs on its mode's default: verl's
 SimpleStorage for verl's modes, Conduit's backend for ``conduit``; the suffix ``+tq_conduit`` or
@@ -43,7 +48,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from verl_analysis import (  # noqa: E402
+    STEADY_FROM,
     calibration,
+    choose_poll,
     exposed_profile,
     ratios,
     rows_for_run,
@@ -55,14 +62,17 @@ from verl_plots import paced_sweep, reward_curve, stage_bars  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 SWEEP = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005)
 QUICK_SWEEP = (0.5, 0.1, 0.02, 0.005)
-#: a poll period is "not slower" than the fastest when its median wall is within this fraction
-NOT_SLOWER = 0.03
 #: the paced rollout's sweep: response-length tail (p99 / median) and R (generation / ingestion)
 SWEEP_TAILS, SWEEP_RS = (1.0, 2.0, 4.0, 8.0), (1.0, 2.0, 4.0, 8.0)
 QUICK_TAILS, QUICK_RS = (1.0, 8.0), (1.0, 4.0)
 #: systems of the paced defaults, and of every other point of the paced sweep
-PACED_SYSTEMS = "verl_sync,verl_sync_tuned,verl_colocate_async,conduit,conduit_stream"
-QUICK_PACED_SYSTEMS = "verl_sync_tuned,conduit"
+#: (``round_order`` pairs verl's systems with Conduit's in this order: the headline pair first)
+PACED_SYSTEMS = (
+    "verl_sync_tuned,verl_sync_tuned+tq_conduit,verl_sync,verl_colocate_async,verl_separate_async,"
+    "conduit,conduit_stream"
+)
+#: the headline pair and the control that separates the trainer mode from the storage backend
+QUICK_PACED_SYSTEMS = "verl_sync_tuned,verl_sync_tuned+tq_conduit,conduit"
 SWEEP_SYSTEMS = ("verl_sync_tuned", "conduit")
 #: the harness's ``--tq-backend`` choices -> TransferQueue's backend names
 TQ_BACKENDS = {"conduit": "Conduit", "simple": "SimpleStorage"}
@@ -110,8 +120,8 @@ def sweep(
 ) -> tuple[float, dict[str, Any]]:
     """The tuned baseline's poll period: one sync run whose period changes every step. Each period
     runs ``reps`` times, every repetition in a new random order (seeded), so drift in the machine's
-    load does not favour one period; the smallest period whose median is not slower than the
-    fastest (within ``NOT_SLOWER``) wins: the most favourable poll for verl."""
+    load does not favour one period; the period with the lowest median wall wins (``choose_poll``:
+    the most favourable poll for verl, recorded with whether the sweep resolved the order)."""
     periods = QUICK_SWEEP if args.quick else SWEEP
     rng = random.Random(args.seed)
     order = [p for _ in range(reps) for p in rng.sample(periods, len(periods))]
@@ -122,16 +132,12 @@ def sweep(
         return 0.05, {"error": tail}
     rows = rows_for_run(root / "sweep", args.algo, "verl_sync", 1, {})
     by = {p: [r["wall_s"] for r in rows if schedule[r["iteration"] - 1] == p] for p in periods}
-    med = {p: statistics.median(v) for p, v in by.items() if v}
-    best = min(med.values())
-    chosen = min(p for p, w in med.items() if w <= best * (1 + NOT_SLOWER))
+    chosen, info = choose_poll(by)
     return chosen, {
         "order": order,
         "repetitions": reps,
         "wall_s_by_poll_s": {str(p): v for p, v in by.items()},
-        "median_wall_s_by_poll_s": {str(p): round(w, 4) for p, w in med.items()},
-        "rule": f"smallest period with median wall <= (1 + {NOT_SLOWER}) x the fastest period's",
-        "chosen": chosen,
+        **info,
     }
 
 
@@ -178,9 +184,25 @@ def tq_seconds_per_iteration(work: Path) -> dict[str, float]:
     return {f"tq_{op}_s_per_iter": round(calls.get(f"tq_{op}_s", 0.0) / n, 4) for op in ("put", "get")}
 
 
+def round_order(systems: list[str], k: int) -> list[str]:
+    """The order of round ``k``: verl's systems and Conduit's alternate (the first of each side
+    first), and odd rounds run the reverse, so over two rounds every system's mean position is the
+    same and drift in the machine's load hits both sides alike."""
+    verl = [s for s in systems if not s.startswith("conduit")]
+    mine = [s for s in systems if s.startswith("conduit")]
+    order = [s for pair in zip(verl, mine, strict=False) for s in pair]
+    n = min(len(verl), len(mine))
+    order += verl[n:] + mine[n:]
+    return order if k % 2 == 0 else order[::-1]
+
+
 def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
-    """Per system: its backend, measured iterations, median wall and exposed time."""
-    head = f"{'system':<28} {'tq_backend':<14} {'n':>3} {'wall_s':>8} {'exposed_s':>9} {'tq_put_s':>9} {'tq_get_s':>9}"
+    """Per system: its backend, measured iterations, median wall and exposed time, TQ calls and
+    verl's ``update_actor`` (the same work in every system)."""
+    head = (
+        f"{'system':<28} {'tq_backend':<14} {'n':>3} {'wall_s':>8} {'exposed_s':>9} {'tq_put_s':>9} "
+        f"{'tq_get_s':>9} {'upd_actor':>9}"
+    )
     lines = [head]
     for system in systems:
         mine = [r for r in rows if r["system"] == system]
@@ -194,8 +216,10 @@ def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
             statistics.median(r.get(f"tq_{op}_s_per_iter", float("nan")) for r in mine)
             for op in ("put", "get")
         ]
+        actor = statistics.median(r["stages"].get("update_actor", float("nan")) for r in mine)
         lines.append(
-            f"{system:<28} {backend:<14} {len(mine):>3} {wall:>8.3f} {exposed:>9.3f} {tq[0]:>9.3f} {tq[1]:>9.3f}"
+            f"{system:<28} {backend:<14} {len(mine):>3} {wall:>8.3f} {exposed:>9.3f} {tq[0]:>9.3f} "
+            f"{tq[1]:>9.3f} {actor:>9.3f}"
         )
     return "\n".join(lines)
 
@@ -305,19 +329,21 @@ def calibrate(root: Path, args: argparse.Namespace, tail: float) -> list[dict[st
 def run_systems(
     root: Path, args: argparse.Namespace, systems: list[str], plan: dict[str, Any], result: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """Every system ``plan["rounds"]`` times (rounds interleave the systems against drift in the
-    machine's load); rows tagged with the plan's ``info`` (rollout, tail, R, ...)."""
+    """Every system ``plan["rounds"]`` times, in ``round_order`` (verl's and Conduit's systems
+    alternate, odd rounds reversed: drift hits both sides alike); rows tagged with the plan's ``info``
+    (rollout, tail, R, ...) and the run's place in its round (``position``)."""
     poll = plan["poll"]
     modes = {
         "verl_sync": ("sync", []),
         "verl_sync_tuned": ("sync", ["--poll-interval", str(poll)]),
         "verl_colocate_async": ("colocate_async", []),
+        "verl_separate_async": ("separate_async", []),  # the harness's overrides.separate_async_overrides
         "conduit": ("conduit", []),
         "conduit_stream": ("conduit", []),
     }
     rows: list[dict[str, Any]] = []
     for k in range(plan["rounds"]):
-        for system in systems:
+        for position, system in enumerate(round_order(systems, k)):
             plain, backend = split_system(system)
             mode, extra = modes[plain]
             work = root / f"{plan['label']}{system}_r{k}"
@@ -326,7 +352,8 @@ def run_systems(
             if rc or not (work / "metrics.jsonl").exists():
                 result["errors"][f"{plan['label']}{system}_r{k}"] = tail
                 continue
-            info = {"round": k, "poll_s": poll if "tuned" in plain else None, **plan["info"]}
+            info = {"round": k, "position": position, "poll_s": poll if "tuned" in plain else None}
+            info.update(plan["info"])
             info["tq_backend"] = backend_ran(work, backend)
             info.update(tq_seconds_per_iteration(work))
             rows += rows_for_run(work, args.algo, system, 1, info)
@@ -384,7 +411,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         result["rows"] += rows
         base = [s for s in mine if not s.startswith("conduit")]
         # g_ing=auto measures 3 iterations with and 3 without streaming after the warm-up one
-        found = ratios(rows, base, steady_from=8 if steps + 1 > 8 else 0)
+        found = ratios(rows, base, steady_from=STEADY_FROM if steps + 1 > STEADY_FROM else 0)
         if i == 0:
             result["ratios"] = found
             result["profile"] = {s: exposed_profile(rows, s) for s in mine if s.startswith("conduit")}
@@ -441,12 +468,18 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
     """How the rows were made (goes into the JSON)."""
     out = {
         "order": f"{rounds} round(s); in each, the systems run one after another (each start ~35-75 s), "
-        "same seed/data; iteration 1 of each run is warm-up and dropped",
+        "verl's and Conduit's alternating, every other round reversed (rows' round, position); same "
+        "seed/data; iteration 1 of each run is warm-up and dropped",
+        "iterations": "every system's medians and ratios over all its measured iterations (the same "
+        "rule for every system); targets use these",
         "conduit_stream": f"conduit with g_ing={args.stream_g_ing} fixed (always streams)",
         "tq_backend": "TransferQueue storage per system: verl's modes on SimpleStorage, conduit on "
         f"Conduit's backend, unless the system name ends in {TQ_SUFFIX}simple / {TQ_SUFFIX}conduit; "
         "each row's tq_backend is what the run reported",
-        "conduit_steady": "conduit (g_ing=auto) iterations 8 and later, after its measurement phase",
+        "conduit_steady": f"conduit_steady_over_*: both systems' iterations {STEADY_FROM} and later "
+        "(after g_ing=auto's measurement phase), the same window for both; reported, not used by targets",
+        "poll": "verl_sync_tuned (and its +tq_conduit control) run at the poll period with the lowest "
+        "median wall in the sweep (sweep.chosen; sweep.resolved says whether the sweep ordered the periods)",
         "exposed": (sys.modules["verl_analysis"].__doc__ or "").strip(),
         "work": "each row's work counters (responses, response tokens of its iteration); a ratio is "
         "refused (refused/...) when two systems did different work",

@@ -93,3 +93,79 @@ def test_ppo_is_judged_by_the_critic_loss_too() -> None:
     assert losses_equal(rows, "conduit", "verl_sync_tuned", key="critic_loss") is False
     found = ratios(rows, ["verl_sync_tuned"])
     assert found["critic_losses_equal/conduit_vs_verl_sync_tuned"] is False
+
+
+def _timed(system: str, it: int, wall: float, rnd: int = 0) -> dict[str, object]:
+    return {
+        "system": system,
+        "round": rnd,
+        "iteration": it,
+        "actor_loss": 0.1 * it,
+        "wall_s": wall,
+        "exposed_s": wall / 10,
+        "work": {"responses": 128, "response_tokens": 1000 + it},
+        "stages": {"update_actor": 2.0},
+    }
+
+
+def test_every_system_is_measured_over_the_same_iterations() -> None:
+    """The steady ratio takes both systems' iterations from 8 on, and the targets use the ratio over
+    all measured iterations of both: never conduit's late iterations against all of verl's."""
+    from verl_analysis import ratios, targets
+
+    STEADY_FROM = 8  # conduit's g_ing=auto measures its options before this iteration
+    # both systems slow in their first iterations (start-up, auto's measurement), fast later
+    rows = [_timed("verl_sync_tuned", it, 12.0 if it < STEADY_FROM else 10.0) for it in range(2, 12)]
+    rows += [_timed("conduit", it, 11.0 if it < STEADY_FROM else 9.0) for it in range(2, 12)]
+    found = ratios(rows, ["verl_sync_tuned"], steady_from=STEADY_FROM)
+    assert found["wall/conduit_steady_over_verl_sync_tuned"] == pytest.approx(9.0 / 10.0)  # not 9 / 12
+    assert found["wall/conduit_over_verl_sync_tuned"] == pytest.approx(11.0 / 12.0, abs=1e-3)  # 6 of 10 slow
+    t = targets(found, {})
+    assert t["ratios_used"] == "conduit_over_verl_sync_tuned"
+    rows = [r for r in rows if not (r["system"] == "conduit" and r["iteration"] >= STEADY_FROM)]
+    rows += [_timed("conduit", it, 8.4) for it in range(STEADY_FROM, 12)]
+    found = ratios(rows, ["verl_sync_tuned"], steady_from=STEADY_FROM)
+    assert found["wall/conduit_steady_over_verl_sync_tuned"] == pytest.approx(0.84)
+    assert targets(found, {})["wall<=0.85x"] is False  # steady 0.84 meets it, all iterations do not
+
+
+def test_the_control_separates_the_backend_from_the_trainer_mode() -> None:
+    from verl_analysis import ratios, targets
+
+    rows = [_timed("verl_sync_tuned", it, 10.0) for it in range(2, 6)]
+    rows += [_timed("verl_sync_tuned+tq_conduit", it, 9.5) for it in range(2, 6)]
+    rows += [_timed("conduit", it, 8.55) for it in range(2, 6)]
+    found = ratios(rows, ["verl_sync_tuned", "verl_sync_tuned+tq_conduit"])
+    assert found["backend/wall/verl_sync_tuned+tq_conduit_over_verl_sync_tuned"] == pytest.approx(0.95)
+    assert found["wall/conduit_over_verl_sync_tuned+tq_conduit"] == pytest.approx(0.9)
+    assert targets(found, {})["vs_control"]["wall"] == pytest.approx(0.9)
+    assert found["median_update_actor_s/conduit"] == 2.0
+    # unequal work: no backend ratio, the reason instead
+    rows[4]["work"] = {"responses": 128, "response_tokens": 7}
+    found = ratios(rows, ["verl_sync_tuned", "verl_sync_tuned+tq_conduit"])
+    assert "backend/wall/verl_sync_tuned+tq_conduit_over_verl_sync_tuned" not in found
+    assert "refused/backend/verl_sync_tuned+tq_conduit_over_verl_sync_tuned" in found
+
+
+def test_the_baseline_gets_the_best_period_of_the_sweep() -> None:
+    from verl_analysis import choose_poll
+
+    noisy = {0.5: [16.0, 16.5, 17.5], 0.1: [18.0, 17.0, 17.4], 0.01: [16.8, 17.6, 16.2]}
+    chosen, info = choose_poll(noisy)
+    # the lowest median (16.5), not the smallest period within 3% of it (0.01 at 16.8: the old rule)
+    assert chosen == 0.5 and info["chosen"] == 0.5
+    assert info["resolved"] is False  # medians 0.3 apart, steps 0.5 around them: not ordered
+    clear = {0.5: [17.0, 17.1, 16.9], 0.05: [15.0, 15.1, 14.9]}
+    chosen, info = choose_poll(clear)
+    assert chosen == 0.05 and info["resolved"] is True and info["gap_to_next_best_s"] == pytest.approx(2.0)
+
+
+def test_rounds_alternate_the_sides_and_reverse() -> None:
+    import verl_iteration
+
+    systems = ["verl_sync", "verl_sync_tuned", "verl_sync_tuned+tq_conduit", "conduit", "conduit_stream"]
+    r0, r1 = verl_iteration.round_order(systems, 0), verl_iteration.round_order(systems, 1)
+    assert r0 == ["verl_sync", "conduit", "verl_sync_tuned", "conduit_stream", "verl_sync_tuned+tq_conduit"]
+    assert r1 == r0[::-1] and verl_iteration.round_order(systems, 2) == r0
+    mean = {s: (r0.index(s) + r1.index(s)) / 2 for s in systems}
+    assert set(mean.values()) == {2.0}  # over two rounds every system sits in the middle on average

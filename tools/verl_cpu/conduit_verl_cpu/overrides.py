@@ -72,6 +72,24 @@ def tq_overrides(spec: CPURunSpec) -> list[str]:
     ]
 
 
+def separate_async_overrides(spec: CPURunSpec) -> list[str]:
+    """verl's ``separate_async`` trainer: the rollout on a fake GPU of its own (``hybrid_engine=False``:
+    no rollout on the trainer's), weights synced after every step (``parameter_sync_step=1``: verl
+    requires train batch = sync steps x mini-batch, and the harness's mini-batch is the whole batch)
+    through the CPU checkpoint engine (``cpu_checkpoint.py``; verl's own engines need GPUs)."""
+    if spec.trainer_mode != "separate_async":
+        return []
+    arr = "actor_rollout_ref"
+    return [
+        f"{arr}.hybrid_engine=False",
+        f"{arr}.rollout.nnodes=1",
+        f"{arr}.rollout.n_gpus_per_node=1",
+        f"{arr}.rollout.checkpoint_engine.backend=cpu_ray",  # cpu_checkpoint.BACKEND (imports verl)
+        f"{arr}.rollout.checkpoint_engine.custom_backend_module=conduit_verl_cpu.cpu_checkpoint",
+        "trainer.v1.separate_async.parameter_sync_step=1",
+    ]
+
+
 def cpu_overrides(spec: CPURunSpec) -> list[str]:
     """Overrides for ``verl/trainer/config/ppo_trainer.yaml``; numbers are the notes' obstacles."""
     arr = "actor_rollout_ref"
@@ -124,13 +142,15 @@ def cpu_overrides(spec: CPURunSpec) -> list[str]:
         "trainer.n_gpus_per_node=1",
         "trainer.nnodes=1",
         "ray_kwargs.ray_init.num_cpus=32",
-        "+ray_kwargs.ray_init.num_gpus=1",
+        # separate_async: a second fake GPU for its rollout
+        f"+ray_kwargs.ray_init.num_gpus={2 if spec.trainer_mode == 'separate_async' else 1}",
         "+ray_kwargs.ray_init.include_dashboard=False",
         "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
         # always a new cluster of its own: with no address, ray.init joins a local cluster that is
         # already running (another job's), and then refuses num_cpus/num_gpus
         "+ray_kwargs.ray_init.address=local",
         *tq_overrides(spec),
+        *separate_async_overrides(spec),
         # the loop
         f"trainer.v1.trainer_mode={spec.trainer_mode}",
         "trainer.v1.sampler.max_off_policy_threshold=null",

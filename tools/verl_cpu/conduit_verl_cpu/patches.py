@@ -204,6 +204,23 @@ def _patch_poll_interval() -> None:
     replay_buffer.ReplayBuffer.sample = sample  # type: ignore[method-assign]
 
 
+def _patch_separate_async_logger() -> None:
+    """verl 0.9.1's ``separate_async`` trainer logs with ``logger.info(..., flush=True)`` when its
+    rollout has hardware of its own (``hybrid_engine=False``), which ``logging`` refuses (TypeError):
+    its module logger drops the ``flush`` keyword."""
+    from verl.trainer.ppo.v1 import trainer_separate_async as mod
+
+    if isinstance(mod.logger, _NoFlushLogger):
+        return
+    mod.logger = _NoFlushLogger(mod.logger, {})
+
+
+class _NoFlushLogger(logging.LoggerAdapter):
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs.pop("flush", None)
+        return msg, kwargs
+
+
 def apply() -> None:
     """Register the CPU platform and the "hf" rollout; apply the process-local fixes."""
     global _applied
@@ -224,6 +241,7 @@ def apply() -> None:
     from conduit_verl_cpu.dump import DUMP_ENV, install
 
     when_imported("verl.utils.model", _patch_valuehead_model)
+    when_imported("verl.trainer.ppo.v1.trainer_separate_async", _patch_separate_async_logger)
     if os.environ.get(POLL_ENV):
         when_imported("verl.trainer.ppo.v1.replay_buffer", _patch_poll_interval)
     if os.environ.get(DUMP_ENV):

@@ -103,6 +103,19 @@ SEAMS: tuple[Seam, ...] = (
         "close",
         source="_TQ_STORAGE",
     ),
+    # verl's separate_async trainer on CPU (cpu_checkpoint.py; patches._patch_separate_async_logger)
+    Seam(
+        "`CheckpointEngineRegistry.register`",
+        "verl.checkpoint_engine.base",
+        "CheckpointEngineRegistry.register",
+        params=("backend",),
+    ),
+    Seam("class `CheckpointEngine`", "verl.checkpoint_engine.base", "CheckpointEngine"),
+    Seam(
+        "module global `trainer_separate_async.logger`",
+        "verl.trainer.ppo.v1.trainer_separate_async",
+        "logger",
+    ),
     # the entry point the launcher calls (run.py)
     Seam("function `verl.trainer.main_ppo.main`", "verl.trainer.main_ppo", "main"),
 )
