@@ -17,10 +17,10 @@ warning; a ray version other than ``TESTED_RAY`` with every seam present logs a 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import logging
-import pickle
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -339,7 +339,7 @@ def _check_state() -> str | None:
 def _check_config_attr() -> str | None:
     config = AlgorithmConfig()
     setattr(config, CONFIG_ATTR, {"probe": 1})
-    copied = pickle.loads(pickle.dumps(config.copy(copy_frozen=False)))
+    copied = copy.deepcopy(config.copy(copy_frozen=False))  # how Ray's copies of a config see it
     if getattr(copied, CONFIG_ATTR, None) != {"probe": 1}:
         return f"AlgorithmConfig.copy() drops the extra attribute `{CONFIG_ATTR}`"
     return None

@@ -11,12 +11,14 @@ it. Measurement harness only: a copy through Ray's object store, no collective.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import ray
 import torch
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
+
+from conduit_verl_cpu.rollout import _aiter
 
 BACKEND = "cpu_ray"
 BOX_NAME = "conduit_cpu_weight_box"
@@ -56,15 +58,6 @@ def _box() -> Any:
     return _handle
 
 
-async def _items(weights: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterator[Any]:
-    if hasattr(weights, "__aiter__"):
-        async for item in weights:  # type: ignore[union-attr]
-            yield item
-    else:
-        for item in weights:  # type: ignore[union-attr]
-            yield item
-
-
 @CheckpointEngineRegistry.register(BACKEND)
 class RayObjectCheckpointEngine(CheckpointEngine):
     """Trainer side (``is_master``: rank 0 of the actor group) puts, rollout side gets."""
@@ -96,7 +89,7 @@ class RayObjectCheckpointEngine(CheckpointEngine):
     async def send_weights(self, weights: Any, global_steps: int | None = None) -> dict[str, float]:
         """Every actor rank runs the (collective) generator; rank 0 keeps a CPU copy and puts it."""
         state: dict[str, torch.Tensor] = {}
-        async for name, tensor in _items(weights):
+        async for name, tensor in _aiter(weights):
             if self.is_master:
                 state[name] = tensor.detach().to("cpu").clone()
         if self.is_master:
