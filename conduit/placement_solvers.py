@@ -1,6 +1,6 @@
 """The placement planner's solvers: the exact MILP (SciPy's HiGHS) and the heuristic (regret greedy, then
-re-packing of tier pairs and triples with small exact MILPs); see :mod:`conduit.placement` for the model.
-They work on the planner's validated arrays (``_Model``: cost, nbytes, budget, allowed)."""
+re-packing of tier pairs and triples with small exact MILPs); see :mod:`conduit.placement_model` for the model.
+They work on the planner's validated arrays (``PlacementModel``: cost, nbytes, budget, allowed)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from conduit.errors import PlacementCapacityError
+
 if TYPE_CHECKING:
-    from conduit.placement import Plan, _Model
+    from conduit.placement_model import PlacementModel, Plan
 
 MILP_TIME_LIMIT_S = 20.0
 HEURISTIC_TIME_S = 1.0  # the heuristic stops improving after this (its feasible plan is kept)
 
 
 def _milp(
-    model: _Model,
+    model: PlacementModel,
     key: np.ndarray,
     fields: np.ndarray,
     tiers: np.ndarray,
@@ -60,7 +62,7 @@ def _milp(
     return None, ""
 
 
-def _exact(model: _Model) -> Plan | None:
+def _exact(model: PlacementModel) -> Plan | None:
     fi, tj = np.nonzero(model.allowed)
     pick, method = _milp(model, fi, fi, tj, np.ones(len(fi), bool), model.budget, MILP_TIME_LIMIT_S)
     if pick is None:
@@ -70,7 +72,7 @@ def _exact(model: _Model) -> Plan | None:
     return model.to_plan(assign, method)
 
 
-def _heuristic(model: _Model) -> np.ndarray | None:
+def _heuristic(model: PlacementModel) -> np.ndarray | None:
     deadline = time.perf_counter() + HEURISTIC_TIME_S
     assign, unplaced = _regret_greedy(model)
     if unplaced:
@@ -80,7 +82,7 @@ def _heuristic(model: _Model) -> np.ndarray | None:
     return _repack(model, assign, deadline)
 
 
-def _regret_greedy(model: _Model) -> tuple[np.ndarray, list[int]]:
+def _regret_greedy(model: PlacementModel) -> tuple[np.ndarray, list[int]]:
     free = model.budget.copy()
     assign = np.full(model.n_fields, -1, dtype=np.int64)
     cost = np.where(model.allowed, model.cost, np.inf)
@@ -105,7 +107,7 @@ def _regret_greedy(model: _Model) -> tuple[np.ndarray, list[int]]:
     return assign, unplaced
 
 
-def _pack(model: _Model, worst_fit: bool = False) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def _pack(model: PlacementModel, worst_fit: bool = False) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Packing first, cost ignored: the most constrained and largest fields first, each on the allowed
     tier it fills most tightly (``worst_fit``: with the most room). Returns assignment, free, left over."""
     free = model.budget.copy()
@@ -122,7 +124,7 @@ def _pack(model: _Model, worst_fit: bool = False) -> tuple[np.ndarray, np.ndarra
     return assign, free, unplaced
 
 
-def _repack(model: _Model, assign: np.ndarray, deadline: float, outsiders: int = 48) -> np.ndarray:
+def _repack(model: PlacementModel, assign: np.ndarray, deadline: float, outsiders: int = 48) -> np.ndarray:
     """For each pair, then each triple, of tiers G: re-solve exactly the fields on G plus the
     ``outsiders`` fields elsewhere that would gain most there; every field may also stay (outsiders)
     or leave for its cheapest tier outside G with room (fields on G). Keep improvements; sweep while
@@ -171,3 +173,20 @@ def _repack(model: _Model, assign: np.ndarray, deadline: float, outsiders: int =
         if not improved:
             break
     return assign
+
+
+def packing_error(model: PlacementModel) -> PlacementCapacityError:
+    """Demand fits in total but no packing exists: the smallest field left over by a packing that
+    puts the most constrained fields first, each where most room is left, and its gap."""
+    _, free, unplaced = _pack(model, worst_fit=True)
+    i = min(unplaced, key=lambda k: int(model.nbytes[k])) if unplaced else 0
+    cand = np.flatnonzero(model.allowed[i])
+    j = int(cand[np.argmax(free[cand])])
+    missing = int(model.nbytes[i] - free[j])
+    return PlacementCapacityError(
+        f"demand {int(model.nbytes.sum())} bytes is within the total budget {int(model.budget.sum())} bytes"
+        f" but no packing fits: field {model.fields[i].name!r} ({model.nbytes[i]} bytes) misses {missing}"
+        f" bytes on {model.tier_names[j]}, the largest gap left on a tier it can use",
+        missing,
+        [model.tier_names[j]],
+    )
