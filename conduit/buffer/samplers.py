@@ -13,7 +13,7 @@ from collections import deque
 import torch
 
 from conduit.buffer.base import MAX_COUNT, Sampler, Storage
-from conduit.buffer.sumtree import make_sum_tree
+from conduit.buffer.sumtree import SumTree
 from conduit.errors import CheckpointError, StaleDataError
 from conduit.metrics import Metrics
 
@@ -36,6 +36,16 @@ def _check_size(state: dict[str, object], inserted: int | None, capacity: int, o
         raise CheckpointError(
             f"{owner} state has size {state['size']}, but {inserted} items fill {min(inserted, capacity)} slots"
         )
+
+
+def make_sum_tree(capacity: int, device: torch.device | str) -> SumTree:
+    """The sum tree for a prioritized sampler: fused numba kernels on the CPU
+    (:class:`~conduit.buffer.fused_sumtree.FusedSumTree`), this torch implementation on CUDA."""
+    if torch.device(device).type == "cpu":
+        from conduit.buffer.fused_sumtree import FusedSumTree  # imports numba: only when needed
+
+        return FusedSumTree(capacity)
+    return SumTree(capacity, device=device)
 
 
 class UniformSampler(Sampler):

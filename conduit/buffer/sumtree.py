@@ -21,7 +21,7 @@ from conduit.errors import ConduitError, ConfigError, ShapeError
 
 _FLAT_TOP = 4096  # the top level is searched as one flat vector of at most this many entries
 
-__all__ = ["SumTree", "make_sum_tree"]
+__all__ = ["SumTree"]
 
 
 class SumTree:
@@ -244,13 +244,3 @@ class SumTree:
         """A checked priority update in one pass, where the tree has one (the fused CPU tree); None here."""
         del slots, generations, stored, priorities, capacity, reject_nonfinite, alpha, eps, max_priority
         return None
-
-
-def make_sum_tree(capacity: int, device: torch.device | str) -> SumTree:
-    """The sum tree for a prioritized sampler: fused numba kernels on the CPU
-    (:class:`~conduit.buffer.fused_sumtree.FusedSumTree`), this torch implementation on CUDA."""
-    if torch.device(device).type == "cpu":
-        from conduit.buffer.fused_sumtree import FusedSumTree  # imports numba: only when needed
-
-        return FusedSumTree(capacity)
-    return SumTree(capacity, device=device)

@@ -20,7 +20,8 @@ from conduit.buffer import priority_kernels
 from conduit.buffer import sumtree as sumtree_mod
 from conduit.buffer import sumtree_kernels as kernels
 from conduit.buffer.fused_sumtree import FusedSumTree
-from conduit.buffer.sumtree import SumTree, make_sum_tree
+from conduit.buffer.samplers import make_sum_tree
+from conduit.buffer.sumtree import SumTree
 
 KERNELS = (
     kernels.find,
