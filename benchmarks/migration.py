@@ -46,6 +46,7 @@ import provenance  # noqa: E402
 from conduit import Column, Schema  # noqa: E402
 from conduit.batch import ColumnBatch, Ragged  # noqa: E402
 from conduit.buffer.buffer import ExperienceBuffer  # noqa: E402
+from conduit.build_buffer import build_buffer  # noqa: E402
 from conduit.config import BufferConfig, RateLimit  # noqa: E402
 from conduit.discovery import local_topology  # noqa: E402
 from conduit.errors import CapacityError  # noqa: E402
@@ -129,7 +130,7 @@ def build(capacity: int, max_len: int, tiers: dict[str, str]) -> ExperienceBuffe
     cfg = BufferConfig(
         capacity=capacity, tier="host", pins=tiers, sampler="fifo", rate_limit=RateLimit(timeout_s=30)
     )
-    return cfg.build(schema(max_len))
+    return build_buffer(cfg, schema(max_len))
 
 
 def buffer_tiers(p: Plan, topo: Topology) -> dict[str, str]:

@@ -50,6 +50,7 @@ import provenance  # noqa: E402
 
 from conduit import Column, Schema  # noqa: E402
 from conduit.batch import ColumnBatch  # noqa: E402
+from conduit.build_buffer import build_buffer  # noqa: E402
 from conduit.config import BufferConfig  # noqa: E402
 from conduit.discovery import local_topology  # noqa: E402
 from conduit.errors import CapacityError  # noqa: E402
@@ -126,8 +127,8 @@ def learner_device() -> str:
 
 
 def dqn_setup(dim: int, capacity: int, tiers: dict[str, str]) -> Callable[[], None]:
-    buf = BufferConfig(capacity=capacity, tier="host", pins=tiers, sampler="prioritized").build(
-        dqn_schema(dim)
+    buf = build_buffer(
+        BufferConfig(capacity=capacity, tier="host", pins=tiers, sampler="prioritized"), dqn_schema(dim)
     )
     n = 32
     frag = ColumnBatch(

@@ -3,6 +3,7 @@
 from conduit.api import Conduit
 from conduit.batch import ColumnBatch, ConsolidatedBatch, Ragged, validate
 from conduit.buffer.buffer import ExperienceBuffer, Sample
+from conduit.build_buffer import build_buffer
 from conduit.config import BufferConfig, RateLimit, SchedulerConfig
 from conduit.errors import (
     CapacityError,
@@ -62,6 +63,7 @@ __all__ = [
     "ShapeError",
     "StaleDataError",
     "VersionError",
+    "build_buffer",
     "validate",
 ]
 __version__ = "0.1.0"

@@ -14,6 +14,7 @@ from tensordict import TensorDictBase
 from conduit.batch import ColumnBatch, validate
 from conduit.buffer.buffer import check_size
 from conduit.buffer.tiers import check_tier_available
+from conduit.build_buffer import build_buffer
 from conduit.config import BufferConfig, SchedulerConfig
 from conduit.errors import (
     CapacityError,
@@ -80,8 +81,8 @@ class Conduit:
         self.ranks = ranks
         self.metrics = metrics or Metrics()
         reader = str(self.device) if self.device.type == "cuda" else "host"
-        self.buffer = self.buffer_config.build(
-            stored_schema or schema, self.metrics, seed=seed, reader=reader
+        self.buffer = build_buffer(
+            self.buffer_config, stored_schema or schema, self.metrics, seed=seed, reader=reader
         )
         plan = DeliveryPlan(tuple(deliver), self.device, ranks, seed)
         kind = BackgroundScheduler if self.scheduler_config.overlap == "async" else InlineScheduler

@@ -7,24 +7,13 @@ raises :class:`~conduit.errors.ConfigError` naming it.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
-
-import torch
+from typing import Any, Self
 
 from conduit.errors import ConfigError
-
-if TYPE_CHECKING:
-    from conduit.buffer.base import Sampler
-    from conduit.buffer.buffer import ExperienceBuffer
-    from conduit.metrics import Metrics
-    from conduit.schema import Schema
-
-log = logging.getLogger("conduit.placement")
 
 TIER_PATTERN = re.compile(r"^(host|pinned|shm|disk|cuda(:\d+)?)$")
 SAMPLERS = ("uniform", "fifo", "prioritized")
@@ -312,74 +301,6 @@ class BufferConfig(_FromDict):
         if clash:
             raise ConfigError(f"this preset sets {clash} itself; use BufferConfig(...) to choose them")
         return cls.from_dict({**fixed, **extra})
-
-    # -- building the parts ---------------------------------------------------------------------
-
-    def build(
-        self, schema: Schema, metrics: Metrics | None = None, seed: int | None = None, reader: str = "host"
-    ) -> ExperienceBuffer:
-        """The buffer this config describes: storage on ``tier``, writer, sampler and rate limiter.
-
-        With ``tier="auto"`` the columns are planned for producers on the host and a consumer on
-        ``reader`` (e.g. ``cuda:0``), the plan is logged, and ``buffer.placer`` keeps it current.
-        """
-        from conduit.buffer.buffer import ExperienceBuffer
-        from conduit.buffer.rate_limiter import RateLimiter
-        from conduit.buffer.samplers import FifoSampler, PrioritizedSampler, UniformSampler
-        from conduit.buffer.storage import RingStorage
-        from conduit.buffer.writers import GroupedWriter, RingWriter
-
-        unknown = sorted(set(self.pins) - set(schema.names))
-        if unknown:
-            raise ConfigError(f"pins name unknown column(s) {unknown}; the schema has {list(schema.names)}")
-        if self.tier == "auto":
-            from conduit.discovery import local_topology
-            from conduit.placer import Placer, Traffic, initial_tiers
-
-            # Shared memory pays only where another process maps a column, which a buffer's own
-            # traffic never does; pageable host is the same DRAM (their measured links differ by noise)
-            # and, unlike shm here, gets transparent huge pages. So shm is planned only when pinned.
-            topology = local_topology()
-            if "shm" not in self.pins.values():
-                topology = topology.without("shm")
-            traffic = Traffic(self.capacity, self.capacity, readers=(reader,))
-            tiers, chosen = initial_tiers(schema, self.capacity, topology, traffic, self.pins)
-            log.info("conduit: buffer placement at start\n%s", chosen.explain())
-            home = "host"
-        else:
-            tiers, home = dict(self.pins), self.tier
-        storage = RingStorage(schema, self.capacity, home, self.disk_path, self.capacity_bytes, tiers=tiers)
-        device = storage.device
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(seed)
-        sampler: Sampler
-        if self.sampler == "uniform":
-            sampler = UniformSampler(self.capacity, device, generator)
-        elif self.sampler == "fifo":
-            on_stale = "error" if self.rate_limit.mode == "error" else "evict"
-            sampler = FifoSampler(self.capacity, device, self.rate_limit.max_staleness, on_stale)
-        else:
-            sampler = PrioritizedSampler(
-                self.capacity, device, self.alpha, self.beta, self.priority_eps, generator
-            )
-        writer = (
-            GroupedWriter(self.capacity, device, self.group_size)
-            if self.writer == "grouped"
-            else RingWriter(self.capacity, device)
-        )
-        buffer = ExperienceBuffer(
-            storage,
-            sampler,
-            writer=writer,
-            limiter=RateLimiter(self.rate_limit),
-            metrics=metrics,
-            nonfinite=self.nonfinite,
-        )
-        if self.tier == "auto":
-            buffer.placer = Placer(buffer, topology, traffic, self.pins)
-        return buffer
 
 
 @dataclass(frozen=True)

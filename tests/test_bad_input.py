@@ -28,6 +28,7 @@ from conduit import (
     ShapeError,
     VersionError,
 )
+from conduit.build_buffer import build_buffer
 from conduit.errors import NonFiniteError
 
 MODES = ["sync", "async"]
@@ -70,8 +71,8 @@ def assert_same(before: tuple, b: ExperienceBuffer) -> None:
 
 @pytest.fixture
 def buf() -> ExperienceBuffer:
-    b = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(min_size=0, mode="error")).build(
-        SCHEMA
+    b = build_buffer(
+        BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(min_size=0, mode="error")), SCHEMA
     )
     b.extend(batch(0, 3))
     return b
@@ -174,7 +175,7 @@ def test_check_finite_needs_a_float_column():
 
 def prioritized(**kw) -> tuple[ExperienceBuffer, object]:
     schema = Schema([Column("id", torch.int64)])
-    b = BufferConfig(capacity=8, sampler="prioritized", **kw).build(schema, seed=0)
+    b = build_buffer(BufferConfig(capacity=8, sampler="prioritized", **kw), schema, seed=0)
     b.extend(ColumnBatch({"id": torch.arange(8)}))
     s = b.sample(4)
     b.update_priorities(s.slots, s.generations, torch.tensor([1.0, 2.0, 3.0, 4.0]))

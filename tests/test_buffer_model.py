@@ -25,6 +25,7 @@ from conduit import (
     ShapeError,
     VersionError,
 )
+from conduit.build_buffer import build_buffer
 from conduit.errors import NonFiniteError
 
 CAPACITY = 8
@@ -46,7 +47,7 @@ class ConsumeOnce(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         cfg = BufferConfig(capacity=CAPACITY, sampler="fifo", rate_limit=RateLimit(min_size=0, mode="error"))
-        self.buffer = cfg.build(SCHEMA)
+        self.buffer = build_buffer(cfg, SCHEMA)
         self.queue: collections.deque[int] = collections.deque()
         self.next_id = 0
         self.version: int | None = None  # the last version written (none yet: any is accepted)
@@ -113,8 +114,8 @@ class Ring(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.buffer = BufferConfig(capacity=CAPACITY, rate_limit=RateLimit(mode="error")).build(
-            SCHEMA, seed=0
+        self.buffer = build_buffer(
+            BufferConfig(capacity=CAPACITY, rate_limit=RateLimit(mode="error")), SCHEMA, seed=0
         )
         self.next_id = 0
 

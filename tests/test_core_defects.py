@@ -29,6 +29,7 @@ from conduit import (
     ShapeError,
     VersionError,
 )
+from conduit.build_buffer import build_buffer
 
 IN = Schema([Column("id", torch.int64), Column("reward", torch.float32)])
 TOK = Schema([Column("id", torch.int64), Column("tokens", torch.int64, ragged=True, max_len=8)])
@@ -336,7 +337,7 @@ def test_close_without_drain_is_prompt():
 )
 def test_bad_buffer_configs_raise_conduit_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
-        BufferConfig(**kwargs).build(IN)
+        build_buffer(BufferConfig(**kwargs), IN)
 
 
 def test_metrics_bad_input_is_a_config_error():
@@ -361,11 +362,11 @@ def test_rank_parts_carry_their_own_weights_and_slots(overlap):
 
 
 def test_presets_build_the_shapes_integrations_use():
-    grpo = BufferConfig.on_policy(64, group_size=8, max_staleness=1).build(IN)
+    grpo = build_buffer(BufferConfig.on_policy(64, group_size=8, max_staleness=1), IN)
     assert grpo.sampler.consumes and grpo.writer.group_size == 8
-    per = BufferConfig.prioritized_replay(64, alpha=0.5).build(IN)
+    per = build_buffer(BufferConfig.prioritized_replay(64, alpha=0.5), IN)
     assert per.sampler.has_priorities and per.sampler.alpha == 0.5
-    uni = BufferConfig.uniform_replay(64, min_size=10).build(IN)
+    uni = build_buffer(BufferConfig.uniform_replay(64, min_size=10), IN)
     assert not uni.sampler.consumes and uni.limiter.config.min_size == 10
 
 

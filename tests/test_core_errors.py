@@ -24,6 +24,7 @@ from conduit import (
     SchemaError,
     ShapeError,
 )
+from conduit.build_buffer import build_buffer
 
 SCHEMA = Schema(
     [
@@ -46,7 +47,7 @@ def good(n: int = 3) -> ColumnBatch:
 
 @pytest.fixture
 def buf() -> ExperienceBuffer:
-    b = BufferConfig(capacity=16, rate_limit=RateLimit(mode="error")).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=16, rate_limit=RateLimit(mode="error")), SCHEMA)
     b.extend(good())
     return b
 
@@ -96,7 +97,7 @@ def test_ragged_item_too_long(buf):
 
 def test_item_larger_than_tier_capacity():
     with pytest.raises(CapacityError, match="one item needs"):
-        BufferConfig(capacity=4, capacity_bytes=32).build(SCHEMA)
+        build_buffer(BufferConfig(capacity=4, capacity_bytes=32), SCHEMA)
 
 
 def test_write_larger_than_capacity(buf):
@@ -106,7 +107,7 @@ def test_write_larger_than_capacity(buf):
 
 
 def test_sampling_more_than_available_in_error_mode():
-    b = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error")).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error")), SCHEMA)
     b.extend(good())
     with pytest.raises(InsufficientDataError, match="requested 5 items but only 3"):
         b.sample(5)
@@ -115,7 +116,7 @@ def test_sampling_more_than_available_in_error_mode():
 
 
 def test_min_size_in_error_mode():
-    b = BufferConfig(capacity=16, rate_limit=RateLimit(min_size=10, mode="error")).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=16, rate_limit=RateLimit(min_size=10, mode="error")), SCHEMA)
     b.extend(good())
     with pytest.raises(InsufficientDataError, match="min_size=10"):
         b.sample(1)
@@ -170,7 +171,7 @@ def test_use_after_close(overlap):
 @pytest.mark.parametrize("tier", ["cuda", "cuda:0", "pinned"])
 def test_cuda_tier_without_cuda(tier):
     with pytest.raises(DeviceUnavailableError, match="needs CUDA"):
-        BufferConfig(capacity=4, tier=tier).build(SCHEMA)
+        build_buffer(BufferConfig(capacity=4, tier=tier), SCHEMA)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")

@@ -12,6 +12,7 @@ from conduit import (
     SchedulerConfig,
     Schema,
 )
+from conduit.build_buffer import build_buffer
 
 pytestmark = pytest.mark.gpu
 SCHEMA = Schema([Column("obs", torch.float32, (16,)), Column("tok", torch.int64, ragged=True, max_len=8)])
@@ -25,7 +26,7 @@ def batch(n: int, device: str = "cpu") -> ColumnBatch:
 
 @pytest.mark.parametrize("tier", ["cuda", "pinned"])
 def test_gpu_and_pinned_tiers(tier):
-    b = BufferConfig(capacity=64, tier=tier, sampler="fifo").build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=64, tier=tier, sampler="fifo"), SCHEMA)
     src = batch(10)
     b.extend(src)
     s = b.sample(10)
@@ -51,7 +52,7 @@ def test_delivery_to_cuda_from_host(overlap):
 
 
 def test_prioritized_sum_tree_on_gpu():
-    b = BufferConfig(capacity=1024, tier="cuda", sampler="prioritized").build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=1024, tier="cuda", sampler="prioritized"), SCHEMA)
     b.extend(batch(512, "cuda"))
     s = b.sample(256)
     assert s.slots.is_cuda and s.weights.is_cuda

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, SchedulerConfig, Schema
+from conduit.build_buffer import build_buffer
 from conduit.errors import ConduitError, InsufficientDataError, JournalError
 from conduit.persist import Journal, replay
 from conduit.persist.format import MAGIC, frame
@@ -118,14 +119,14 @@ def test_a_crash_between_compaction_and_removing_the_old_files_recovers_the_same
 
 
 def test_an_intact_journal_with_a_gap_is_still_refused(tmp_path: Path) -> None:
-    buf = BufferConfig.uniform_replay(64).build(SCHEMA)
+    buf = build_buffer(BufferConfig.uniform_replay(64), SCHEMA)
     buf.extend(batch(8, 0))
     j = Journal(tmp_path, flush_interval_s=10)
     buf.observer = j
     buf.extend(batch(8, 8))  # items 9..16: no record holds 1..8, and nothing is damaged
     j.close()
     with pytest.raises(ConduitError, match="does not continue the buffer"):
-        replay(tmp_path, BufferConfig.uniform_replay(64).build(SCHEMA))
+        replay(tmp_path, build_buffer(BufferConfig.uniform_replay(64), SCHEMA))
 
 
 def test_conduit_load_over_a_damaged_journal_compacts_it_and_journals_on(tmp_path: Path) -> None:
@@ -435,5 +436,5 @@ def test_the_fuzz_corpus_is_intact_and_replays_whole() -> None:
         with tempfile.TemporaryDirectory() as d:
             (Path(d) / "journal-000001.cdr").write_bytes(data)
             cfg = BufferConfig.on_policy(16) if kind == "fifo" else BufferConfig.prioritized_replay(16)
-            report = replay(d, cfg.build(SCHEMA))
+            report = replay(d, build_buffer(cfg, SCHEMA))
             assert report.damaged == () and report.items == (0 if kind == "fifo" else 24)

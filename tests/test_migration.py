@@ -11,6 +11,7 @@ import torch
 
 from conduit import Column, Schema
 from conduit.batch import ColumnBatch, Ragged
+from conduit.build_buffer import build_buffer
 from conduit.config import BufferConfig, RateLimit
 from conduit.errors import CapacityError, ConfigError
 from conduit.placement import PlacementCapacityError, conservative, greedy_fastest
@@ -71,7 +72,7 @@ def _check_rows(batch: ColumnBatch) -> None:
 
 
 def test_migrate_moves_columns_and_keeps_contents() -> None:
-    buf = BufferConfig(capacity=64, tier="host", sampler="fifo").build(SCHEMA)
+    buf = build_buffer(BufferConfig(capacity=64, tier="host", sampler="fifo"), SCHEMA)
     buf.extend(_batch(0, 20))
     report = buf.migrate({"obs": "shm", "tok": "disk"}, {"tok": 32})
     assert {m.column: m.dst for m in report.moves} == {"obs": "shm", "tok": "disk"}
@@ -86,7 +87,7 @@ def test_migrate_moves_columns_and_keeps_contents() -> None:
 
 
 def test_migrate_rejects_unknown_columns_and_shrinking() -> None:
-    buf = BufferConfig(capacity=8, tier="host").build(SCHEMA)
+    buf = build_buffer(BufferConfig(capacity=8, tier="host"), SCHEMA)
     with pytest.raises(ConfigError, match="unknown column"):
         buf.migrate({"nope": "shm"})
     with pytest.raises(ConfigError, match="cannot shrink"):
@@ -99,8 +100,8 @@ def test_migrate_rejects_unknown_columns_and_shrinking() -> None:
 def test_migration_under_concurrent_writes_and_reads_loses_and_duplicates_nothing() -> None:
     """A writer and a consume-once reader run while every column flips between tiers: each id comes
     out exactly once, each row whole."""
-    buf = BufferConfig(capacity=256, tier="host", sampler="fifo", rate_limit=RateLimit(timeout_s=20)).build(
-        SCHEMA
+    buf = build_buffer(
+        BufferConfig(capacity=256, tier="host", sampler="fifo", rate_limit=RateLimit(timeout_s=20)), SCHEMA
     )
     total, step = 4000, 8
     seen: list[torch.Tensor] = []
@@ -141,7 +142,7 @@ def test_migration_under_concurrent_writes_and_reads_loses_and_duplicates_nothin
 
 
 def test_growth_during_writes_keeps_items() -> None:
-    buf = BufferConfig(capacity=128, tier="host", sampler="fifo").build(SCHEMA)
+    buf = build_buffer(BufferConfig(capacity=128, tier="host", sampler="fifo"), SCHEMA)
     stop = threading.Event()
     written = [0]
 
@@ -164,7 +165,7 @@ def test_growth_during_writes_keeps_items() -> None:
 
 def _placer_buffer(capacity: int = 1000, **kw: object) -> tuple[BufferConfig, object]:
     cfg = BufferConfig(capacity=capacity, tier="host", sampler="fifo", **kw)  # type: ignore[arg-type]
-    return cfg, cfg.build(SCHEMA)
+    return cfg, build_buffer(cfg, SCHEMA)
 
 
 def test_placer_spills_the_growing_column_and_explains(caplog: pytest.LogCaptureFixture) -> None:
@@ -241,13 +242,13 @@ def test_greedy_and_conservative_policies() -> None:
 
 def test_auto_tier_plans_at_build_and_honours_pins(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="conduit.placement"):
-        buf = BufferConfig(capacity=32, pins={"obs": "disk"}).build(SCHEMA)
+        buf = build_buffer(BufferConfig(capacity=32, pins={"obs": "disk"}), SCHEMA)
     assert buf.storage.tiers["obs"] == "disk"  # type: ignore[attr-defined]
     assert buf.placer is not None and "placement by" in caplog.text
     buf.extend(_batch(0, 4))
     _check_rows(buf.sample(4).batch)
     with pytest.raises(ConfigError, match="unknown column"):
-        BufferConfig(capacity=32, pins={"nope": "disk"}).build(SCHEMA)
+        build_buffer(BufferConfig(capacity=32, pins={"nope": "disk"}), SCHEMA)
     with pytest.raises(ConfigError, match="pins must map"):
         BufferConfig(capacity=32, pins={"obs": "moon"})
 
@@ -266,9 +267,9 @@ def test_auto_placement_leaves_shared_memory_to_pins(monkeypatch: pytest.MonkeyP
         "test",
     )
     monkeypatch.setattr("conduit.discovery.local_topology", lambda: fast_shm)
-    buf = BufferConfig(capacity=32).build(SCHEMA)
+    buf = build_buffer(BufferConfig(capacity=32), SCHEMA)
     assert set(buf.storage.tiers.values()) == {"host"}  # type: ignore[attr-defined]
-    pinned = BufferConfig(capacity=32, pins={"obs": "shm"}).build(SCHEMA)
+    pinned = build_buffer(BufferConfig(capacity=32, pins={"obs": "shm"}), SCHEMA)
     assert pinned.storage.tiers["obs"] == "shm"  # type: ignore[attr-defined]
     assert fast_shm.without("shm").tiers == tuple(t for t in fast_shm.tiers if t.kind != "shm")
     assert all("shm" not in lk.src + lk.dst for lk in fast_shm.without("shm").links)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Ragged, SchedulerConfig, Schema
+from conduit.build_buffer import build_buffer
 from conduit.config import JournalConfig
 from conduit.errors import CheckpointError, ConfigError
 from conduit.persist import Journal, load_checkpoint, replay, save_checkpoint
@@ -193,14 +194,14 @@ def test_torn_journal_tail_is_skipped_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = Journal(tmp_path, flush_interval_s=10)
-    buf = BufferConfig.uniform_replay(64).build(SCHEMA)
+    buf = build_buffer(BufferConfig.uniform_replay(64), SCHEMA)
     buf.observer = j
     buf.extend(batch(8, 0))
     buf.extend(batch(8, 8))
     j.close()
     path = j.path
     path.write_bytes(path.read_bytes()[:-5])
-    fresh = BufferConfig.uniform_replay(64).build(SCHEMA)
+    fresh = build_buffer(BufferConfig.uniform_replay(64), SCHEMA)
     with caplog.at_level(logging.WARNING):
         report = replay(tmp_path, fresh)
     assert report.items == 8 and len(report.damaged) == 1 and "truncated" in report.damaged[0].reason
@@ -217,11 +218,11 @@ def test_journal_config_is_validated() -> None:
 
 
 def test_a_bare_buffer_saves_and_loads(tmp_path: Path) -> None:
-    a = BufferConfig(capacity=32, sampler="fifo").build(SCHEMA)
+    a = build_buffer(BufferConfig(capacity=32, sampler="fifo"), SCHEMA)
     a.extend(batch(20, 0))
     a.sample(5)
     save_checkpoint(a, tmp_path)
-    b = BufferConfig(capacity=32, sampler="fifo").build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=32, sampler="fifo"), SCHEMA)
     load_checkpoint(b, tmp_path)
     assert len(b) == 15 and torch.equal(b.sample(15).batch.columns["reward"], torch.arange(5, 20.0))
 
@@ -415,37 +416,39 @@ def test_paths_that_lead_outside_their_directory_are_refused(tmp_path: Path) -> 
 def test_a_torn_tail_does_not_hide_what_the_next_opening_journaled(tmp_path: Path) -> None:
     """A crash tears the last record of one opening's file; the next opening continues from the
     tear in a new file: a later recovery replays both (the torn record alone is lost)."""
-    first = BufferConfig.uniform_replay(64).build(SCHEMA)
+    first = build_buffer(BufferConfig.uniform_replay(64), SCHEMA)
     j = Journal(tmp_path, flush_interval_s=10)
     first.observer = j
     first.extend(batch(8, 0))
     first.extend(batch(8, 8))
     j.close()
     j.path.write_bytes(j.path.read_bytes()[:-5])  # the crash
-    second = BufferConfig.uniform_replay(64).build(SCHEMA)
+    second = build_buffer(BufferConfig.uniform_replay(64), SCHEMA)
     assert replay(tmp_path, second).items == 8
     j2 = Journal(tmp_path, flush_interval_s=10)
     second.observer = j2
     second.extend(batch(8, 100))
     j2.close()
-    third = BufferConfig.uniform_replay(64).build(SCHEMA)
+    third = build_buffer(BufferConfig.uniform_replay(64), SCHEMA)
     report = replay(tmp_path, third)
     assert report.items == 16 and len(report.damaged) == 1  # the tear is still reported
     assert torch.equal(third.storage.data["reward"][:16], second.storage.data["reward"][:16])
     # a later file that does not continue from the tear (its records start further on): the items no
     # file holds are reported lost, the later ones follow on, and the journal is compacted
-    fourth = BufferConfig.uniform_replay(64).build(SCHEMA)
+    fourth = build_buffer(BufferConfig.uniform_replay(64), SCHEMA)
     fourth.extend(batch(24, 0))
     j3 = Journal(tmp_path, flush_interval_s=10)
     fourth.observer = j3
     fourth.extend(batch(8, 200))  # items 25..32, after the 17..24 no file holds
     j3.close()
     (tmp_path / j2.path.name).unlink()
-    fifth = BufferConfig.uniform_replay(64).build(SCHEMA)
+    fifth = build_buffer(BufferConfig.uniform_replay(64), SCHEMA)
     report = replay(tmp_path, fifth)
     assert report.items == 16 and report.lost_items == ((9, 24),) and fifth.inserted == 16
     assert fifth.storage.data["reward"][8:16].tolist() == list(range(200, 208))
-    sixth = BufferConfig.uniform_replay(64).build(SCHEMA)  # the compacted journal: the same, nothing lost
+    sixth = build_buffer(
+        BufferConfig.uniform_replay(64), SCHEMA
+    )  # the compacted journal: the same, nothing lost
     assert replay(tmp_path, sixth).damaged == () and torch.equal(
         sixth.storage.data["reward"], fifth.storage.data["reward"]
     )

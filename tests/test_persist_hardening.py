@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Ragged, Schema
+from conduit.build_buffer import build_buffer
 from conduit.errors import CheckpointError, ConduitError
 from conduit.persist import atomic, load_checkpoint, save_checkpoint
 from conduit.persist.format import _FRAME, FRAME_BYTES, MAGIC, decode, encode, frame, parse_record
@@ -516,7 +517,7 @@ def test_load_checkpoint_into_a_bare_buffer_checks_it_the_same_way(tmp_path: Pat
         tmp_path / "ckpt-000001" / "state.cdr",
         state_edit(lambda s: entry(s, "sampler", "tail").__setitem__(1, 41)),
     )
-    b = BufferConfig.on_policy(64).build(SCHEMA)
+    b = build_buffer(BufferConfig.on_policy(64), SCHEMA)
     with pytest.raises(CheckpointError, match="tail 41"):
         load_checkpoint(b, tmp_path)
     assert b.inserted == 0

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import provenance  # noqa: E402
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, SchedulerConfig, Schema  # noqa: E402
+from conduit.build_buffer import build_buffer
 
 DIM, BATCH, CAPACITY = 16384, 256, 4096
 
@@ -34,10 +35,10 @@ def check_tiers() -> None:
     schema = Schema([Column("obs", torch.float32, (DIM,))])
     src = torch.randn(64, DIM)
     for tier in ("cuda", "pinned"):
-        b = BufferConfig(capacity=128, tier=tier, sampler="fifo").build(schema)
+        b = build_buffer(BufferConfig(capacity=128, tier=tier, sampler="fifo"), schema)
         b.extend(ColumnBatch({"obs": src}))
         assert torch.equal(b.sample(64).batch["obs"].cpu(), src), tier
-    p = BufferConfig(capacity=128, tier="cuda", sampler="prioritized").build(schema)
+    p = build_buffer(BufferConfig(capacity=128, tier="cuda", sampler="prioritized"), schema)
     p.extend(ColumnBatch({"obs": src.cuda()}))
     s = p.sample(32)
     assert s.slots.is_cuda and s.weights is not None and s.weights.is_cuda

@@ -22,6 +22,8 @@ import torch
 from harness import ALPHA, BETA, Cell, System
 from rllib_peer import GAMMA, N_PRIORITY_SETS, _episode, episode_work, train_batch_work
 
+from conduit.build_buffer import build_buffer
+
 PREFILL_CHUNK = 8192
 MODULE = "default_policy"
 
@@ -76,7 +78,7 @@ class ConduitDQNSystem(System):
         from conduit import BufferConfig
 
         cfg = BufferConfig(capacity=capacity, sampler=sampler, alpha=ALPHA, beta=BETA)
-        self._buf = cfg.build(_schema(dim))
+        self._buf = build_buffer(cfg, _schema(dim))
         filled = 0
         while filled < capacity:
             n = min(PREFILL_CHUNK, capacity - filled)

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from harness import ALPHA, BETA, Cell, System, work_record
 
+from conduit.build_buffer import build_buffer
+
 PREFILL_CHUNK = 8192
 N_PRIORITY_SETS = 16
 
@@ -22,7 +24,7 @@ class ConduitSystem(System):
 
         schema = Schema([Column("obs", torch.float32, (dim,))])
         cfg = BufferConfig(capacity=capacity, sampler=sampler, alpha=ALPHA, beta=BETA)
-        self._buf: Any = cfg.build(schema)
+        self._buf: Any = build_buffer(cfg, schema)
         filled = 0
         while filled < capacity:
             n = min(PREFILL_CHUNK, capacity - filled)

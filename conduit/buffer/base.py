@@ -1,7 +1,7 @@
 """The three parts a buffer is composed of: storage, writer and sampler (TorchRL's composition).
 
-``ExperienceBuffer(storage, sampler, writer=..., limiter=...)`` wires them together; ``BufferConfig.build``
-builds the usual ones from a config. Every method here is called with the buffer's lock held, and
+``ExperienceBuffer(storage, sampler, writer=..., limiter=...)`` wires them together; ``build_buffer``
+(:mod:`conduit.build_buffer`) builds the usual ones from a config. Every method here is called with the buffer's lock held, and
 works on whole batches (slot tensors), never per item.
 """
 

@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -29,8 +29,11 @@ from conduit.errors import (
 from conduit.metrics import Metrics
 from conduit.schema import Schema
 
-if TYPE_CHECKING:
-    from conduit.placer import Placer
+
+class Replanner(Protocol):
+    """What keeps a buffer's placement planned (``conduit.placer.Placer``): growth goes through it."""
+
+    def grow(self, column: str, max_len: int) -> MigrationReport: ...
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,12 @@ class Sample:
 class ExperienceBuffer:
     """Storage + writer + sampler + rate limiter behind one lock: whole writes in, committed items out.
 
-    Build one from a config (``BufferConfig(...).build(schema)``, or a preset such as
-    ``BufferConfig.prioritized_replay(100_000).build(schema)``) or compose the parts yourself.
+    Build one from a config (``build_buffer(BufferConfig(...), schema)``, or a preset such as
+    ``build_buffer(BufferConfig.prioritized_replay(100_000), schema)``) or compose the parts yourself.
 
     Example:
         >>> schema = Schema([Column("obs", torch.float32, (4,)), Column("reward", torch.float32)])
-        >>> buf = BufferConfig(capacity=1000, sampler="prioritized").build(schema)
+        >>> buf = build_buffer(BufferConfig(capacity=1000, sampler="prioritized"), schema)
         >>> buf.extend(ColumnBatch({"obs": torch.zeros(8, 4), "reward": torch.zeros(8)}))
         >>> s = buf.sample(4)
         >>> buf.update_priorities(s.slots, s.generations, torch.rand(4))
@@ -95,7 +98,7 @@ class ExperienceBuffer:
             priority_kernels.warm()
         self.moving = threading.Lock()  # one migration or column growth at a time
         self.observer: Any = None  # e.g. a conduit.persist Journal: told of each commit, under the lock
-        self.placer: Placer | None = None  # set by BufferConfig(tier="auto").build: keeps placement planned
+        self.placer: Replanner | None = None  # set by build_buffer for tier="auto": keeps placement planned
         self._closed = False
 
     # -- properties ------------------------------------------------------------------------------
@@ -432,7 +435,8 @@ class ExperienceBuffer:
         self._check_open()
         if self.placer is not None:
             return self.placer.grow(name, max_len)
-        return migrate_columns(self, {}, {name: max_len})
+        with self.moving:
+            return migrate_columns(self.storage, self.writer, self._cond, self.metrics, {}, {name: max_len})
 
     def migrate(self, moves: Mapping[str, str], max_lens: Mapping[str, int] | None = None) -> MigrationReport:
         """Move columns to other tiers (``{column: tier}``) while writes and samples go on; widen the
@@ -443,7 +447,8 @@ class ExperienceBuffer:
         lost. The report gives the bytes moved and the longest pause (time under the lock).
         """
         self._check_open()
-        return migrate_columns(self, moves, max_lens)
+        with self.moving:
+            return migrate_columns(self.storage, self.writer, self._cond, self.metrics, moves, max_lens)
 
     def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
         """Contents, sampler state and counters; items sampled from ``first_undelivered`` on count as unconsumed."""

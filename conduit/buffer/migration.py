@@ -8,18 +8,17 @@ the pause is the re-copy of those rows plus the switch, reported per column.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from conduit.buffer.base import Storage, Writer
 from conduit.buffer.tiers import check_tier_available
 from conduit.errors import ConfigError
-
-if TYPE_CHECKING:
-    from conduit.buffer.buffer import ExperienceBuffer
+from conduit.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -55,11 +54,16 @@ class MigrationReport:
 
 
 def migrate_columns(
-    buffer: ExperienceBuffer, moves: Mapping[str, str], max_lens: Mapping[str, int] | None = None
+    storage: Storage,
+    writer: Writer,
+    lock: threading.Condition,
+    metrics: Metrics,
+    moves: Mapping[str, str],
+    max_lens: Mapping[str, int] | None = None,
 ) -> MigrationReport:
-    """Move ``buffer``'s columns to the tiers in ``moves`` and widen the ragged columns in
-    ``max_lens``, in the order given (see the module docstring)."""
-    storage = buffer.storage
+    """Move ``storage``'s columns to the tiers in ``moves`` and widen the ragged columns in
+    ``max_lens``, in the order given (see the module docstring). ``lock`` is the buffer's lock (held
+    for the re-copy and switch); the caller holds the buffer's one-migration-at-a-time lock."""
     tiers: dict[str, str] = getattr(storage, "tiers", {})
     max_lens = dict(max_lens or {})
     unknown = sorted((set(moves) | set(max_lens)) - set(tiers))
@@ -68,30 +72,29 @@ def migrate_columns(
     for tier in set(moves.values()):
         check_tier_available(tier)
     done: list[ColumnMove] = []
-    with buffer.moving:
-        for name in dict.fromkeys([*moves, *max_lens]):
-            src, dst = tiers[name], moves.get(name, tiers[name])
-            max_len = max_lens.get(name)
-            if src == dst and max_len in (None, storage.schema[name].max_len):
-                continue
-            with buffer._cond:
-                g0 = buffer.writer.inserted
-            t0 = time.perf_counter()
-            new = storage.copy_column(name, dst, max_len)  # type: ignore[attr-defined]
-            t1 = time.perf_counter()
-            with buffer._cond:
-                t2 = time.perf_counter()
-                dirty = torch.nonzero(storage.generation > g0).flatten()
-                storage.install_column(name, dst, new, dirty)  # type: ignore[attr-defined]
-                pause = time.perf_counter() - t2
-            nbytes = sum(t.nbytes for t in new.values())
-            done.append(ColumnMove(name, src, dst, nbytes, int(dirty.numel()), t1 - t0, pause))
-            buffer.metrics.incr("migrated_bytes", nbytes)
-            buffer.metrics.add_bytes(f"{src}->{dst}", nbytes)
+    for name in dict.fromkeys([*moves, *max_lens]):
+        src, dst = tiers[name], moves.get(name, tiers[name])
+        max_len = max_lens.get(name)
+        if src == dst and max_len in (None, storage.schema[name].max_len):
+            continue
+        with lock:
+            g0 = writer.inserted
+        t0 = time.perf_counter()
+        new = storage.copy_column(name, dst, max_len)  # type: ignore[attr-defined]
+        t1 = time.perf_counter()
+        with lock:
+            t2 = time.perf_counter()
+            dirty = torch.nonzero(storage.generation > g0).flatten()
+            storage.install_column(name, dst, new, dirty)  # type: ignore[attr-defined]
+            pause = time.perf_counter() - t2
+        nbytes = sum(t.nbytes for t in new.values())
+        done.append(ColumnMove(name, src, dst, nbytes, int(dirty.numel()), t1 - t0, pause))
+        metrics.incr("migrated_bytes", nbytes)
+        metrics.add_bytes(f"{src}->{dst}", nbytes)
     report = MigrationReport(tuple(done))
     if done:
-        buffer.metrics.incr("migrations", 1)
-        buffer.metrics.add_time("migration_copy", sum(m.copy_s for m in done))
-        buffer.metrics.add_time("migration_pause", sum(m.pause_s for m in done))
-        buffer.metrics.set_gauge("migration_max_pause_s", report.max_pause_s)
+        metrics.incr("migrations", 1)
+        metrics.add_time("migration_copy", sum(m.copy_s for m in done))
+        metrics.add_time("migration_pause", sum(m.pause_s for m in done))
+        metrics.set_gauge("migration_max_pause_s", report.max_pause_s)
     return report

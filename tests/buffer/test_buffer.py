@@ -18,6 +18,7 @@ from conduit import (
     ShapeError,
     StaleDataError,
 )
+from conduit.build_buffer import build_buffer
 
 SCHEMA = Schema([Column("id", torch.int64), Column("obs", torch.float32, (3,))])
 TOK = Schema([Column("id", torch.int64), Column("tok", torch.int32, ragged=True, max_len=6)])
@@ -30,7 +31,7 @@ def ids(start: int, n: int) -> ColumnBatch:
 
 @pytest.mark.parametrize("tier", ["host", "shm", "disk"])
 def test_tiers_store_and_return_what_was_written(tier, tmp_path):
-    b = BufferConfig(capacity=8, tier=tier, disk_path=str(tmp_path), sampler="fifo").build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=8, tier=tier, disk_path=str(tmp_path), sampler="fifo"), SCHEMA)
     b.extend(ids(0, 5))
     s = b.sample(5)
     assert s.batch["id"].tolist() == [0, 1, 2, 3, 4]
@@ -44,7 +45,7 @@ def _child_writes(t: torch.Tensor) -> None:
 
 
 def test_shm_tier_is_shared_across_processes_without_copies():
-    b = BufferConfig(capacity=4, tier="shm").build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=4, tier="shm"), SCHEMA)
     p = mp.get_context("fork").Process(target=_child_writes, args=(b.storage.data["obs"],))
     p.start()
     p.join(30)
@@ -53,7 +54,7 @@ def test_shm_tier_is_shared_across_processes_without_copies():
 
 
 def test_ring_overwrites_oldest():
-    b = BufferConfig(capacity=4).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=4), SCHEMA)
     b.extend(ids(0, 3))
     b.extend(ids(3, 3))
     assert sorted(b.storage.data["id"].tolist()) == [2, 3, 4, 5]
@@ -61,7 +62,7 @@ def test_ring_overwrites_oldest():
 
 
 def test_ragged_storage_round_trip_and_growth():
-    b = BufferConfig(capacity=4, sampler="fifo").build(TOK)
+    b = build_buffer(BufferConfig(capacity=4, sampler="fifo"), TOK)
     tok = Ragged.from_lengths(torch.arange(9, dtype=torch.int32), torch.tensor([2, 3, 4]))
     b.extend(ColumnBatch({"id": torch.arange(3), "tok": tok}))
     b.grow_column("tok", 10)
@@ -73,7 +74,7 @@ def test_ragged_storage_round_trip_and_growth():
 
 
 def test_grouped_writer_refuses_partial_groups_whole():
-    b = BufferConfig(capacity=8, writer="grouped", group_size=4).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=8, writer="grouped", group_size=4), SCHEMA)
     b.extend(ids(0, 8))
     with pytest.raises(ShapeError, match="last group has 2 items"):
         b.extend(ids(8, 6))
@@ -81,7 +82,7 @@ def test_grouped_writer_refuses_partial_groups_whole():
 
 
 def test_grouped_writes_are_never_seen_half_done():
-    b = BufferConfig(capacity=64, writer="grouped", group_size=8).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=64, writer="grouped", group_size=8), SCHEMA)
     b.extend(ids(0, 8))
     stop = threading.Event()
     seen_partial = []
@@ -108,7 +109,7 @@ def test_grouped_writes_are_never_seen_half_done():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=12), st.integers(1, 5))
 def test_fifo_delivers_every_item_exactly_once_in_order(puts, take):
-    b = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error")).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error")), SCHEMA)
     seen: list[int] = []
     nxt = 0
     for n in puts:
@@ -122,7 +123,7 @@ def test_fifo_delivers_every_item_exactly_once_in_order(puts, take):
 
 
 def test_fifo_refuses_to_overwrite_unconsumed_items():
-    b = BufferConfig(capacity=4, sampler="fifo", rate_limit=RateLimit(mode="error")).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=4, sampler="fifo", rate_limit=RateLimit(mode="error")), SCHEMA)
     b.extend(ids(0, 3))
     with pytest.raises(InsufficientDataError, match="only 1 free slots"):
         b.extend(ids(3, 2))
@@ -131,7 +132,7 @@ def test_fifo_refuses_to_overwrite_unconsumed_items():
 
 def test_fifo_versions_and_staleness_error_mode():
     cfg = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(mode="error", max_staleness=1))
-    b = cfg.build(SCHEMA)
+    b = build_buffer(cfg, SCHEMA)
     b.extend(ids(0, 2), version=0)
     b.extend(ids(2, 2), version=2)
     with pytest.raises(StaleDataError, match="version 0"):
@@ -143,7 +144,7 @@ def test_fifo_versions_and_staleness_error_mode():
 
 def test_fifo_staleness_block_mode_evicts_and_counts():
     cfg = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(max_staleness=0))
-    b = cfg.build(SCHEMA)
+    b = build_buffer(cfg, SCHEMA)
     b.extend(ids(0, 3), version=0)
     b.extend(ids(3, 3), version=1)
     s = b.sample(3, version=1)
@@ -152,7 +153,7 @@ def test_fifo_staleness_block_mode_evicts_and_counts():
 
 
 def test_prioritized_distribution_follows_priorities():
-    b = BufferConfig(capacity=4, sampler="prioritized", alpha=1.0, beta=1.0).build(SCHEMA, seed=0)
+    b = build_buffer(BufferConfig(capacity=4, sampler="prioritized", alpha=1.0, beta=1.0), SCHEMA, seed=0)
     b.extend(ids(0, 4))
     s = b.sample(4)
     order = torch.argsort(s.slots)
@@ -169,7 +170,7 @@ def test_prioritized_distribution_follows_priorities():
 
 
 def test_priority_update_for_overwritten_slot_is_skipped():
-    b = BufferConfig(capacity=4, sampler="prioritized", alpha=1.0).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=4, sampler="prioritized", alpha=1.0), SCHEMA)
     b.extend(ids(0, 4))
     s = b.sample(4)  # in flight
     b.extend(ids(4, 2))  # overwrites slots 0 and 1
@@ -182,7 +183,7 @@ def test_priority_update_for_overwritten_slot_is_skipped():
 
 
 def test_concurrent_writers_samplers_and_priority_updates():
-    b = BufferConfig(capacity=256, sampler="prioritized").build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=256, sampler="prioritized"), SCHEMA)
     b.extend(ids(0, 64))
     errors: list[BaseException] = []
     done = threading.Event()
@@ -211,7 +212,7 @@ def test_concurrent_writers_samplers_and_priority_updates():
 
 def test_samples_per_insert_ratio_error_mode():
     cfg = BufferConfig(capacity=64, rate_limit=RateLimit(samples_per_insert=2.0, tolerance=4, mode="error"))
-    b = cfg.build(SCHEMA)
+    b = build_buffer(cfg, SCHEMA)
     b.extend(ids(0, 4))
     b.sample(8)
     b.sample(4)  # 12 <= 2*4 + 4
@@ -223,7 +224,7 @@ def test_samples_per_insert_ratio_error_mode():
 
 def test_samples_per_insert_block_mode_waits_for_inserts():
     cfg = BufferConfig(capacity=64, rate_limit=RateLimit(samples_per_insert=1.0, timeout_s=5))
-    b = cfg.build(SCHEMA)
+    b = build_buffer(cfg, SCHEMA)
     b.extend(ids(0, 4))
     b.sample(4)
     timer = threading.Timer(0.2, lambda: b.extend(ids(4, 4)))
@@ -234,7 +235,7 @@ def test_samples_per_insert_block_mode_waits_for_inserts():
 
 def test_block_mode_times_out_with_reason():
     cfg = BufferConfig(capacity=8, rate_limit=RateLimit(min_size=4, timeout_s=0.2))
-    b = cfg.build(SCHEMA)
+    b = build_buffer(cfg, SCHEMA)
     with pytest.raises(InsufficientDataError, match="timed out.*min_size=4"):
         b.sample(1)
 
@@ -242,12 +243,12 @@ def test_block_mode_times_out_with_reason():
 @pytest.mark.parametrize("sampler", ["uniform", "fifo", "prioritized"])
 def test_state_dict_round_trip(sampler):
     cfg = BufferConfig(capacity=8, sampler=sampler)
-    a = cfg.build(SCHEMA)
+    a = build_buffer(cfg, SCHEMA)
     a.extend(ids(0, 6))
     s = a.sample(2)
     if sampler == "prioritized":
         a.update_priorities(s.slots, s.generations, torch.tensor([5.0, 7.0]))
-    b = cfg.build(SCHEMA)
+    b = build_buffer(cfg, SCHEMA)
     b.load_state_dict(a.state_dict())
     assert (b.inserted, b.sampled, len(b)) == (a.inserted, a.sampled, len(a))
     assert torch.equal(b.storage.data["obs"], a.storage.data["obs"])
@@ -256,7 +257,7 @@ def test_state_dict_round_trip(sampler):
 
 
 def test_sample_into_reused_memory():
-    b = BufferConfig(capacity=16, sampler="fifo").build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=16, sampler="fifo"), SCHEMA)
     b.extend(ids(0, 8))
     first = b.sample(4).batch
     ptr = first["obs"].data_ptr()
@@ -271,7 +272,7 @@ def test_sample_into_reused_memory():
 @pytest.mark.parametrize("waiters", [1, 3])
 def test_a_sample_wakes_writers_blocked_on_a_full_fifo_at_once(waiters):
     """A sample frees room; every writer waiting for it resumes at once, not at its next 0.5 s re-check."""
-    b = BufferConfig(capacity=4, sampler="fifo", rate_limit=RateLimit(timeout_s=10)).build(SCHEMA)
+    b = build_buffer(BufferConfig(capacity=4, sampler="fifo", rate_limit=RateLimit(timeout_s=10)), SCHEMA)
     b.extend(ids(0, 4))
     resumed: list[float] = []
     lock = threading.Lock()

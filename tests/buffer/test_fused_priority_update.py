@@ -10,14 +10,17 @@ import torch
 
 from conduit import BufferConfig, Column, ColumnBatch, Schema
 from conduit.buffer.buffer import ExperienceBuffer
+from conduit.build_buffer import build_buffer
 from conduit.errors import PriorityError
 
 CAP = 64
 
 
 def _buffer(nonfinite: str = "reject") -> ExperienceBuffer:
-    b = BufferConfig(capacity=CAP, sampler="prioritized", nonfinite=nonfinite).build(
-        Schema([Column("x", torch.float32, (3,))]), seed=0
+    b = build_buffer(
+        BufferConfig(capacity=CAP, sampler="prioritized", nonfinite=nonfinite),
+        Schema([Column("x", torch.float32, (3,))]),
+        seed=0,
     )
     b.extend(ColumnBatch({"x": torch.randn(48, 3)}))
     return b

@@ -22,6 +22,7 @@ from conduit.buffer import sumtree_kernels as kernels
 from conduit.buffer.fused_sumtree import FusedSumTree
 from conduit.buffer.samplers import make_sum_tree
 from conduit.buffer.sumtree import SumTree
+from conduit.build_buffer import build_buffer
 
 KERNELS = (
     kernels.find,
@@ -146,7 +147,7 @@ def test_kernels_are_cached_and_compiled_once_for_every_call_of_a_buffer() -> No
     """Construction warms every kernel; later calls (any priority dtype, dead entries, an empty update)
     reuse those signatures, so no user call pays a JIT compile."""
     schema = Schema([Column("obs", torch.float32, (3,))])
-    buf = BufferConfig(capacity=300, sampler="prioritized", alpha=0.7, beta=0.5).build(schema)
+    buf = build_buffer(BufferConfig(capacity=300, sampler="prioritized", alpha=0.7, beta=0.5), schema)
     signatures = {k: list(k.signatures) for k in KERNELS}
     assert all(len(s) >= 1 for s in signatures.values())  # set_priorities: float32/64 (checked update)
     assert all(type(k._cache).__name__ != "NullCache" for k in KERNELS)  # cache=True: on disk

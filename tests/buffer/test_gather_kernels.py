@@ -7,6 +7,7 @@ import torch
 
 from conduit import BufferConfig, Column, ColumnBatch, Schema
 from conduit.buffer.gather_kernels import GRAIN, _gather_bytes, gather_rows
+from conduit.build_buffer import build_buffer
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.bool, torch.int64, torch.uint8, torch.complex64]
 
@@ -57,7 +58,7 @@ def test_out_of_range_index_raises_and_writes_nothing_outside_out() -> None:
 
 def test_buffer_samples_large_rows_exactly() -> None:
     schema = Schema([Column("obs", torch.float32, (4096,)), Column("act", torch.int64)])
-    buf = BufferConfig(capacity=64, sampler="uniform").build(schema, seed=0)
+    buf = build_buffer(BufferConfig(capacity=64, sampler="uniform"), schema, seed=0)
     obs = torch.randn(64, 4096)
     buf.extend(ColumnBatch({"obs": obs, "act": torch.arange(64)}))
     s = buf.sample(32)

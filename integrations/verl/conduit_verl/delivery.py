@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from conduit import BufferConfig, Column, ColumnBatch, Metrics, Schema
+from conduit.build_buffer import build_buffer
 from conduit_verl.compat import KVBatchMeta
 
 REF_SCHEMA = Schema([Column("piece", torch.int64), Column("row", torch.int64)])
@@ -21,7 +22,7 @@ class GroupFifo:
 
     def __init__(self, group_size: int, capacity: int, metrics: Metrics) -> None:
         config = BufferConfig.on_policy(max(capacity, group_size), group_size, max_staleness=0, mode="error")
-        self.buffer = config.build(REF_SCHEMA, metrics)
+        self.buffer = build_buffer(config, REF_SCHEMA, metrics)
         self.pieces: list[KVBatchMeta] = []
 
     def put(self, piece: KVBatchMeta, groups: list[list[int]], version: int) -> None:
