@@ -229,7 +229,7 @@ def rllib_trials(n: int, rng: random.Random) -> list[dict[str, Any]]:
     """Kill attempts until ``n`` kills landed inside ``algo.save()`` (at most ``3 n`` attempts)."""
     import ray
 
-    from conduit.local_ray import init_local_ray
+    from conduit_rllib.local_ray import init_local_ray
 
     init_local_ray(log_to_driver=False)
     rows: list[dict[str, Any]] = []

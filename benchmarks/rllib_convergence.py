@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import ray
     import torch
 
-    from conduit.local_ray import init_local_ray
+    from conduit_rllib.local_ray import init_local_ray
 
     torch.set_num_threads(1)
     started = not ray.is_initialized()

@@ -119,7 +119,7 @@ def run(
     import ray
     import torch
 
-    from conduit.local_ray import init_local_ray
+    from conduit_rllib.local_ray import init_local_ray
 
     t_start = time.perf_counter()
     started_ray = False

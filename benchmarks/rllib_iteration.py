@@ -293,7 +293,7 @@ def main() -> None:
     torch.set_num_threads(1)
     import ray
 
-    from conduit.local_ray import init_local_ray
+    from conduit_rllib.local_ray import init_local_ray
 
     init_local_ray(log_to_driver=False)
     sweep = DEFAULT_SWEEP

@@ -69,7 +69,7 @@ def build(args: Args):  # noqa: ANN201
 def main(argv: list[str] | None = None) -> list[dict]:
     import torch
 
-    from conduit.local_ray import init_local_ray
+    from conduit_rllib.local_ray import init_local_ray
 
     args = parse_args(argv)
     torch.set_num_threads(1)

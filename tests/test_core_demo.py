@@ -1,6 +1,10 @@
 import json
+import sys
+from pathlib import Path
 
-from conduit import demo
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import core_demo as demo  # noqa: E402
 
 
 def test_demo_runs_both_modes_and_writes_results(tmp_path, capsys):

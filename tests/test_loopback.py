@@ -34,7 +34,7 @@ import json, os, sys
 import psutil, ray
 
 if os.environ.get("LOOPBACK_VIA_HELPER") == "1":  # what our recipes and benchmarks call
-    from conduit.local_ray import init_local_ray
+    from conduit_rllib.local_ray import init_local_ray
     init_local_ray(log_to_driver=False)
 else:
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
@@ -96,7 +96,7 @@ def test_is_loopback() -> None:
 @pytest.mark.parametrize("how", ["env", "init_local_ray"])
 def test_ray_and_what_we_start_on_it_listen_on_loopback_only(how: str) -> None:
     # env: the setting in the environment (the verl CPU launcher); init_local_ray: nothing preset,
-    # conduit.local_ray.init_local_ray (the RLlib recipes and benchmarks) applies it after importing ray
+    # conduit_rllib.local_ray.init_local_ray (the RLlib recipes and benchmarks) applies it after importing ray
     env = LOOPBACK_ENV if how == "env" else {"LOOPBACK_VIA_HELPER": "1"}
     started, listening = listening_sockets(env)
     assert len(listening) >= 3, listening  # GCS, raylet, workers at least: the listing works

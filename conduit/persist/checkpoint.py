@@ -28,9 +28,10 @@ import shutil
 import stat
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -39,8 +40,23 @@ from conduit.errors import CheckpointError
 from conduit.persist import atomic
 from conduit.persist.format import FRAME_BYTES, MAX_HEADER, decode, encode, frame, parse_record
 
-if TYPE_CHECKING:
-    from conduit.api import Conduit
+_T = TypeVar("_T")
+
+
+class Runtime(Protocol):
+    """What a checkpoint saves and restores beside a buffer (``conduit.Conduit`` is one): the runtime is
+    passed in as a part, so persistence never imports it."""
+
+    @property
+    def buffer(self) -> ExperienceBuffer: ...
+
+    @property
+    def shuffle_generator(self) -> torch.Generator: ...
+
+    def snapshot(self, fn: Callable[[int | None, dict[str, object]], _T]) -> _T: ...
+
+    def load_state_dict(self, state: dict[str, object]) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +90,7 @@ class CheckpointReport:
     total_s: float
 
 
-def save_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[str]) -> CheckpointReport:
+def save_checkpoint(target: Runtime | ExperienceBuffer, root: str | os.PathLike[str]) -> CheckpointReport:
     """Save ``target``'s whole state as a new checkpoint under directory ``root`` (see the module doc).
 
     Raises :class:`CheckpointError` naming the cause when the save fails (no space, a file size limit, a
@@ -192,7 +208,7 @@ def save_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[
     )
 
 
-def load_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[str]) -> str:
+def load_checkpoint(target: Runtime | ExperienceBuffer, root: str | os.PathLike[str]) -> str:
     """Restore the newest intact checkpoint under ``root`` into ``target``; returns its path.
 
     A torn or corrupt checkpoint is skipped with a warning naming the problem, and the one before it is
@@ -208,7 +224,7 @@ def load_checkpoint(target: Conduit | ExperienceBuffer, root: str | os.PathLike[
 
 
 def read_checkpoint(
-    target: Conduit | ExperienceBuffer, root: str | os.PathLike[str]
+    target: Runtime | ExperienceBuffer, root: str | os.PathLike[str]
 ) -> tuple[str, dict[str, Any]]:
     """``(path, state)`` of the newest intact checkpoint under ``root`` that fits ``target``, without
     loading it (``state`` is what ``target.state_dict()`` returns); see :func:`load_checkpoint`."""
@@ -519,7 +535,7 @@ def _check_segment(
     return rows, meta_rows, data
 
 
-def _read(path: Path, target: Conduit | ExperienceBuffer) -> dict[str, Any]:
+def _read(path: Path, target: Runtime | ExperienceBuffer) -> dict[str, Any]:
     """The full state saved in checkpoint ``path``, every part verified and checked against ``target``
     (nothing of ``target`` changes). Raises :class:`CheckpointError` naming the file and the problem."""
     try:
@@ -530,7 +546,7 @@ def _read(path: Path, target: Conduit | ExperienceBuffer) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path.name} is malformed ({type(e).__name__}: {e})") from e
 
 
-def _read_checked(path: Path, target: Conduit | ExperienceBuffer) -> dict[str, Any]:
+def _read_checked(path: Path, target: Runtime | ExperienceBuffer) -> dict[str, Any]:
     buffer = _buffer(target)
     manifest = _manifest(path)
     layout = manifest["layout"]
@@ -582,7 +598,7 @@ def _read_checked(path: Path, target: Conduit | ExperienceBuffer) -> dict[str, A
     return {"buffer": buf, **state}
 
 
-def _check_runtime(path: Path, state: dict[str, Any], target: Conduit) -> None:
+def _check_runtime(path: Path, state: dict[str, Any], target: Runtime) -> None:
     """Raise unless the runtime's saved part (delivery generator, versions) can be restored into ``target``."""
     delivery, versions = state.get("delivery"), state.get("versions")
     gen = delivery.get("generator") if isinstance(delivery, dict) else None

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -46,11 +46,8 @@ from conduit.config import JournalConfig
 from conduit.errors import CheckpointError, ConduitError, JournalError
 from conduit.metrics import Metrics
 from conduit.persist import atomic
-from conduit.persist.checkpoint import load_checkpoint
+from conduit.persist.checkpoint import Runtime, load_checkpoint
 from conduit.persist.format import MAGIC, frame, parse_record, write_record
-
-if TYPE_CHECKING:
-    from conduit.api import Conduit
 
 log = logging.getLogger(__name__)
 
@@ -655,7 +652,7 @@ def _plan(buffer: ExperienceBuffer, entries: list[_Record | Damage], files: list
     return p
 
 
-def replay(directory: str | os.PathLike[str], target: Conduit | ExperienceBuffer) -> ReplayReport:
+def replay(directory: str | os.PathLike[str], target: Runtime | ExperienceBuffer) -> ReplayReport:
     """Write the journal's records that follow what ``target``'s buffer holds (its insert count) back into it.
 
     Records already covered (e.g. by the checkpoint just loaded) are skipped, and so are items a FIFO

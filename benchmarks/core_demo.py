@@ -6,7 +6,7 @@ the learner asks for a prioritized batch, trains a small MLP on it and sends pri
 batches on background workers. Both run interleaved in one process and the table compares the
 exposed experience-path latency (time the loop is blocked on experience handling) per iteration.
 
-Run: ``python -m conduit.demo [--iters 60] [--batch 256] [--dim 64] [--out DIR]``
+Run: ``python benchmarks/core_demo.py [--iters 60] [--batch 256] [--dim 64] [--out DIR]``
 """
 
 from __future__ import annotations
