@@ -148,8 +148,10 @@ class BufferConfig(_FromDict):
         writer: ``ring`` (oldest overwritten) or ``grouped`` (groups of ``group_size`` land atomically).
         group_size: items per group for the grouped writer (e.g. GRPO's n responses per prompt).
         sampler: ``uniform``, ``fifo`` (consume-once, on-policy) or ``prioritized`` (proportional).
-        alpha: prioritization exponent; beta: importance-weight exponent; priority_eps: added to
-            every priority so none is zero.
+        alpha: prioritization exponent (0: uniform; higher samples large errors more often).
+        beta: importance-weight exponent (1: full correction of the prioritization's bias).
+        priority_eps: added to every priority so none is zero.
+        rate_limit: a :class:`RateLimit` (a dict is accepted): when samples may be drawn.
         nonfinite: NaN/inf in columns marked ``check_finite`` and in priority updates: ``"reject"``
             raises before anything changes; ``"count"`` stores the items (a priority update skips
             those entries) and counts them (``count/nonfinite_values``, ``count/nonfinite_priorities``).
