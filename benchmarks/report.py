@@ -65,7 +65,7 @@ def algos(*names: str) -> Callable[[Docs], list[str]]:
         runs = []
         for n in names:
             rows = docs[n].get("rows") or [{}]
-            runs.append((str(rows[0].get("algo", n)).upper(), docs[n]))
+            runs.append((str(rows[0].get("algo") or n).upper(), docs[n]))
         return verl.iteration(runs)
 
     return render

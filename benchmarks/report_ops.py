@@ -33,13 +33,14 @@ def migration(d: Doc) -> list[str]:
                 num(tokens),
                 _ms_or_oom(c),
                 f"{_ms_or_oom(best)} ({str(best.get('which', DASH)).removeprefix('static:')})",
-                times(ratio.get(str(tokens))),
+                times(ratio.get(str(tokens)), 3),
                 _ms_or_oom(s.get("greedy")),
                 _ms_or_oom(s.get("conservative")),
                 " / ".join(
                     _ms_or_oom(s.get(f"static:{p}")) for p in ("planned", "all_host", "all_shm", "all_disk")
                 ),
                 f"{ms(c.get('migration_s'), 1)} / {ms(c.get('max_pause_s'), 2)}",
+                f"{num(c.get('iters'))} × {num(c.get('samples_per_iter'))}",
             ]
         )
     head = [
@@ -51,6 +52,7 @@ def migration(d: Doc) -> list[str]:
         "conservative ms",
         "static planned / host / shm / disk ms",
         "Conduit's migration ms / longest pause ms",
+        "work: iterations × responses",
     ]
     s = d.get("summary") or {}
     checks = {k: v for k, v in s.items() if isinstance(v, bool)}
@@ -58,7 +60,7 @@ def migration(d: Doc) -> list[str]:
     for k in ("oom_at_tokens", "cumulative_s", "items_accounted"):
         if isinstance(s.get(k), dict):
             lines.append(f"{k.replace('_', ' ')}: " + ", ".join(f"{a} {num(b, 3)}" for a, b in s[k].items()))
-    budgets = ", ".join(f"{k} {num(v / 2**20, 1)} MiB" for k, v in (d.get("budgets") or {}).items())
+    budgets = ", ".join(f"{k} {num(v, 1, scale=2**-20)} MiB" for k, v in (d.get("budgets") or {}).items())
     return (
         [f"- Simulated budgets: {budgets or DASH}.", ""]
         + table(head, rows)
@@ -88,7 +90,7 @@ def placement_ablation(d: Doc) -> list[str]:
             + [_ms_or_oom(s.get(p), 3) for p in ABLATION]
             + [
                 str(summ.get("best_measured", DASH)),
-                times(summ.get("planned_over_best")),
+                times(summ.get("planned_over_best"), 3),
                 num(summ.get("spearman")),
                 " / ".join(ms(g.get(p), 3) for p in GPU),
             ]
@@ -179,7 +181,7 @@ def checkpoint_pause(d: Doc) -> list[str]:
                 ms(m.get("pause_s"), 1),
                 ms(m.get("locked_s"), 1),
                 num(m.get("save_s")),
-                num(m.get("bytes_written") / 1e6 if isinstance(m.get("bytes_written"), int) else None, 0),
+                num(m.get("bytes_written"), 0, scale=1e-6),
                 f"{num(m.get('segments_written'))} / {num(m.get('segments_reused'))} / {num(m.get('segments_linked'))}",
                 f"{ms(m.get('put_max_during_save_s'), 1)} / {ms(m.get('get_max_during_save_s'), 1)}",
                 f"{ms(m.get('put_max_idle_s'), 1)} / {ms(m.get('get_max_idle_s'), 1)}",

@@ -19,7 +19,7 @@ def buffer_throughput(d: Doc) -> list[str]:
     """Per batch × dim: Conduit's prioritized sample + update, each peer's ratio per operation."""
     ratios, refusals = rows_of(d, "ratios"), Refusals()
     conduit = {
-        (r["batch"], r["dim"]): r
+        (r.get("batch"), r.get("dim")): r
         for r in rows_of(d)
         if (r.get("system"), r.get("op"), r.get("sampler"), r.get("load"))
         == ("conduit", "sample", "prioritized", False)
@@ -134,7 +134,13 @@ def rllib_convergence(d: Doc) -> list[str]:
                 system,
                 f"{num(s.get('reached'))} / {num(s.get('runs'))}",
                 " / ".join(num(x) for x in steps) if isinstance(steps, list) else DASH,
-                num(s.get("median_steps_to_target")),
+                "; ".join(
+                    f"{num(get(r, 'work', 'env_steps_sampled'))} / {num(get(r, 'work', 'gradient_updates'))}"
+                    for r in rows_of(d, "runs")
+                    if r.get("system") == system
+                )
+                or DASH,
+                num(s.get("median_steps_to_target"), 0),
                 num(s.get("median_iteration_wall_s")),
                 num(s.get("median_iteration_exposed_s"), 3),
                 num(s.get("gradient_updates_per_env_step"), 3),
@@ -144,6 +150,7 @@ def rllib_convergence(d: Doc) -> list[str]:
         "system",
         "reached",
         "env steps to target (per seed)",
+        "work per seed: env steps / gradient updates",
         "median",
         "wall s / iteration",
         "exposed s / iteration",
@@ -227,7 +234,7 @@ def tq_backends(d: Doc) -> list[str]:
             [
                 num(key[0]),
                 f"{num(key[1])} × {num(key[2])}",
-                num(nbytes / 2**20 if isinstance(nbytes, int) else None, 1),
+                num(nbytes, 1, scale=2**-20),
                 vs(rs.get("put")),
                 vs(rs.get("get")),
                 both(*(pct(get(rs, op, "conduit_over_memcpy"), 1) for op in ("put", "get"))),

@@ -4,6 +4,7 @@ provenance (a dirty tree says so), and the issue-27 fields of the reruns."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -34,6 +35,22 @@ def test_a_missing_results_file_renders_without_crashing(tmp_path) -> None:
     page = report.render(results=tmp_path, notes=tmp_path)
     assert "`buffer_throughput.json`: no results file." in page
     assert "`verl_crash_resume.json`: no results file." in page
+
+
+def _blank(x: object) -> object:
+    if isinstance(x, dict):
+        return {k: _blank(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_blank(v) for v in x]
+    return None
+
+
+def test_every_section_renders_results_whose_values_are_all_missing(tmp_path) -> None:
+    for path in report.RESULTS.glob("*.json"):
+        (tmp_path / path.name).write_text(json.dumps(_blank(json.loads(path.read_text()))))
+    page = report.render(results=tmp_path, notes=tmp_path)
+    assert "- Run `rllib_iteration.json`: commit —, dirty=—, load — → —, date —." in page
+    assert "no results file" not in page
 
 
 def test_provenance_shows_a_dirty_tree_and_missing_facts() -> None:
