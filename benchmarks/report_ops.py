@@ -264,7 +264,8 @@ def autotune_dqn(d: Doc) -> list[str]:
         f"{num(r.get('kendall_tau'))} / {num(r.get('kendall_tau_split_halves'))} / {num(r.get('kendall_tau_between_rounds'))}",
         f"{num(r.get('top8_overlap'))}/8",
         str(a.get("config", DASH)),
-        f"{pct(a.get('gap_to_best_grid'), sign=True)} / {pct(a.get('gap_to_best_confirmed'), sign=True)}",
+        f"{pct(a.get('gap_to_best_grid'), sign=True)} / {pct(a.get('gap_to_best_confirmed'), sign=True)} "
+        f"({ms(get(a, 'confirmed', 'seconds', 'pick'))} vs {ms(get(a, 'confirmed', 'seconds', 'best'))} ms)",
         f"{num(a.get('tuning_learning_steps'))}, {pct(a.get('tuning_share_of_100_steps'), 2)} / "
         f"{pct(a.get('tuning_share_of_100_iterations'), 4)}",
         num(r.get("same_work")),

@@ -197,6 +197,7 @@ def autotune_verl(d: Doc) -> list[str]:
                 f"{num(e.get('repeat_tau_tail'))} / {num(e.get('repeat_tau_rest'))}",
                 f"{num(e.get('top3_overlap'))}/3",
                 f"{num(e.get('best_g'))} ({num(e.get('best_rest_s'))})",
+                num(get(p, "views", "recorded", "median_wall_s")),
                 f"{num(e.get('model_pick'))}, {pct(e.get('model_pick_gap_tuned'), sign=True)} / "
                 f"{pct(e.get('model_pick_gap_iteration'), sign=True)}",
                 pct(e.get("prediction_error"), 0),
@@ -214,6 +215,7 @@ def autotune_verl(d: Doc) -> list[str]:
         "repetitions agree: τ tail / rest",
         "top-3 overlap",
         "best fixed g (rest s)",
+        "grid's median iteration s",
         "model's pick, gap tuned / iteration",
         "prediction error (median)",
         "`auto`, fresh: gap tuned / iteration, rank, probes",
