@@ -18,10 +18,10 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def channel():
-    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    yield CompletionChannel.remote()
-    ray.shutdown()
+def channel(ray_shared):
+    handle = CompletionChannel.remote()
+    yield handle
+    ray.kill(handle)
 
 
 def test_wait_wakes_on_finish_and_times_out(channel) -> None:
@@ -93,3 +93,4 @@ def test_long_generation_stays_event_driven(channel, monkeypatch) -> None:
     wait.took(1)
     # no report, but TQ shows two finished groups (a lost report): taken from the TQ re-read
     assert wait.next_piece(_Finished(2), g_ing=1, remaining=4) == 2
+    ray.kill(fresh)

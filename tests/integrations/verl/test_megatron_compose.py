@@ -10,19 +10,22 @@ gathers from the store's shared memory).
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
 
 pytest.importorskip("verl")
 
-import conduit_verl.tq_store as tq_store  # noqa: E402
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 TP, PP, DP = 2, 2, 2
+
+# Ray's workers cannot import this test module: its remote classes travel by value
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def megatron_config():
@@ -78,15 +81,9 @@ class FakeRank:
 
 
 @pytest.mark.ray
-def test_a_tp_by_dp_mesh_reads_distinct_shards_and_peers_share_them():
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="conduit_megatron")
-    try:
-        tq_store.register()
-        tq.init(
-            OmegaConf.create(
-                {"controller": {"polling_mode": True}, "backend": {"storage_backend": "Conduit"}}
-            )
-        )
+@pytest.mark.slow  # four rank processes; fast counterpart: test_tq_store_ray.py's two-reader shards test
+def test_a_tp_by_dp_mesh_reads_distinct_shards_and_peers_share_them(conduit_tq):
+    with conduit_tq({}):
         n = 8
         offsets = torch.arange(n + 1, dtype=torch.int64) * 5
         keys = [f"s{i}" for i in range(n)]
@@ -105,6 +102,5 @@ def test_a_tp_by_dp_mesh_reads_distinct_shards_and_peers_share_them():
         names = ray.get(controller.get_config.remote()).backend.Conduit.actors
         stats = ray.get(ray.get_actor(names[0], namespace="transfer_queue").stats.remote())
         assert stats.get("bytes_get_copied", 0) == 0 and stats["bytes_get_mapped"] > 0  # no per-peer transfer
-        tq.close()
-    finally:
-        ray.shutdown()
+        for actor in mesh.values():
+            ray.kill(actor)

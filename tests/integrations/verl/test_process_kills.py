@@ -20,13 +20,11 @@ pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 psutil = pytest.importorskip("psutil")
 
-import conduit_verl.tq_store as tq_store  # noqa: E402
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from conduit_verl.completion import CompletionChannel  # noqa: E402
 from conduit_verl.errors import RolloutTimeoutError  # noqa: E402
 from conduit_verl.streaming import GroupWait  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -47,24 +45,8 @@ def sigkill(pid: int) -> None:
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="conduit_kill_test")
-    yield
-    ray.shutdown()
-
-
-def test_sigkill_of_the_storage_actor_fails_the_next_read_clearly(ray_session) -> None:
-    tq_store.register()
-    tq.init(
-        OmegaConf.create(
-            {
-                "controller": {"polling_mode": True},
-                "backend": {"storage_backend": "Conduit", "Conduit": {"timeout_s": 5}},
-            }
-        )
-    )
-    try:
+def test_sigkill_of_the_storage_actor_fails_the_next_read_clearly(conduit_tq) -> None:
+    with conduit_tq({"timeout_s": 5}):
         responses = torch.nested.nested_tensor_from_jagged(torch.arange(5), torch.tensor([0, 2, 5]))
         tq.kv_batch_put(
             keys=["x", "y"], partition_id="train", fields=TensorDict({"responses": responses}, [2])
@@ -91,8 +73,6 @@ def test_sigkill_of_the_storage_actor_fails_the_next_read_clearly(ray_session) -
                 keys=["z"], partition_id="train", fields=TensorDict({"rm_scores": torch.tensor([1.0])}, [1])
             )
         assert time.monotonic() - t0 < 30, "the write waited too long for a dead actor"
-    finally:
-        tq.close()
 
 
 class _Groups:
@@ -108,7 +88,7 @@ class _Groups:
         self.running_keys = {"train": {f"uid{i}" for i in range(self.finished, self.total)}}
 
 
-def test_sigkill_of_the_completion_channel_mid_wait_falls_back_to_polling(ray_session) -> None:
+def test_sigkill_of_the_completion_channel_mid_wait_falls_back_to_polling(ray_shared) -> None:
     channel = CompletionChannel.remote()
     wait = GroupWait(channel, timeout_s=60.0, log_every_s=60.0, poll_s=0.05)
     groups = _Groups(finished=0, total=4)
@@ -127,7 +107,7 @@ def test_sigkill_of_the_completion_channel_mid_wait_falls_back_to_polling(ray_se
     assert wait.channel is None
 
 
-def test_a_dead_channel_and_a_hung_group_end_in_a_timeout_error(ray_session) -> None:
+def test_a_dead_channel_and_a_hung_group_end_in_a_timeout_error(ray_shared) -> None:
     channel = CompletionChannel.remote()
     wait = GroupWait(channel, timeout_s=3.0, log_every_s=60.0, poll_s=0.05)
     sigkill(actor_pid(channel, "CompletionChannel"))

@@ -163,16 +163,16 @@ class _HungChannel:
 
 
 @pytest.mark.ray
-def test_a_hung_channel_falls_back_to_polling_and_still_times_out(monkeypatch) -> None:
+def test_a_hung_channel_falls_back_to_polling_and_still_times_out(ray_shared, monkeypatch) -> None:
     monkeypatch.setattr(streaming, "CHANNEL_GRACE_S", 0.5)
     monkeypatch.setattr(streaming, "CHANNEL_TIMEOUT_S", 0.2)
-    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    hung = _HungChannel.remote()
     try:
-        w = GroupWait(_HungChannel.remote(), timeout_s=1.5, log_every_s=0.5, poll_s=0.01)
+        w = GroupWait(hung, timeout_s=1.5, log_every_s=0.5, poll_s=0.01)
         t0 = time.monotonic()
         with pytest.raises(RolloutTimeoutError, match="uid1"):
             w.next_piece(_Rollouts([0.0, None]), g_ing=2, remaining=2)
         assert w.channel is None  # gave up on the channel, polled TQ instead of hanging
         assert time.monotonic() - t0 < 6.0
     finally:
-        ray.shutdown()
+        ray.kill(hung)

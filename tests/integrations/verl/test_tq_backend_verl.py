@@ -4,6 +4,12 @@ One real GRPO iteration of the CPU harness in the ``conduit`` trainer mode (≈5
 machine, most of it Ray/verl start-up): it trains, and verl's experience went through Conduit's storage
 actors (their counters, recorded when verl closes TransferQueue, are in the run's ``summary.json``).
 The slow ``test_equivalence.py`` checks that the values are the same as on verl's SimpleStorage.
+
+The run is slow; the default suite checks its parts fast: the backend registers with TransferQueue
+(``test_plugins.py``) and resolves in verl's config (``test_megatron_compose.py``), verl's fields go
+through TQ's client into the storage actor and same-node readers map them
+(``test_tq_store_ray.py``), a field placed on the host tier is read by copy and the actor reports each
+field's tier (``test_tq_direct_put_ray.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ def test_jagged_field_pads_to_longest_row() -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_conduit_mode_on_conduit_backend(tmp_path: Path) -> None:
     work = tmp_path / "run"

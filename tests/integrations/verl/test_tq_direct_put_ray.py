@@ -17,12 +17,10 @@ import torch
 
 pytest.importorskip("transfer_queue")
 
-import conduit_verl.tq_store as tq_store  # noqa: E402
 import conduit_verl.tq_store.backend as backend  # noqa: E402
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from conduit_verl.tq_store.columns import column_of, spec_of, to_wire  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -81,20 +79,11 @@ def delta(before: dict, after: dict, key: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def one_node():
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="conduit_tq_direct")
-    tq_store.register()
+def one_node(conduit_tq):
     # one field on a tier a writer cannot map; every put in place however small (the default sends
     # puts under 1 MiB through Ray)
-    conf = {"timeout_s": 20, "placement": {"values": "host"}, "direct_put_min_bytes": 0}
-    tq.init(
-        OmegaConf.create(
-            {"controller": {"polling_mode": True}, "backend": {"storage_backend": "Conduit", "Conduit": conf}}
-        )
-    )
-    yield
-    tq.close()
-    ray.shutdown()
+    with conduit_tq({"timeout_s": 20, "placement": {"values": "host"}, "direct_put_min_bytes": 0}):
+        yield
 
 
 def test_a_same_node_put_goes_in_place_once_and_reads_back_bit_identical(one_node):
@@ -139,6 +128,9 @@ def test_a_field_on_a_tier_the_writer_cannot_map_goes_the_old_way(one_node):
     assert delta(s0, s1, "bytes_put_copied") == column_of("values", td["values"]).nbytes  # via the actor
     assert delta(s0, s1, "bytes_put_direct") > 0  # the other fields still in place, in the same put
     assert_same(tq.kv_batch_get(keys=keys, partition_id="train"), td)
+    s2 = stats()
+    assert delta(s1, s2, "bytes_get_copied") > 0 and delta(s1, s2, "bytes_get_mapped") > 0  # host: by copy
+    assert s2["fields"]["responses"]["tier"] == "shm"
     tq.kv_clear(keys=keys, partition_id="train")
 
 
@@ -180,7 +172,7 @@ def test_a_field_growing_between_plan_and_commit_is_planned_again(one_node, monk
     tq.kv_clear(keys=keys, partition_id="train")
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_calls=1)  # its process ends with it: no TQ client left in Ray's worker pool
 def _writer(w: int, rounds: int, per: int) -> int:
     import conduit_verl.tq_store as s
     import transfer_queue as tq

@@ -47,7 +47,7 @@ def _consume(keys: list[str]) -> tuple[str, list[list[int]]]:
     return ray.get_runtime_context().get_node_id(), [x.tolist() for x in out["responses"].unbind()]
 
 
-def test_three_nodes_producers_storage_and_consumers_apart(monkeypatch):
+def test_three_nodes_producers_storage_and_consumers_apart(no_shared_ray, monkeypatch):
     from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

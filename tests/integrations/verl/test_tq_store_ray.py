@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -10,19 +11,14 @@ import torch
 
 pytest.importorskip("transfer_queue")
 
-import conduit_verl.tq_store as tq_store  # noqa: E402
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
-
-def conduit_conf(**section) -> OmegaConf:
-    return OmegaConf.create(
-        {"controller": {"polling_mode": True}, "backend": {"storage_backend": "Conduit", "Conduit": section}}
-    )
+# Ray's workers cannot import this test module: its remote classes travel by value
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def jagged(lengths: list[int], start: int = 0, dtype=torch.int64) -> torch.Tensor:
@@ -44,13 +40,9 @@ def storage_actors() -> list:
 
 
 @pytest.fixture(scope="module")
-def one_node():
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="conduit_tq_test")
-    tq_store.register()
-    tq.init(conduit_conf(timeout_s=5))
-    yield
-    tq.close()
-    ray.shutdown()
+def one_node(conduit_tq):
+    with conduit_tq({"timeout_s": 5}):
+        yield
 
 
 def test_put_get_upsert_and_clear(one_node):
@@ -129,6 +121,46 @@ def test_concurrent_small_puts_are_combined_and_each_reads_back(one_node):
     keys = [f"c{i}" for i in range(n)]
     out = tq.kv_batch_get(keys=keys, partition_id="train")
     assert rows(out["responses"]) == [list(range(10 * i, 10 * i + i + 1)) for i in range(n)]
+    tq.kv_clear(keys=keys, partition_id="train")
+
+
+@ray.remote(num_cpus=0)
+class Reader:
+    """A consumer in its own process (a rank of a trainer's mesh): reads through TransferQueue."""
+
+    def __init__(self) -> None:
+        import conduit_verl.tq_store as s
+
+        s.register()
+        tq.init()
+
+    def read(self, keys: list[str]) -> list[list[int]]:
+        return rows(
+            tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["responses"])["responses"]
+        )
+
+
+def test_reader_processes_read_distinct_shards_and_peers_share_them_in_place(one_node):
+    """test_megatron_compose's tp x dp mesh (slow: four rank processes) on two: this process reads both
+    data-parallel shards, a reader process (its tensor-parallel peer) the first; neither costs a copy."""
+    n = 8
+    keys = [f"m{i}" for i in range(n)]
+    tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict({"responses": jagged([5] * n)}, [n]))
+    shards = [keys[: n // 2], keys[n // 2 :]]  # verl's contiguous dp split
+    before = ray.get(storage_actors()[0].stats.remote())
+    peer = Reader.remote()
+    peer0 = ray.get(peer.read.remote(shards[0]))
+    mine = [
+        rows(tq.kv_batch_get(keys=k, partition_id="train", select_fields=["responses"])["responses"])
+        for k in shards
+    ]
+    assert peer0 == mine[0]  # tensor-parallel peers (two processes) read the same samples
+    flat = [tuple(r) for r in mine[0] + mine[1]]
+    assert len(flat) == n and len(set(flat)) == n  # data-parallel shards are distinct and cover all
+    after = ray.get(storage_actors()[0].stats.remote())
+    assert after.get("bytes_get_copied", 0) == before.get("bytes_get_copied", 0)  # no per-peer transfer
+    assert after["bytes_get_mapped"] > before.get("bytes_get_mapped", 0)
+    ray.kill(peer)
     tq.kv_clear(keys=keys, partition_id="train")
 
 
