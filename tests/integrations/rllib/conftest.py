@@ -4,11 +4,9 @@ pytest.importorskip("ray.rllib")
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
+def ray_local(ray_shared):
+    """The session's shared local Ray (``tests/integrations/conftest.py``), one torch thread here."""
     import torch
 
     torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     yield
-    ray.shutdown()

@@ -1,5 +1,10 @@
 """algo.save()/restore() keep Conduit's replay buffer exactly, beside RLlib's files in Conduit's safe
-format (occupied slots only, no pickle), and a save killed at any moment leaves a loadable checkpoint."""
+format (occupied slots only, no pickle), and a save killed at any moment leaves a loadable checkpoint.
+
+The kill case with real RLlib algorithms (a fresh process per kill, ~40 s) is slow; its fast counterpart
+kills the same ``save_to_path`` (Conduit's mixin, RLlib's own files written by a stand-in) in processes
+forked from one that imported everything once.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,10 @@ from pathlib import Path
 import conduit_rllib
 import pytest
 import torch
+from conduit_rllib.common import ConduitAlgorithmMixin
 from ray.rllib.algorithms.dqn import DQNConfig
+
+from conduit import BufferConfig, Column, ColumnBatch, Conduit, Schema
 
 pytestmark = pytest.mark.ray
 
@@ -94,6 +102,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # fast counterpart: test_a_killed_save_to_path_leaves_the_old_or_the_new_checkpoint_whole
 def test_a_save_killed_at_any_moment_leaves_a_loadable_checkpoint(ray_local, tmp_path: Path) -> None:
     import ray
 
@@ -120,3 +129,126 @@ def test_a_save_killed_at_any_moment_leaves_a_loadable_checkpoint(ray_local, tmp
     finally:
         algo.stop()
     assert len(seen) == 5 and all(a < b for a, b in zip(seen, seen[1:])) and seen[0] > 0, seen
+
+
+# -- the fast counterpart: the mixin's save_to_path killed at random moments ----------------------------
+
+SCHEMA = Schema([Column("obs", torch.float32, (4,)), Column("reward", torch.float32)])
+
+
+class _RLlibSide:
+    """What the mixin calls of RLlib's Algorithm: its own file into the directory it is given."""
+
+    conduit_path: _Path
+
+    def save_to_path(self, path: str, **kwargs: object) -> str:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "rllib_state.txt"), "w") as f:
+            f.write(str(self.conduit_path.conduits["default_policy"].buffer.inserted))
+        return path
+
+    def restore_from_path(self, path: str, *args: object, **kwargs: object) -> None:
+        with open(os.path.join(path, "rllib_state.txt")) as f:
+            self.rllib_inserted = int(f.read())
+
+
+class _Path:
+    """``conduit_path`` as the mixin uses it (ConduitReplay's state layout)."""
+
+    def __init__(self) -> None:
+        self.conduits = {"default_policy": Conduit(SCHEMA, BufferConfig.prioritized_replay(4096), seed=0)}
+
+    def state_dict(self) -> dict:
+        for c in self.conduits.values():
+            c.flush()
+        return {"conduits": {mid: c.state_dict() for mid, c in self.conduits.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for mid, c in self.conduits.items():
+            c.load_state_dict(state["conduits"][mid])
+
+
+class _StandIn(ConduitAlgorithmMixin, _RLlibSide):
+    def __init__(self) -> None:
+        self._path = _Path()
+
+    @property
+    def conduit_path(self) -> _Path:  # type: ignore[override]
+        return self._path
+
+
+def _put_and_save(algo: _StandIn, path: str) -> None:
+    conduit = algo.conduit_path.conduits["default_policy"]
+    x = torch.arange(conduit.buffer.inserted, conduit.buffer.inserted + 32, dtype=torch.float32)
+    conduit.put(ColumnBatch({"obs": x[:, None].repeat(1, 4), "reward": x}))
+    algo.save_to_path(path)
+
+
+def _save_forever(path: str) -> None:
+    """Go on from the checkpoint at ``path`` (if any): put, save, say SAVED, again (until killed)."""
+    algo = _StandIn()
+    if os.path.isdir(path):
+        algo.restore_from_path(path)
+    while True:
+        _put_and_save(algo, path)
+        print("SAVED", flush=True)
+
+
+FORKER = textwrap.dedent(
+    """
+    import os, sys, torch
+    sys.path.insert(0, {tests!r})
+    torch.set_num_threads(1)
+    from test_checkpoint import _StandIn, _put_and_save, _save_forever
+    _put_and_save(_StandIn(), {path!r} + ".warm-up")  # what a first save loads lazily, loaded once here
+    _StandIn().restore_from_path({path!r} + ".warm-up")
+    for _ in sys.stdin:  # one saver per line, forked from here (everything is imported already)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _save_forever({path!r})
+            finally:
+                os._exit(1)
+        print("FORKED", pid, flush=True)
+        os.waitpid(pid, 0)  # the test kills it
+        print("REAPED", flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_save_to_path_leaves_the_old_or_the_new_checkpoint_whole(tmp_path: Path) -> None:
+    path = str(tmp_path / "ck")
+    forker = subprocess.Popen(
+        [sys.executable, "-c", FORKER.format(tests=str(Path(__file__).parent), path=path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert forker.stdin is not None and forker.stdout is not None
+    rng = random.Random(0)
+    seen = []
+    try:
+        for _ in range(8):
+            forker.stdin.write("go\n")
+            forker.stdin.flush()
+            pid, saved = None, False
+            while pid is None or not saved:  # one save done; then kill during a later put or save
+                line = forker.stdout.readline()
+                assert line, "the forking process ended"
+                if line.startswith("FORKED"):
+                    pid = int(line.split()[1])
+                saved = saved or line.startswith("SAVED")
+            time.sleep(rng.uniform(0.0, 0.03))
+            os.kill(pid, signal.SIGKILL)
+            while not (line := forker.stdout.readline()).startswith("REAPED"):
+                assert line, "the forking process ended"
+            algo = _StandIn()
+            algo.restore_from_path(path)  # the old or the new checkpoint, never a torn one
+            inserted = algo.conduit_path.conduits["default_policy"].buffer.inserted
+            assert algo.rllib_inserted == inserted  # RLlib's files and Conduit's from the same save
+            seen.append(inserted)
+    finally:
+        forker.kill()
+        forker.wait()
+    assert all(a < b for a, b in zip(seen, seen[1:])) and seen[0] > 0, seen
