@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,45 +19,77 @@ from conduit_verl import plugin  # noqa: E402
 from conduit_verl.errors import VerlCompatError  # noqa: E402
 
 
-def _modules_after(code: str, env: dict[str, str] | None = None) -> list[str]:
-    """``conduit*`` modules loaded in a fresh interpreter after running ``code``."""
-    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('conduit'))))"
+def _script(code: str) -> str:
+    return f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('conduit'))))"
+
+
+def _start(code: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A fresh interpreter running ``code``, then listing the ``conduit*`` modules it loaded."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CONDUIT_VERL", "VERL_"))}
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
+    return subprocess.Popen(
+        [sys.executable, "-c", _script(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env={**environ, **(env or {})},
-        timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_import_verl_loads_no_cpu_harness_and_no_core() -> None:
-    loaded = _modules_after("import verl")
+def _loaded(proc: subprocess.Popen) -> list[str]:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+_REGISTER_FIRST = ("conduit_verl.piece_writes", "conduit_verl.streaming", "conduit_verl.trainer")
+_CPU_PLUGIN = ("conduit_verl_cpu.plugin", "conduit_verl_cpu.patches")
+
+
+@pytest.fixture(scope="module")
+def fresh() -> Iterator[dict[str, subprocess.Popen]]:
+    """Every fresh-interpreter case of this module, started at once (each imports verl: ~8 s of one core;
+    together they use every core); a test waits for its own."""
+    cases = {
+        "verl": ("import verl", None),
+        "verl_cpu": ("import verl", {"CONDUIT_VERL_CPU": "1"}),
+        "transfer_queue": (
+            "import verl, transfer_queue\n"
+            "from transfer_queue.storage.managers.base import StorageManagerFactory\n"
+            "assert 'Conduit' in StorageManagerFactory._registry",
+            None,
+        ),
+    }
+    for first in _REGISTER_FIRST:
+        cases[first] = (
+            f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
+            "assert get_trainer_cls('conduit').__name__ == 'ConduitTrainer'",
+            None,
+        )
+    procs = {name: _start(code, env) for name, (code, env) in cases.items()}
+    yield procs
+    for proc in procs.values():
+        proc.kill()
+        proc.wait()
+
+
+def test_import_verl_loads_no_cpu_harness_and_no_core(fresh) -> None:
+    loaded = _loaded(fresh["verl"])
     assert "conduit_verl.plugin" in loaded
     assert not [m for m in loaded if m.startswith("conduit_verl_cpu.") and m not in _CPU_PLUGIN], loaded
     assert "conduit" not in loaded and "conduit_verl.trainer" not in loaded  # nothing heavy up front
 
 
-_CPU_PLUGIN = ("conduit_verl_cpu.plugin", "conduit_verl_cpu.patches")
-
-
-def test_cpu_plugin_applies_only_when_asked() -> None:
+def test_cpu_plugin_applies_only_when_asked(fresh) -> None:
     pytest.importorskip("conduit_verl_cpu")
-    loaded = _modules_after("import verl", {"CONDUIT_VERL_CPU": "1"})
+    loaded = _loaded(fresh["verl_cpu"])
     assert "conduit_verl_cpu.platform" in loaded and "conduit_verl_cpu.registration" in loaded
 
 
-def test_trainer_registers_whichever_module_imports_verl_first() -> None:
+def test_trainer_registers_whichever_module_imports_verl_first(fresh) -> None:
     # compat.py imports verl's trainer package, whose import hook registers the trainer, which
     # needs compat.py: the registration waits until compat.py is imported
-    for first in ("conduit_verl.piece_writes", "conduit_verl.streaming", "conduit_verl.trainer"):
-        loaded = _modules_after(
-            f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
-            "assert get_trainer_cls('conduit').__name__ == 'ConduitTrainer'"
-        )
+    for first in _REGISTER_FIRST:
+        loaded = _loaded(fresh[first])
         assert "conduit_verl.trainer" in loaded, first
 
 
@@ -77,11 +110,7 @@ def test_incompatible_verl_leaves_verl_working(
     assert "trainer mode 'conduit' is not available: verl 0.10.0: trainer method `_step_once`" in caplog.text
 
 
-def test_import_transfer_queue_registers_the_backend_without_loading_it() -> None:
-    loaded = _modules_after(
-        "import verl, transfer_queue\n"
-        "from transfer_queue.storage.managers.base import StorageManagerFactory\n"
-        "assert 'Conduit' in StorageManagerFactory._registry"
-    )
+def test_import_transfer_queue_registers_the_backend_without_loading_it(fresh) -> None:
+    loaded = _loaded(fresh["transfer_queue"])
     assert "conduit_verl.tq_store.registration" in loaded
     assert "conduit_verl.tq_store.backend" not in loaded and "conduit" not in loaded
