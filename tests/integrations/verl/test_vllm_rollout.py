@@ -1,0 +1,128 @@
+"""``--rollout vllm``: verl 0.9.1's own vLLM rollout on vLLM's CPU build, through the harness's seams.
+
+The seed seam is checked on its own (no vLLM needed); the seams' verl targets when vLLM is installed;
+two real GRPO iterations on vLLM are slow (~4 min on the shared 2-core machine: Ray, verl and three
+processes importing vLLM). The seams: ``docs/vllm_cpu_seams.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as md
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-deps -e tools/verl_cpu
+
+from conduit_verl.compat import Seam, seam_problem  # noqa: E402
+from conduit_verl_cpu import vllm_cpu  # noqa: E402
+from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
+from conduit_verl_cpu.overrides import CPURunSpec, cpu_overrides  # noqa: E402
+
+
+def server(seed: int = 0, version: int | None = None) -> SimpleNamespace:
+    return SimpleNamespace(global_steps=version, config={"seed": seed})
+
+
+def test_each_request_of_a_prompt_gets_its_own_seed() -> None:
+    s = server()
+    seeds = [vllm_cpu.seeded(s, [5, 6, 7], {"temperature": 1.0})["seed"] for _ in range(8)]
+    assert len(set(seeds)) == 8  # the n samples of a prompt differ
+    other = [vllm_cpu.seeded(s, [5, 6, 8], {})["seed"] for _ in range(2)]
+    assert not set(other) & set(seeds)
+
+
+def test_seeds_depend_on_seed_version_prompt_and_k_only() -> None:
+    a, b = server(seed=3, version=2), server(seed=3, version=2)
+    vllm_cpu.seeded(b, [9, 9], {})  # another prompt first: arrival order does not matter
+    assert [vllm_cpu.seeded(a, [1, 2], {})["seed"] for _ in range(3)] == [
+        vllm_cpu.seeded(b, (1, 2), {})["seed"] for _ in range(3)
+    ]
+    first = vllm_cpu.seeded(server(seed=3, version=2), [1, 2], {})["seed"]
+    assert first != vllm_cpu.seeded(server(seed=4, version=2), [1, 2], {})["seed"]
+    assert first != vllm_cpu.seeded(server(seed=3, version=3), [1, 2], {})["seed"]
+
+
+def test_new_weights_restart_the_count_and_an_explicit_seed_is_kept() -> None:
+    s = server(version=1)
+    before = vllm_cpu.seeded(s, [4], {})["seed"]
+    s.global_steps = 2
+    after = [vllm_cpu.seeded(s, [4], {})["seed"] for _ in range(2)]
+    assert after[0] == vllm_cpu.seeded(server(version=2), [4], {})["seed"] != before
+    params = {"seed": 11, "temperature": 1.0}
+    assert vllm_cpu.seeded(s, [4], params) is params
+
+
+def test_vllm_overrides_only_for_the_vllm_rollout(tmp_path: Path) -> None:
+    spec = CPURunSpec(tmp_path, tmp_path / "t", tmp_path / "v", tmp_path, max_response_length=16)
+    hf = cpu_overrides(spec)
+    assert "actor_rollout_ref.rollout.name=hf" in hf and not any("sleep_mode" in o for o in hf)
+    vllm = cpu_overrides(dataclasses.replace(spec, rollout="vllm"))
+    for o in (
+        "actor_rollout_ref.rollout.name=vllm",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=False",  # S2: no sleep mode on CPU
+        "actor_rollout_ref.rollout.free_cache_engine=False",
+        "actor_rollout_ref.rollout.enforce_eager=True",  # S5
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.max_model_len=48",
+    ):
+        assert o in vllm
+
+
+def test_vllm_rollout_without_vllm_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conduit_verl_cpu import run
+
+    monkeypatch.setattr(vllm_cpu, "cpu_build_version", lambda: None)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--rollout", "vllm"])
+    assert "tools/install_vllm_cpu.sh" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("seam", vllm_cpu.SEAMS, ids=lambda s: s.what)
+def test_vllm_seam_present(seam: Seam, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(md, "version", md.version)  # restored after the test
+    vllm_cpu._alias_vllm_version()  # S1: verl's vLLM modules look vLLM up as distribution "vllm"
+    assert seam_problem(seam) is None
+
+
+@pytest.mark.vllm
+def test_version_alias_carries_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """S1: verl sees a version, and vLLM still detects its CPU build from the same lookup."""
+    monkeypatch.setattr(md, "version", md.version)
+    vllm_cpu._alias_vllm_version()
+    assert md.version("vllm") == md.version("vllm-cpu") + "+cpu"
+    from vllm.platforms import vllm_version_matches_substr
+
+    assert vllm_version_matches_substr("cpu")
+    with pytest.raises(md.PackageNotFoundError):
+        md.version("no-such-distribution-conduit")
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grpo_on_vllm_two_iterations(tmp_path: Path) -> None:
+    """Two GRPO steps (sync trainer) with verl's vLLM rollout; after each weight sync vLLM's
+    log-probs of the sampled tokens equal the FSDP actor's (verl's own rollout-vs-actor metric)."""
+    work = tmp_path / "run"
+    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--rollout", "vllm", "--steps", "2"]
+    proc = subprocess.run(cmd + ["--work-dir", str(work)], capture_output=True, text=True, timeout=840)
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, tail
+    rows = read_metrics(work / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2], tail
+    for row in rows:
+        assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0
+        assert "timing_s/update_weights" in row
+        # |p_vLLM - p_actor| per token: 3e-8..4e-8 measured; stale weights would be far off
+        assert row["training/rollout_probs_diff_max"] < 1e-5, row
