@@ -93,12 +93,9 @@ def test_is_loopback() -> None:
 
 @pytest.mark.ray
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize(
-    "how",
-    # ~30 s each; the default suite keeps init_local_ray (the same setting, applied by our helper after
-    # Ray is imported, the same stack on top); env is slow, as is the verl harness case that sets it
-    [pytest.param("env", marks=pytest.mark.slow), "init_local_ray"],
-)
+@pytest.mark.slow  # ~30 s each (a fresh Ray); fast counterpart: the same listing on the tests' shared Ray,
+# which init_local_ray starts (tests/integrations/verl/test_tq_store_ray.py)
+@pytest.mark.parametrize("how", ["env", "init_local_ray"])
 def test_ray_and_what_we_start_on_it_listen_on_loopback_only(how: str) -> None:
     # env: the setting in the environment (the verl CPU launcher); init_local_ray: nothing preset,
     # conduit_rllib.local_ray.init_local_ray (the RLlib recipes and benchmarks) applies it after importing ray

@@ -45,6 +45,7 @@ def sigkill(pid: int) -> None:
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow  # its own TransferQueue; fast counterpart: test_tq_store_ray.py's dead storage actor test
 def test_sigkill_of_the_storage_actor_fails_the_next_read_clearly(conduit_tq) -> None:
     with conduit_tq({"timeout_s": 5}):
         responses = torch.nested.nested_tensor_from_jagged(torch.arange(5), torch.tensor([0, 2, 5]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 import time
@@ -164,6 +165,40 @@ def test_reader_processes_read_distinct_shards_and_peers_share_them_in_place(one
     tq.kv_clear(keys=keys, partition_id="train")
 
 
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def test_ray_and_what_we_start_on_it_listen_on_loopback_only(one_node):
+    """test_loopback.py's cases (slow: a fresh Ray each) on the shared Ray, which init_local_ray started
+    after Ray was imported (tests/integrations/conftest.py): with TransferQueue, Conduit's storage and a
+    completion channel on it, every socket of this process tree listens on loopback."""
+    psutil = pytest.importorskip("psutil")
+    from conduit_verl.completion import CompletionChannel
+
+    tq.kv_batch_put(keys=["l"], partition_id="train", fields=TensorDict({"responses": jagged([3])}, [1]))
+    assert rows(tq.kv_batch_get(keys=["l"], partition_id="train")["responses"]) == [[0, 1, 2]]
+    channel = CompletionChannel.remote()
+    ray.get(channel.finished.remote("train"))
+    pid = ray.remote(num_cpus=0)(lambda: os.getpid())
+    ray.get([pid.remote() for _ in range(2)])
+    me = psutil.Process()
+    tree = {p.pid: p.name() for p in [me, *me.children(recursive=True)]}
+    listening = [
+        (c.laddr.ip, c.laddr.port, tree[c.pid])
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in tree
+    ]
+    ray.kill(channel)
+    tq.kv_clear(keys=["l"], partition_id="train")
+    assert len(listening) >= 3, listening  # GCS, raylet, workers at least: the listing works
+    exposed = [sock for sock in listening if not is_loopback(sock[0])]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+
 def test_a_dead_storage_actor_gives_a_clear_error_not_a_hang(one_node):
     tq.kv_batch_put(keys=["x"], partition_id="train", fields=TensorDict({"responses": jagged([2])}, [1]))
     actors = storage_actors()
@@ -181,3 +216,9 @@ def test_a_dead_storage_actor_gives_a_clear_error_not_a_hang(one_node):
     assert time.monotonic() - t0 < 30
     if "died" in str(err.value):  # the lost samples are named by id
         assert "global indexes [" in str(err.value)
+    t0 = time.monotonic()  # a write fails clearly too (test_process_kills.py: the same after a SIGKILL)
+    with pytest.raises(Exception, match="Conduit storage actor"):
+        tq.kv_batch_put(
+            keys=["z"], partition_id="train", fields=TensorDict({"rm_scores": torch.tensor([1.0])}, [1])
+        )
+    assert time.monotonic() - t0 < 30
