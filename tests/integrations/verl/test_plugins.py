@@ -18,27 +18,40 @@ pytest.importorskip("verl")
 from conduit_verl import plugin  # noqa: E402
 from conduit_verl.errors import VerlCompatError  # noqa: E402
 
-
-def _script(code: str) -> str:
-    return f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('conduit'))))"
+_LIST = "print(json.dumps(sorted(m for m in sys.modules if m.startswith('conduit'))), flush=True)"
 
 
-def _start(code: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """A fresh interpreter running ``code``, then listing the ``conduit*`` modules it loaded."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CONDUIT_VERL", "VERL_"))}
-    return subprocess.Popen(
-        [sys.executable, "-c", _script(code)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**environ, **(env or {})},
-    )
+class _Fresh:
+    """Fresh interpreters, all started at once (each imports verl: ~8 s of one core; together they use
+    every core). Each runs its steps in order and lists the ``conduit*`` modules loaded after each."""
 
+    def __init__(self, cases: dict[str, tuple[list[str], dict[str, str] | None]]) -> None:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("CONDUIT_VERL", "VERL_"))}
+        self.procs = {
+            name: subprocess.Popen(
+                [sys.executable, "-c", "\n".join(["import json, sys", *(f"{s}\n{_LIST}" for s in steps)])],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**environ, **(env or {})},
+            )
+            for name, (steps, env) in cases.items()
+        }
+        self.done: dict[str, list[list[str]]] = {}
 
-def _loaded(proc: subprocess.Popen) -> list[str]:
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+    def loaded(self, name: str, step: int = 0) -> list[str]:
+        """The ``conduit*`` modules loaded after step ``step`` of case ``name``."""
+        if name not in self.done:
+            proc = self.procs[name]
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+            self.done[name] = [json.loads(line) for line in out.splitlines() if line.startswith("[")]
+        return self.done[name][step]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
 
 
 _REGISTER_FIRST = ("conduit_verl.piece_writes", "conduit_verl.streaming", "conduit_verl.trainer")
@@ -46,34 +59,36 @@ _CPU_PLUGIN = ("conduit_verl_cpu.plugin", "conduit_verl_cpu.patches")
 
 
 @pytest.fixture(scope="module")
-def fresh() -> Iterator[dict[str, subprocess.Popen]]:
-    """Every fresh-interpreter case of this module, started at once (each imports verl: ~8 s of one core;
-    together they use every core); a test waits for its own."""
-    cases = {
-        "verl": ("import verl", None),
-        "verl_cpu": ("import verl", {"CONDUIT_VERL_CPU": "1"}),
-        "transfer_queue": (
-            "import verl, transfer_queue\n"
-            "from transfer_queue.storage.managers.base import StorageManagerFactory\n"
-            "assert 'Conduit' in StorageManagerFactory._registry",
+def fresh() -> Iterator[_Fresh]:
+    """Every fresh-interpreter case of this module; a test waits for its own."""
+    cases: dict[str, tuple[list[str], dict[str, str] | None]] = {
+        # then TransferQueue in the same interpreter: what ``import verl`` loaded is listed before
+        "verl": (
+            [
+                "import verl",
+                "import transfer_queue\n"
+                "from transfer_queue.storage.managers.base import StorageManagerFactory\n"
+                "assert 'Conduit' in StorageManagerFactory._registry",
+            ],
             None,
         ),
+        "verl_cpu": (["import verl"], {"CONDUIT_VERL_CPU": "1"}),
     }
     for first in _REGISTER_FIRST:
         cases[first] = (
-            f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
-            "assert get_trainer_cls('conduit').__name__ == 'ConduitTrainer'",
+            [
+                f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
+                "assert get_trainer_cls('conduit').__name__ == 'ConduitTrainer'"
+            ],
             None,
         )
-    procs = {name: _start(code, env) for name, (code, env) in cases.items()}
-    yield procs
-    for proc in procs.values():
-        proc.kill()
-        proc.wait()
+    runs = _Fresh(cases)
+    yield runs
+    runs.close()
 
 
 def test_import_verl_loads_no_cpu_harness_and_no_core(fresh) -> None:
-    loaded = _loaded(fresh["verl"])
+    loaded = fresh.loaded("verl")
     assert "conduit_verl.plugin" in loaded
     assert not [m for m in loaded if m.startswith("conduit_verl_cpu.") and m not in _CPU_PLUGIN], loaded
     assert "conduit" not in loaded and "conduit_verl.trainer" not in loaded  # nothing heavy up front
@@ -81,7 +96,7 @@ def test_import_verl_loads_no_cpu_harness_and_no_core(fresh) -> None:
 
 def test_cpu_plugin_applies_only_when_asked(fresh) -> None:
     pytest.importorskip("conduit_verl_cpu")
-    loaded = _loaded(fresh["verl_cpu"])
+    loaded = fresh.loaded("verl_cpu")
     assert "conduit_verl_cpu.platform" in loaded and "conduit_verl_cpu.registration" in loaded
 
 
@@ -89,8 +104,7 @@ def test_trainer_registers_whichever_module_imports_verl_first(fresh) -> None:
     # compat.py imports verl's trainer package, whose import hook registers the trainer, which
     # needs compat.py: the registration waits until compat.py is imported
     for first in _REGISTER_FIRST:
-        loaded = _loaded(fresh[first])
-        assert "conduit_verl.trainer" in loaded, first
+        assert "conduit_verl.trainer" in fresh.loaded(first), first
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -111,6 +125,6 @@ def test_incompatible_verl_leaves_verl_working(
 
 
 def test_import_transfer_queue_registers_the_backend_without_loading_it(fresh) -> None:
-    loaded = _loaded(fresh["transfer_queue"])
+    loaded = fresh.loaded("verl", step=1)
     assert "conduit_verl.tq_store.registration" in loaded
     assert "conduit_verl.tq_store.backend" not in loaded and "conduit" not in loaded
