@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -90,6 +91,17 @@ class PlatformCPU(PlatformBase):
 
     def ray_noset_envvars(self) -> list[str]:
         return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+    def rollout_env_vars(self) -> dict[str, str]:
+        """Environment of verl's vLLM server actors (verl's hook, ``vLLMReplica.launch_servers``): with
+        a core split (``--core-split``, S7) vLLM's OpenMP threads bound to vLLM's cores and the server
+        process, so its EngineCore and Worker, pinned to them; the KV cache size in GiB."""
+        from conduit_verl_cpu.vllm_cpu import AFFINITY_ENV, VLLM_CORES_ENV
+
+        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        if cores := os.environ.get(VLLM_CORES_ENV):
+            env.update({"VLLM_CPU_OMP_THREADS_BIND": cores, AFFINITY_ENV: cores})
+        return env
 
     def is_ipc_supported(self) -> bool:
         return False

