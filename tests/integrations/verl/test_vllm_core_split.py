@@ -94,16 +94,15 @@ def test_vllm_servers_environment_binds_vllm_to_its_cores(monkeypatch: pytest.Mo
 
 
 _CHILD = """
-import os, sys, threading, time
+import sys, threading
 ev = threading.Event()
 threads = [threading.Thread(target=ev.wait) for _ in range(3)]
 [t.start() for t in threads]  # threads that run before the process is pinned
-from conduit_verl_cpu.vllm_cpu import pin_process
-if sys.argv[1] != "-":
-    pin_process(tuple(int(c) for c in sys.argv[1].split(",")))
-late = threading.Thread(target=ev.wait); late.start()  # and one started after
 print("ready", flush=True)
-time.sleep(60)
+sys.stdin.readline()  # the test pins this process (or not) meanwhile
+late = threading.Thread(target=ev.wait); late.start()  # and one started after
+print("started", flush=True)
+sys.stdin.readline()
 """
 
 
@@ -114,14 +113,20 @@ def _thread_cores(pid: int) -> list[set[int]]:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
 @pytest.mark.parametrize("pin", [True, False])
 def test_pin_process_moves_every_thread_and_the_watch_sees_it(pin: bool) -> None:
-    """Every thread of the child (4 started before the pin, 1 after) ends on the core; the watch
-    (sampling this process's tree) reports it. Without the pin the watch reports both cores."""
+    """Every thread of the child (4 running when it is pinned, 1 started after) ends on the core; the
+    watch (sampling this process's tree) reports it. Without the pin the watch reports every core."""
     core = min(os.sched_getaffinity(0))
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(core) if pin else "-"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    assert proc.stdin is not None and proc.stdout is not None
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert proc.stdout.readline().strip() == "ready"
+        if pin:
+            vllm_cpu.pin_process((core,), pid=proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "started"
         cores = _thread_cores(proc.pid)
         assert len(cores) >= 5
         watch = vllm_cpu.AffinityWatch(period_s=0.05)

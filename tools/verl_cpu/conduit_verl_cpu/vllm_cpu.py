@@ -263,13 +263,15 @@ def parse_core_split(raw: str | None, available: set[int]) -> CoreSplit | None:
     return split
 
 
-def pin_process(cores: tuple[int, ...]) -> None:
-    """Pin every thread of this process to ``cores`` (threads it starts later inherit it).
+def pin_process(cores: tuple[int, ...], pid: int | None = None) -> None:
+    """Pin every thread of process ``pid`` (default: this one) to ``cores``; threads it starts
+    later inherit it.
 
     ``os.sched_setaffinity(0, ...)`` moves the calling thread only; Ray's and vLLM's threads
     already running are moved one by one (twice: a thread may start one while the first pass runs)."""
+    tasks = f"/proc/{pid or 'self'}/task"
     for _ in range(2):
-        for tid in os.listdir("/proc/self/task"):
+        for tid in os.listdir(tasks):
             try:
                 os.sched_setaffinity(int(tid), cores)
             except ProcessLookupError:  # the thread ended meanwhile
