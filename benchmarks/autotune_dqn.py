@@ -211,9 +211,8 @@ def main() -> None:
     torch.set_num_threads(1)
     import ray
     from conduit_rllib import dqn_tuning
-    from conduit_rllib.settings import ConduitSettings
-
     from conduit_rllib.local_ray import init_local_ray
+    from conduit_rllib.settings import ConduitSettings
 
     cycle = max(s.stage_steps or 1 for s in dqn_tuning.SPACE)
     steps, warmup, rounds = (cycle, 4, 1) if args.quick else (8 * cycle, 16, 5)

@@ -228,7 +228,6 @@ def _next(child: subprocess.Popen, want: str) -> tuple[list[str], float]:
 def rllib_trials(n: int, rng: random.Random) -> list[dict[str, Any]]:
     """Kill attempts until ``n`` kills landed inside ``algo.save()`` (at most ``3 n`` attempts)."""
     import ray
-
     from conduit_rllib.local_ray import init_local_ray
 
     init_local_ray(log_to_driver=False)

@@ -181,7 +181,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         a.seeds, a.max_env_steps = 1, min(a.max_env_steps, 2_000)
     import ray
     import torch
-
     from conduit_rllib.local_ray import init_local_ray
 
     torch.set_num_threads(1)

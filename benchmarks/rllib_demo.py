@@ -118,7 +118,6 @@ def run(
     import conduit_rllib
     import ray
     import torch
-
     from conduit_rllib.local_ray import init_local_ray
 
     t_start = time.perf_counter()

@@ -292,7 +292,6 @@ def main() -> None:
 
     torch.set_num_threads(1)
     import ray
-
     from conduit_rllib.local_ray import init_local_ray
 
     init_local_ray(log_to_driver=False)

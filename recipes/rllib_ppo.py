@@ -68,7 +68,6 @@ def build(args: Args):  # noqa: ANN201
 
 def main(argv: list[str] | None = None) -> list[dict]:
     import torch
-
     from conduit_rllib.local_ray import init_local_ray
 
     args = parse_args(argv)
