@@ -31,13 +31,13 @@ sys.path.insert(2, str(HERE.parent))
 
 import provenance  # noqa: E402
 from analysis import compute_load_ratios, compute_overhead, compute_ratios, evaluate_targets  # noqa: E402
+from buffer_report import format_load_table, format_table, format_targets, plot, plot_load  # noqa: E402
 from conduit_peer import ConduitSystem  # noqa: E402
 from harness import ALPHA, BETA, System, Timing, capacity_for, make_grid, progress_line  # noqa: E402
 from load import CpuLoad, reference_slowdown  # noqa: E402
 from machine import machine_info  # noqa: E402
 from memcpy_peer import GatherSystem, MemcpySystem  # noqa: E402
 from orchestrate import run_interleaved  # noqa: E402
-from report import format_load_table, format_table, format_targets, plot, plot_load  # noqa: E402
 from torchrl_driver import DEFAULT_PYTHON, RemoteTorchRL, ensure_env  # noqa: E402
 
 OPS = ("sample", "insert")

@@ -14,12 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Operator, RateLimit, SchedulerConfig, Schema
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 
 
 def nstep_returns(n: int, gamma: float) -> Operator:
@@ -83,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved sync/async rounds")
     p.add_argument("--out", type=Path, default=Path("demo_results"))
     a = p.parse_args(argv)
+    prov = provenance.start()
     torch.set_num_threads(1)
     results: dict[str, list[tuple[float, float]]] = {"sync": [], "async": []}
     for r in range(a.rounds):
@@ -101,7 +106,15 @@ def main(argv: list[str] | None = None) -> None:
         f"end-to-end x{med['async'][0] / med['sync'][0]:.2f}"
     )
     a.out.mkdir(parents=True, exist_ok=True)
-    out = {k: {"iter_s_median": w, "exposed_s_median": e} for k, (w, e) in med.items()}
+    out: dict[str, object] = {
+        k: {
+            "iter_s_median": w,
+            "exposed_s_median": e,
+            "work": {"iterations": len(results[k]), "items_per_iteration": a.batch},
+        }
+        for k, (w, e) in med.items()
+    }
+    out["provenance"] = provenance.finish(prov)
     (a.out / "demo.json").write_text(json.dumps(out, indent=2))
     print(f"wrote {a.out / 'demo.json'}")
 

@@ -25,7 +25,10 @@ def test_demo_runs_both_modes_and_writes_results(tmp_path, capsys):
         ]
     )
     out = json.loads((tmp_path / "demo.json").read_text())
-    assert set(out) == {"sync", "async"}
-    for row in out.values():
+    assert set(out) == {"sync", "async", "provenance"}
+    assert {"git_commit", "git_dirty"} <= set(out["provenance"])
+    for mode in ("sync", "async"):
+        row = out[mode]
         assert 0 < row["exposed_s_median"] < row["iter_s_median"]
+    assert out["sync"]["work"] == out["async"]["work"]
     assert "async / sync" in capsys.readouterr().out
