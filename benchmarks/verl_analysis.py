@@ -212,7 +212,12 @@ def baseline_repeats(rows: list[dict[str, Any]], system: str, rel: float = 1e-4)
     return {"iterations_repeated": len(repeated), "iterations_differing": len(differ)}
 
 
-def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 0) -> dict[str, Any]:
+def ratios(
+    rows: list[dict[str, Any]],
+    baselines: list[str],
+    steady_from: int = 0,
+    off_policy: list[str] | tuple[str, ...] = (),
+) -> dict[str, Any]:
     """Each conduit system ÷ each baseline, medians, for wall and exposed time, every system's median
     over the same iterations (``measured``: all measured ones).
 
@@ -221,6 +226,9 @@ def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 
     systems' iterations from that one on (after ``g_ing=auto`` has measured its options). A system
     on the other storage backend of a trainer that also ran (``verl_sync_tuned+tq_conduit`` beside
     ``verl_sync_tuned``) gets ``backend/<key>/<system>_over_<trainer>``: the backend alone.
+    A baseline in ``off_policy`` (verl's async trainers: they train on responses of the previous
+    weights) gets no ratio against Conduit's on-policy mode: ``refused/...`` says why; its medians
+    are still reported.
     """
     out: dict[str, Any] = {}
     systems = sorted({r["system"] for r in rows})
@@ -228,7 +236,12 @@ def ratios(rows: list[dict[str, Any]], baselines: list[str], steady_from: int = 
     for base in baselines:
         allowed = []
         for system in mine:
-            if why := work_differs(rows, system, base):
+            if base in off_policy:
+                out[f"refused/{system}_over_{base}"] = (
+                    f"semantics differ: {base} trains on responses of the previous weights (off-policy), "
+                    f"{system} on the current ones"
+                )
+            elif why := work_differs(rows, system, base):
                 out[f"refused/{system}_over_{base}"] = why
             else:
                 allowed.append(system)

@@ -58,6 +58,7 @@ from verl_analysis import (  # noqa: E402
     targets,
 )
 from verl_plots import paced_sweep, reward_curve, stage_bars  # noqa: E402
+from verl_vllm_analysis import engine_steps, generation_cost, response_identity, run_info  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SWEEP = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005)
@@ -77,6 +78,14 @@ SWEEP_SYSTEMS = ("verl_sync_tuned", "conduit")
 #: the harness's ``--tq-backend`` choices -> TransferQueue's backend names
 TQ_BACKENDS = {"conduit": "Conduit", "simple": "SimpleStorage"}
 TQ_SUFFIX = "+tq_"
+#: ``--rollout vllm``: every trainer mode, verl's async ones on both storage backends
+VLLM_SYSTEMS = (
+    "verl_sync_tuned,verl_sync_tuned+tq_conduit,verl_sync,verl_colocate_async,"
+    "verl_colocate_async+tq_conduit,verl_separate_async,verl_separate_async+tq_conduit,conduit"
+)
+#: verl's trainers that train on responses one weight version old: their rows are reported, and a
+#: conduit / baseline ratio against them is refused (``verl_analysis.ratios``)
+OFF_POLICY = ("verl_colocate_async", "verl_separate_async")
 DEFAULT_SYSTEMS = (
     "verl_sync,verl_sync_tuned,verl_sync_tuned+tq_conduit,verl_colocate_async,"
     "conduit,conduit+tq_simple,conduit_stream"
@@ -264,10 +273,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--poll", type=float, default=None, help="skip the sweep; tuned poll period (s)")
     p.add_argument(
         "--rollout",
-        choices=("hf", "paced"),
+        choices=("hf", "paced", "vllm"),
         default="hf",
         help="hf: CPU generation as fast as it goes; paced: real tokens released at a modelled "
-        "inference server's times (conduit_verl_cpu/pace.py), a model of separate rollout hardware",
+        "inference server's times (conduit_verl_cpu/pace.py), a model of separate rollout hardware; "
+        "vllm: verl's vLLM rollout on vLLM's CPU build, its own core (--core-split)",
     )
     p.add_argument("--R", type=float, default=4.0, help="paced: generation time / measured ingestion time")
     p.add_argument("--tail", type=float, default=4.0, help="paced: p99 / median response length")
@@ -276,7 +286,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--batch-size", type=int, default=None, help="prompts per step (paced default 16)")
     p.add_argument("--n", type=int, default=None, help="responses per prompt (paced default 8)")
-    p.add_argument("--response-length", type=int, default=256, help="paced: max response tokens")
+    p.add_argument("--response-length", type=int, default=256, help="paced, vllm: max response tokens")
+    p.add_argument(
+        "--core-split", default="0:1", help="vllm: VLLM_CORES:TRAINER_CORES (the harness's --core-split)"
+    )
     p.add_argument("--pace-median", type=int, default=64, help="paced: median response tokens")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
@@ -289,9 +302,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--sweep needs --rollout paced")
     if args.reward_steps and paced:
         p.error("--reward-steps runs the hf rollout; leave out --rollout paced")
+    if args.reward_steps and args.rollout == "vllm":
+        p.error("--reward-steps runs the hf rollout; leave out --rollout vllm")
     if not args.systems:  # a quick paced run: the headline pair only
         args.systems = (QUICK_PACED_SYSTEMS if args.quick else PACED_SYSTEMS) if paced else DEFAULT_SYSTEMS
-    if paced:
+        args.systems = VLLM_SYSTEMS if args.rollout == "vllm" else args.systems
+    if paced or args.rollout == "vllm":
         args.batch_size, args.n = args.batch_size or 16, args.n or 8
     return args
 
@@ -312,6 +328,9 @@ def harness_args(
             "--pace-scale",
             f"{scale:.6g}",
         ]
+    if args.rollout == "vllm":  # every run dumps its samples: the equivalence figures
+        out += ["--rollout", "vllm", "--response-length", str(args.response_length)]
+        out += ["--core-split", args.core_split, "--dump-samples"]
     return out
 
 
@@ -355,8 +374,14 @@ def run_systems(
             info = {"round": k, "position": position, "poll_s": poll if "tuned" in plain else None}
             info.update(plan["info"])
             info["tq_backend"] = backend_ran(work, backend)
-            info.update(tq_seconds_per_iteration(work))
-            rows += rows_for_run(work, args.algo, system, 1, info)
+            info.update(tq_seconds_per_iteration(work), **run_info(work))
+            mine = rows_for_run(work, args.algo, system, 1, info)
+            if args.rollout == "vllm":  # vLLM's own counters for each iteration's generation
+                engine = engine_steps(work)
+                for row in mine:
+                    row["vllm"] = engine.get(row["iteration"])
+            rows += mine
+            result.setdefault("work_dirs", {})[f"{plan['label']}{system}_r{k}"] = str(work)
     return rows
 
 
@@ -410,8 +435,11 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         rows = run_systems(root, args, mine, plan, result)
         result["rows"] += rows
         base = [s for s in mine if not s.startswith("conduit")]
+        off_policy = [s for s in base if split_system(s)[0] in OFF_POLICY]
         # g_ing=auto measures 3 iterations with and 3 without streaming after the warm-up one
-        found = ratios(rows, base, steady_from=STEADY_FROM if steps + 1 > STEADY_FROM else 0)
+        found = ratios(
+            rows, base, steady_from=STEADY_FROM if steps + 1 > STEADY_FROM else 0, off_policy=off_policy
+        )
         if i == 0:
             result["ratios"] = found
             result["profile"] = {s: exposed_profile(rows, s) for s in mine if s.startswith("conduit")}
@@ -419,8 +447,14 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
             sweep_ratios[f"tail={tail:g},R={r:g}"] = found
     if args.sweep:
         result["sweep_ratios"] = sweep_ratios
-    if paced:
+    if args.rollout == "vllm":
+        vllm_figures(result, systems)
+    if paced or args.rollout == "vllm":
         result["targets"] = targets(result["ratios"], sweep_ratios)
+    if args.rollout == "vllm":
+        result["targets"]["identical>=95%"] = result["equivalence"]["conduit_vs_verl_sync_tuned"][
+            "target>=0.95"
+        ]
     result["method"] = method(args, rounds, steps)
     label = (
         f"\nPACED rollout (modelled generation), tail {args.tail:g}, R {args.R:g}" if paced else "hf rollout"
@@ -442,6 +476,21 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     return result, out
 
 
+def vllm_figures(result: dict[str, Any], systems: list[str]) -> None:
+    """``--rollout vllm``: equivalence (share of identical responses, iteration by iteration, in the
+    first round: ``conduit`` and ``verl_sync`` against ``verl_sync_tuned``, the latter the baseline's
+    own repeat with another poll period) and what generation costs per system (R included)."""
+    dirs = {name.removesuffix("_r0"): Path(d) for name, d in result.get("work_dirs", {}).items()}
+    base = dirs.get("verl_sync_tuned")
+    result["equivalence"] = {
+        f"{other}_vs_verl_sync_tuned": response_identity(dirs[other], base)
+        if base is not None and other in dirs
+        else {"share_identical": None, "target>=0.95": False, "missing": True}
+        for other in ("conduit", "verl_sync")
+    }
+    result["generation"] = {s: generation_cost(result["rows"], s) for s in systems}
+
+
 def main() -> int:
     args = parse()
     result, out = bench(args)
@@ -458,7 +507,10 @@ def main() -> int:
     print("where conduit's exposed time went (medians):", json.dumps(result.get("profile", {}), indent=1))
     if args.sweep:
         print(sweep_table(result["sweep_ratios"]))
-    if paced:
+    if args.rollout == "vllm":
+        print("equivalence:", json.dumps(result["equivalence"]))
+        print("generation per system:", json.dumps(result["generation"], indent=1))
+    if "targets" in result:
         print("targets vs verl_sync_tuned:", json.dumps(result["targets"]))
     print(f"[bench] wrote {out}")
     return 0
@@ -498,6 +550,22 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
         out["shape"] = (
             f"{args.batch_size} prompts x n={args.n}, responses up to {args.response_length} tokens, "
             f"median {args.pace_median}; lognormal lengths with p99/median = tail"
+        )
+    if args.rollout == "vllm":
+        out["vllm"] = (
+            "VLLM: verl's own vLLM rollout (vLLMHttpServer, agent loop, weight sync after every update) on "
+            f"vLLM's CPU build; cores split {args.core_split} (vLLM's server, EngineCore and Worker : the "
+            "trainer, FSDP workers and Conduit), each row's cores from the run's summary.json. Per-request "
+            "seeds (seam S4). Rows' vllm: vLLM's own /metrics counters per iteration (engine steps, tokens, "
+            "TTFT, inter-token latency); generation: gen_busy, tokens/s and R = gen_busy / ingest_s per "
+            "system. Every run dumps its samples (--dump-samples, after the step's timer) for equivalence: "
+            "the share of conduit's responses that verl_sync_tuned also produced, iteration by iteration; "
+            "verl_sync vs verl_sync_tuned is the baseline's own repeat. verl's async trainers are off-policy "
+            "(one version stale): their rows are reported, ratios of conduit to them refused."
+        )
+        out["shape"] = (
+            f"{args.batch_size} prompts x n={args.n}, responses up to {args.response_length} tokens, "
+            "temperature 1"
         )
     return out
 

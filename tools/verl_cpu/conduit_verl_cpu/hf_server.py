@@ -46,6 +46,15 @@ def request_number(env: str) -> int | None:
     return int(raw)
 
 
+def log_gen_event(path: str | None, version: int, t0: float, t1: float, length: int) -> None:
+    """Append one request to the generation log (``GEN_LOG_ENV``; nothing when ``path`` is None)."""
+    if path is None:
+        return
+    event = {"version": version, "t0": t0, "t1": t1, "length": length}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(event) + "\n")
+
+
 def request_seed(seed: int, version: int, prompt_ids: list[int], occurrence: int) -> int:
     """A sampling seed fixed by (rollout seed, weight version, prompt, k-th request of that prompt).
 
@@ -198,11 +207,7 @@ class HFGenerationServer:
         )
 
     def _log_event(self, t0: float, t1: float, length: int) -> None:
-        if self._gen_log is None:
-            return
-        event = {"version": self.weight_version, "t0": t0, "t1": t1, "length": length}
-        with open(self._gen_log, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event) + "\n")
+        log_gen_event(self._gen_log, self.weight_version, t0, t1, length)
 
     # ------------------------------------------------------------------ weights
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:

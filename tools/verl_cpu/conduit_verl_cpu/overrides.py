@@ -85,6 +85,7 @@ def vllm_overrides(spec: CPURunSpec) -> list[str]:
         f"{arr}.rollout.free_cache_engine=False",
         f"{arr}.rollout.enforce_eager=True",
         f"{arr}.rollout.dtype=float32",
+        f"{arr}.rollout.disable_log_stats=False",  # vLLM's counters on /metrics (vllm_cpu.log_engine_stats)
         f"{arr}.rollout.max_model_len={spec.max_prompt_length + spec.max_response_length}",
     ]
 

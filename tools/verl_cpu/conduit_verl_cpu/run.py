@@ -255,6 +255,7 @@ def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int 
     from conduit_verl_cpu.hf_server import GEN_LOG_ENV
     from conduit_verl_cpu.patches import CRITIC_SEED_ENV, POLL_ENV
     from conduit_verl_cpu.tq_stats import STATS_ENV
+    from conduit_verl_cpu.vllm_cpu import ENGINE_STATS_ENV
 
     os.environ.update(CPU_ENV)
     stats = metrics_path.parent / "tq_stats.json"
@@ -263,6 +264,7 @@ def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int 
     os.environ[CRITIC_SEED_ENV] = str(seed)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     os.environ[GEN_LOG_ENV] = str(metrics_path.parent / "gen_events.jsonl")
+    os.environ[ENGINE_STATS_ENV] = str(metrics_path.parent / "vllm_stats.jsonl")  # --rollout vllm only
     if poll_interval is not None:
         from conduit_verl_cpu.patches import poll_schedule
 

@@ -14,6 +14,7 @@ import functools
 import importlib.metadata as md
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +153,72 @@ def seeded(server: Any, prompt_ids: Any, sampling_params: dict[str, Any]) -> dic
     return {**sampling_params, "seed": seed}
 
 
+#: Where the vLLM server appends its engine counters (``ENGINE_STATS_ENV``), one line per step.
+ENGINE_STATS_ENV = "CONDUIT_VLLM_STATS_LOG"
+#: vLLM's Prometheus series kept (``/metrics`` of verl's server; ``disable_log_stats=False``):
+#: counters, and a histogram's ``_sum`` / ``_count``.
+ENGINE_SERIES = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:num_preemptions_total",
+    "vllm:iteration_tokens_total_count",
+    "vllm:iteration_tokens_total_sum",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:inter_token_latency_seconds_sum",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+)
+
+
+def parse_prometheus(text: str, series: tuple[str, ...] = ENGINE_SERIES) -> dict[str, float]:
+    """The sum over labels of each series in ``series`` from Prometheus text exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in series:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out
+
+
+async def log_engine_stats(server: Any, version: int) -> None:
+    """Append vLLM's counters as they stand when weight version ``version`` starts generating (the
+    totals of every earlier step) to ``ENGINE_STATS_ENV``'s file: ``{"version", "t", "stats"}``, or
+    ``"error"`` when the server's ``/metrics`` cannot be read."""
+    import asyncio
+    import json
+    import urllib.request
+
+    path = os.environ.get(ENGINE_STATS_ENV)
+    if not path:
+        return
+    host, port = server._server_address, server._server_port
+    rec: dict[str, Any] = {"version": version, "t": time.time()}
+    try:
+
+        def read() -> str:
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as resp:
+                return resp.read().decode()
+
+        rec["stats"] = parse_prometheus(await asyncio.to_thread(read))
+    except Exception as e:  # noqa: BLE001 - recorded, never fails a request
+        rec["error"] = f"{type(e).__name__}: {e}"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
 def _patch_generate_seed() -> None:
+    """S4 (a seed per request) and the generation log (``hf_server.GEN_LOG_ENV``: start, end and
+    length of every request by weight version, as the hf and paced rollouts write it)."""
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    from conduit_verl_cpu.hf_server import GEN_LOG_ENV, log_gen_event
 
     original = vLLMHttpServer.generate
     if getattr(original, "_conduit_patched", False):
@@ -168,9 +233,14 @@ def _patch_generate_seed() -> None:
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        return await original(
-            self, prompt_ids, seeded(self, prompt_ids, sampling_params), request_id, *args, **kwargs
-        )
+        params = seeded(self, prompt_ids, sampling_params)
+        version, t0 = int(self.global_steps or 0), time.time()
+        if getattr(self, "_conduit_stats_version", None) != version:  # a new step: vLLM's counters so far
+            self._conduit_stats_version = version
+            await log_engine_stats(self, version)
+        out = await original(self, prompt_ids, params, request_id, *args, **kwargs)
+        log_gen_event(os.environ.get(GEN_LOG_ENV) or None, version, t0, time.time(), len(out.token_ids))
+        return out
 
     generate._conduit_patched = True  # type: ignore[attr-defined]
     vLLMHttpServer.generate = generate  # type: ignore[method-assign]

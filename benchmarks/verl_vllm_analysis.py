@@ -1,0 +1,115 @@
+"""The vLLM rollout's figures for ``verl_iteration.py --rollout vllm``: response equivalence between two
+trainer modes, what generation costs, the ratio R of generation to ingestion, the core split.
+
+Equivalence: vLLM batches the requests that are in flight together, so a request's logits can depend on
+its neighbours and equal losses are not promised. What is measured instead: per iteration, the multiset of
+(prompt, response) token lists each run trained on (``samples.jsonl``, ``--dump-samples``), and the share
+of one run's responses that the other run also produced (multiset intersection / responses).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+#: The share of identical responses the issue asks for between ``sync`` and ``conduit``.
+IDENTICAL_TARGET = 0.95
+
+
+def _samples(work: Path) -> dict[int, Counter[tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """Iteration -> the multiset of (prompt, response) a run trained on (empty without a dump)."""
+    path = work / "samples.jsonl"
+    out: dict[int, Counter[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        out[int(rec["step"])] = Counter((tuple(s["prompt"]), tuple(s["response"])) for s in rec["samples"])
+    return out
+
+
+def response_identity(a: Path, b: Path) -> dict[str, Any]:
+    """The share of run ``a``'s responses that run ``b`` also produced, per common iteration and over
+    all of them; ``None`` figures when the runs have no dumped iteration in common."""
+    sa, sb = _samples(a), _samples(b)
+    common = sorted(set(sa) & set(sb))
+    per: dict[str, dict[str, int]] = {}
+    same = total = 0
+    for it in common:
+        n_same = sum((sa[it] & sb[it]).values())
+        n = max(sum(sa[it].values()), sum(sb[it].values()))
+        per[str(it)] = {"identical": n_same, "responses": n}
+        same, total = same + n_same, total + n
+    share = same / total if total else None
+    return {
+        "iterations": per,
+        "identical": same,
+        "responses": total,
+        "share_identical": None if share is None else round(share, 4),
+        "target>=0.95": share is not None and share >= IDENTICAL_TARGET,
+    }
+
+
+def generation_cost(rows: list[dict[str, Any]], system: str) -> dict[str, float | None]:
+    """Medians over ``system``'s measured rows: generation busy time (first request start -> last
+    request end, from vLLM's server), response tokens per second of it, the ingestion stages, and R =
+    generation / ingestion (the ratio the paced rollout sets by hand)."""
+    mine = [r for r in rows if r["system"] == system]
+    if not mine:
+        return {"gen_busy_s": None, "response_tokens_per_s": None, "ingest_s": None, "R": None}
+    busy = statistics.median(r["stages"]["gen_busy"] for r in mine)
+    tokens = statistics.median(r["work"]["response_tokens"] for r in mine)
+    ingest = statistics.median(r["ingest_s"] for r in mine)
+    return {
+        "gen_busy_s": round(busy, 4),
+        "response_tokens": tokens,
+        "response_tokens_per_s": round(tokens / busy, 1) if busy else None,
+        "ingest_s": round(ingest, 4),
+        "R": round(busy / ingest, 3) if ingest else None,
+    }
+
+
+def run_info(work: Path) -> dict[str, Any]:
+    """From the run's ``summary.json``: how the cores were split (``cores``; None when not split)."""
+    path = work / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    return {"cores": summary.get("cores")}
+
+
+def engine_steps(work: Path) -> dict[int, dict[str, float]]:
+    """Iteration -> vLLM's own counters for that iteration's generation (``vllm_stats.jsonl``: the
+    server's ``/metrics`` read when each weight version starts generating; iteration ``s`` is the
+    difference between the reads at versions ``s + 1`` and ``s``, so the last iteration has none):
+    engine steps, prompt and generated tokens, preemptions, mean time to first token, inter-token
+    latency and request latency (s)."""
+    path = work / "vllm_stats.jsonl"
+    if not path.exists():
+        return {}
+    snaps = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if "stats" in rec:
+            snaps[int(rec["version"])] = rec["stats"]
+    out: dict[int, dict[str, float]] = {}
+    for v in sorted(snaps):
+        if v + 1 not in snaps:
+            continue
+        d = {k: snaps[v + 1].get(k, 0.0) - snaps[v].get(k, 0.0) for k in snaps[v + 1]}
+
+        def mean(name: str, d: dict[str, float] = d) -> float | None:
+            n = d.get(f"vllm:{name}_count", 0.0)
+            return round(d.get(f"vllm:{name}_sum", 0.0) / n, 5) if n else None
+
+        out[v] = {
+            "engine_steps": d.get("vllm:iteration_tokens_total_count", 0.0),
+            "prompt_tokens": d.get("vllm:prompt_tokens_total", 0.0),
+            "generation_tokens": d.get("vllm:generation_tokens_total", 0.0),
+            "preemptions": d.get("vllm:num_preemptions_total", 0.0),
+            "ttft_s": mean("time_to_first_token_seconds"),
+            "inter_token_s": mean("inter_token_latency_seconds"),
+            "request_latency_s": mean("e2e_request_latency_seconds"),
+        }
+    return out
