@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from autotune import kendall  # noqa: E402
 from verl_analysis import calibration, rows_for_run  # noqa: E402
-from verl_iteration import calibrate, harness_args, machine, run  # noqa: E402
+from verl_runs import calibrate, harness_args, machine, run  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the grid run's first steps: warm-up, then two streamed steps so the first fit sees varied pieces
@@ -415,7 +415,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.grid = sorted({int(g) for g in args.grid.split(",")})
     args.reps = args.reps or (1 if args.quick else 3)
     args.auto_steps = args.auto_steps or len(SETTLE) + len(args.grid) * args.reps - 1
-    # the shape verl_iteration.py's paced points use (its run / calibrate / harness_args read these)
+    # the shape verl_iteration.py's paced points use (verl_runs' run / calibrate / harness_args read these)
     args.rollout, args.algo, args.batch_size, args.n, args.response_length = "paced", "grpo", 16, 8, 256
     if max(args.grid) > args.batch_size or min(args.grid) < 1:
         p.error(f"--grid values must lie in 1..{args.batch_size} (prompt groups per step)")

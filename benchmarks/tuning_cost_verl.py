@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from verl_analysis import calibration, rows_for_run  # noqa: E402
-from verl_iteration import calibrate, harness_args, machine, run  # noqa: E402
+from verl_runs import calibrate, harness_args, machine, run  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.02
@@ -154,7 +154,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(
             "--steps must be at least 10 (the arms are measured 3 times each, re-measured every 10th step)"
         )
-    # verl_iteration.py's run / calibrate / harness_args read these
+    # verl_runs' run / calibrate / harness_args read these
     paced = args.rollout == "paced"
     args.algo = "grpo"
     args.batch_size, args.n = (16, 8) if paced else (None, None)

@@ -161,11 +161,11 @@ def test_the_baseline_gets_the_best_period_of_the_sweep() -> None:
 
 
 def test_rounds_alternate_the_sides_and_reverse() -> None:
-    import verl_iteration
+    import verl_runs
 
     systems = ["verl_sync", "verl_sync_tuned", "verl_sync_tuned+tq_conduit", "conduit", "conduit_stream"]
-    r0, r1 = verl_iteration.round_order(systems, 0), verl_iteration.round_order(systems, 1)
+    r0, r1 = verl_runs.round_order(systems, 0), verl_runs.round_order(systems, 1)
     assert r0 == ["verl_sync", "conduit", "verl_sync_tuned", "conduit_stream", "verl_sync_tuned+tq_conduit"]
-    assert r1 == r0[::-1] and verl_iteration.round_order(systems, 2) == r0
+    assert r1 == r0[::-1] and verl_runs.round_order(systems, 2) == r0
     mean = {s: (r0.index(s) + r1.index(s)) / 2 for s in systems}
     assert set(mean.values()) == {2.0}  # over two rounds every system sits in the middle on average

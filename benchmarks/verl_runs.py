@@ -1,0 +1,256 @@
+"""The runs behind ``verl_iteration.py`` (and ``autotune_verl.py``, ``tuning_cost_verl.py``): one CPU-mode
+training run of the harness, the systems in their rounds, the baseline's poll sweep, the paced rollout's
+calibration, the reward-curve runs, and the per-system table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verl_analysis import choose_poll, rows_for_run  # noqa: E402
+from verl_plots import reward_curve  # noqa: E402
+from verl_vllm_analysis import engine_steps, run_info  # noqa: E402
+
+SWEEP = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005)
+QUICK_SWEEP = (0.5, 0.1, 0.02, 0.005)
+#: the harness's ``--tq-backend`` choices -> TransferQueue's backend names
+TQ_BACKENDS = {"conduit": "Conduit", "simple": "SimpleStorage"}
+TQ_SUFFIX = "+tq_"
+
+
+def split_system(system: str) -> tuple[str, str]:
+    """``"verl_sync_tuned+tq_conduit"`` -> ``("verl_sync_tuned", "conduit")``; without a suffix the
+    mode's default backend (``conduit`` for Conduit's mode, ``simple`` for verl's)."""
+    base, _, backend = system.partition(TQ_SUFFIX)
+    if backend and backend not in TQ_BACKENDS:
+        raise SystemExit(
+            f"system {system!r}: unknown backend suffix; use {TQ_SUFFIX}conduit or {TQ_SUFFIX}simple"
+        )
+    return base, backend or ("conduit" if base.startswith("conduit") else "simple")
+
+
+def backend_ran(work: Path, backend: str) -> str:
+    """The TransferQueue backend the run reported (``summary.json``; older runs: the one asked for)."""
+    path = work / "summary.json"
+    ran = json.loads(path.read_text()).get("tq_backend_ran") if path.exists() else None
+    return ran or TQ_BACKENDS[backend]
+
+
+def run(work: Path, mode: str, steps: int, args: argparse.Namespace, extra: list[str]) -> tuple[int, str]:
+    """One CPU-mode training run; returns (exit code, log tail). ``--reuse``: a finished run is read."""
+    if args.reuse and (work / "metrics.jsonl").exists():
+        print(f"[bench] reusing {work}", flush=True)
+        return 0, ""
+    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--trainer-mode", mode, "--steps", str(steps)]
+    cmd += ["--seed", str(args.seed), "--algo", args.algo, "--work-dir", str(work), *extra]
+    print(f"[bench] {' '.join(cmd[2:])}", flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    print(f"[bench]   rc={proc.returncode} in {time.monotonic() - t0:.0f}s", flush=True)
+    return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+
+
+def sweep(
+    root: Path, args: argparse.Namespace, reps: int, harness: list[str]
+) -> tuple[float, dict[str, Any]]:
+    """The tuned baseline's poll period: one sync run whose period changes every step. Each period
+    runs ``reps`` times, every repetition in a new random order (seeded), so drift in the machine's
+    load does not favour one period; the period with the lowest median wall wins (``choose_poll``:
+    the most favourable poll for verl, recorded with whether the sweep resolved the order)."""
+    periods = QUICK_SWEEP if args.quick else SWEEP
+    rng = random.Random(args.seed)
+    order = [p for _ in range(reps) for p in rng.sample(periods, len(periods))]
+    schedule = [2.0, *order]
+    extra = ["--poll-interval", ",".join(map(str, schedule)), *harness]
+    rc, tail = run(root / "sweep", "sync", len(schedule), args, extra)
+    if rc:
+        return 0.05, {"error": tail}
+    rows = rows_for_run(root / "sweep", args.algo, "verl_sync", 1, {})
+    by = {p: [r["wall_s"] for r in rows if schedule[r["iteration"] - 1] == p] for p in periods}
+    chosen, info = choose_poll(by)
+    return chosen, {
+        "order": order,
+        "repetitions": reps,
+        "wall_s_by_poll_s": {str(p): v for p, v in by.items()},
+        **info,
+    }
+
+
+def reward_runs(root: Path, args: argparse.Namespace, png: Path, errors: dict[str, str]) -> dict[str, Any]:
+    """verl sync and conduit, same seed, ``--reward-steps`` iterations each: mean score per step."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    lr = ["--lr", str(args.reward_lr)]
+    for system, mode, extra in (
+        ("verl_sync", "sync", ["--poll-interval", "0.05"]),
+        ("conduit", "conduit", []),
+    ):
+        work = root / f"reward_{system}"
+        rc, tail = run(work, mode, args.reward_steps, args, lr + extra + conduit_knobs(args, system))
+        if rc:
+            errors[f"reward_{system}"] = tail
+            continue
+        recs = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+        curves[system] = [(int(r["step"]), float(r["data"]["critic/score/mean"])) for r in recs]
+    if curves:
+        reward_curve(
+            curves, png, f"verl 0.9.1 CPU {args.algo}, lr {args.reward_lr}: mean score per iteration"
+        )
+    return {"lr": args.reward_lr, "curves": curves}
+
+
+def conduit_knobs(args: argparse.Namespace, system: str) -> list[str]:
+    """The conduit mode's knobs for this benchmark (none for verl's own modes)."""
+    base, _ = split_system(system)
+    if base == "conduit_stream":  # always stream, in pieces of a fixed size
+        return [f"+trainer.v1.conduit.g_ing={args.stream_g_ing}"]
+    return [f"+trainer.v1.conduit.g_ing={args.g_ing}"] if base == "conduit" else []
+
+
+def tq_seconds_per_iteration(work: Path) -> dict[str, float]:
+    """Mean seconds per iteration inside TQ storage put/get calls, summed over every process of the run
+    (the harness times each storage manager's ``put_data`` / ``get_data``; ``summary.json``), over the
+    iterations after the warm-up one where the run recorded them (as wall and exposed time are)."""
+    path = work / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    if summary.get("tq_calls_after_warmup") is not None and summary.get("iterations_after_warmup"):
+        calls, n = summary["tq_calls_after_warmup"], max(1, int(summary["iterations_after_warmup"]))
+    else:
+        calls, n = summary.get("tq_calls") or {}, max(1, int(summary.get("iterations") or 1))
+    return {f"tq_{op}_s_per_iter": round(calls.get(f"tq_{op}_s", 0.0) / n, 4) for op in ("put", "get")}
+
+
+def round_order(systems: list[str], k: int) -> list[str]:
+    """The order of round ``k``: verl's systems and Conduit's alternate (the first of each side
+    first), and odd rounds run the reverse, so over two rounds every system's mean position is the
+    same and drift in the machine's load hits both sides alike."""
+    verl = [s for s in systems if not s.startswith("conduit")]
+    mine = [s for s in systems if s.startswith("conduit")]
+    order = [s for pair in zip(verl, mine, strict=False) for s in pair]
+    n = min(len(verl), len(mine))
+    order += verl[n:] + mine[n:]
+    return order if k % 2 == 0 else order[::-1]
+
+
+def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
+    """Per system: its backend, measured iterations, median wall and exposed time, TQ calls and
+    verl's ``update_actor`` (the same work in every system)."""
+    head = (
+        f"{'system':<28} {'tq_backend':<14} {'n':>3} {'wall_s':>8} {'exposed_s':>9} {'tq_put_s':>9} "
+        f"{'tq_get_s':>9} {'upd_actor':>9}"
+    )
+    lines = [head]
+    for system in systems:
+        mine = [r for r in rows if r["system"] == system]
+        if not mine:
+            lines.append(f"{system:<28} {'-':<14} {0:>3} {'failed':>8}")
+            continue
+        wall = statistics.median(r["wall_s"] for r in mine)
+        exposed = statistics.median(r["exposed_s"] for r in mine)
+        backend = ",".join(sorted({r["tq_backend"] for r in mine}))
+        tq = [
+            statistics.median(r.get(f"tq_{op}_s_per_iter", float("nan")) for r in mine)
+            for op in ("put", "get")
+        ]
+        actor = statistics.median(r["stages"].get("update_actor", float("nan")) for r in mine)
+        lines.append(
+            f"{system:<28} {backend:<14} {len(mine):>3} {wall:>8.3f} {exposed:>9.3f} {tq[0]:>9.3f} "
+            f"{tq[1]:>9.3f} {actor:>9.3f}"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
+    info.update(cpus=os.cpu_count(), torch=torch.__version__)
+    try:
+        import verl
+
+        info["verl"] = verl.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def harness_args(
+    args: argparse.Namespace, tail: float | None = None, scale: float | None = None
+) -> list[str]:
+    """The harness flags every run of this invocation shares (shape; the paced rollout's model)."""
+    out = ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    out += ["--n", str(args.n)] if args.n else []
+    if args.rollout == "paced":
+        out += ["--rollout", "paced", "--response-length", str(args.response_length)]
+        out += [
+            "--pace-median",
+            str(args.pace_median),
+            "--pace-tail",
+            str(tail),
+            "--pace-scale",
+            f"{scale:.6g}",
+        ]
+    if args.rollout == "vllm":  # every run dumps its samples: the equivalence figures
+        out += ["--rollout", "vllm", "--response-length", str(args.response_length)]
+        out += ["--core-split", args.core_split, "--dump-samples"]
+    return out
+
+
+def calibrate(root: Path, args: argparse.Namespace, tail: float) -> list[dict[str, Any]]:
+    """Rows of a short paced sync run with scale 0 (nothing waits): its measured ingestion time and
+    the unscaled modelled generation time per step, for ``verl_analysis.calibration``."""
+    work = root / f"calibrate_tail{tail:g}"
+    extra = ["--poll-interval", "0.05", *harness_args(args, tail, 0.0)]
+    rc, log = run(work, "sync", 3 if args.quick else 4, args, extra)
+    if rc or not (work / "metrics.jsonl").exists():
+        raise SystemExit(f"[bench] calibration run failed:\n{log}")
+    return rows_for_run(work, args.algo, "verl_sync", 1, {})
+
+
+def run_systems(
+    root: Path, args: argparse.Namespace, systems: list[str], plan: dict[str, Any], result: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every system ``plan["rounds"]`` times, in ``round_order`` (verl's and Conduit's systems
+    alternate, odd rounds reversed: drift hits both sides alike); rows tagged with the plan's ``info``
+    (rollout, tail, R, ...) and the run's place in its round (``position``)."""
+    poll = plan["poll"]
+    modes = {
+        "verl_sync": ("sync", []),
+        "verl_sync_tuned": ("sync", ["--poll-interval", str(poll)]),
+        "verl_colocate_async": ("colocate_async", []),
+        "verl_separate_async": ("separate_async", []),  # the harness's overrides.separate_async_overrides
+        "conduit": ("conduit", []),
+        "conduit_stream": ("conduit", []),
+    }
+    rows: list[dict[str, Any]] = []
+    for k in range(plan["rounds"]):
+        for position, system in enumerate(round_order(systems, k)):
+            plain, backend = split_system(system)
+            mode, extra = modes[plain]
+            work = root / f"{plan['label']}{system}_r{k}"
+            extra = [*extra, "--tq-backend", backend, *conduit_knobs(args, system), *plan["harness"]]
+            rc, tail = run(work, mode, plan["steps"] + 1, args, extra)
+            if rc or not (work / "metrics.jsonl").exists():
+                result["errors"][f"{plan['label']}{system}_r{k}"] = tail
+                continue
+            info = {"round": k, "position": position, "poll_s": poll if "tuned" in plain else None}
+            info.update(plan["info"])
+            info["tq_backend"] = backend_ran(work, backend)
+            info.update(tq_seconds_per_iteration(work), **run_info(work))
+            mine = rows_for_run(work, args.algo, system, 1, info)
+            if args.rollout == "vllm":  # vLLM's own counters for each iteration's generation
+                engine = engine_steps(work)
+                for row in mine:
+                    row["vllm"] = engine.get(row["iteration"])
+            rows += mine
+            result.setdefault("work_dirs", {})[f"{plan['label']}{system}_r{k}"] = str(work)
+    return rows
