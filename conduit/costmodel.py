@@ -234,6 +234,14 @@ def link_bandwidth(topology: Topology, src: str, dst: str) -> float:
     return link.gb_per_s * 1e9
 
 
+def _need_ints(obj: object, names: Sequence[str], what: str = "") -> None:
+    """Refuse (:class:`ConfigError`) unless each field ``names`` of ``obj`` is an int >= 1."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{what}{name} must be an int >= 1, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Knobs:
     """One configuration: the scheduler's knobs (``SchedulerConfig``) and the buffer's tier."""
@@ -247,10 +255,7 @@ class Knobs:
     def __post_init__(self) -> None:
         if self.overlap not in OVERLAPS:
             raise ConfigError(f"overlap must be one of {OVERLAPS}, got {self.overlap!r}")
-        for name in ("depth", "g_ing", "g_del"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        _need_ints(self, ("depth", "g_ing", "g_del"))
 
 
 @dataclass(frozen=True)
@@ -270,10 +275,7 @@ class Workload:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"workload {name} must be a finite number >= 0, got {value!r}")
-        for name in ("fragments", "fragment_items", "batches", "batch_size", "item_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"workload {name} must be an int >= 1, got {value!r}")
+        _need_ints(self, ("fragments", "fragment_items", "batches", "batch_size", "item_bytes"), "workload ")
 
 
 @dataclass(frozen=True)
