@@ -102,14 +102,9 @@ class FusedSumTree(SumTree):
         return torch.from_numpy(slots), None if beta is None else torch.from_numpy(weights)
 
     def set_priorities(
-        self,
-        slots: torch.Tensor,
-        priorities: torch.Tensor,
-        live: torch.Tensor,
-        alpha: float,
-        eps: float,
-        max_priority: torch.Tensor,
-    ) -> torch.Tensor:
+        self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor,
+        alpha: float, eps: float, max_priority: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
         """:meth:`SumTree.set_priorities` in one kernel call; ``max_priority`` is raised in place."""
         if slots.numel():
             kernels.set_priorities(

@@ -193,14 +193,9 @@ class SumTree:
         return slots, ratio.pow_(-beta).to(torch.float32)
 
     def set_priorities(
-        self,
-        slots: torch.Tensor,
-        priorities: torch.Tensor,
-        live: torch.Tensor,
-        alpha: float,
-        eps: float,
-        max_priority: torch.Tensor,
-    ) -> torch.Tensor:
+        self, slots: torch.Tensor, priorities: torch.Tensor, live: torch.Tensor,
+        alpha: float, eps: float, max_priority: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
         """Set leaf ``slots[i]`` to ``(|priorities[i]| + eps)^alpha`` where ``live[i]`` (elsewhere it keeps
         its value); returns ``max_priority`` (a 0-d float64 tensor) raised to the largest live
         ``|p| + eps``. Slots must be in range and ``priorities`` finite (the buffer checks both).
