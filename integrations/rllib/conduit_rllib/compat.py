@@ -166,6 +166,21 @@ def _missing_params(func: Any, names: Iterable[str]) -> list[str]:
     return [n for n in names if n not in params]
 
 
+def _missing_property(cls: Any, name: str) -> str | None:
+    """``None`` when ``cls`` has the property ``name``, else what is missing."""
+    if isinstance(inspect.getattr_static(cls, name, None), property):
+        return None
+    return f"{cls.__name__} property `{name}` not found"
+
+
+def _read(obj: Any, attr: str, missing: str) -> Any:
+    """``obj.attr``; without it, the version error that says ``missing``."""
+    try:
+        return getattr(obj, attr)
+    except AttributeError:
+        raise version_error([missing]) from None
+
+
 # -- the learner group and the learner -------------------------------------------------------------
 
 
@@ -173,32 +188,22 @@ def _missing_params(func: Any, names: Iterable[str]) -> list[str]:
 def _check_local_learner() -> str | None:
     if not _assigns(LearnerGroup.__init__, "_learner"):
         return "LearnerGroup attribute `_learner` not found"
-    if not isinstance(inspect.getattr_static(LearnerGroup, "is_local", None), property):
-        return "LearnerGroup property `is_local` not found"
-    return None
+    return _missing_property(LearnerGroup, "is_local")
 
 
 def local_learner(learner_group: Any) -> Any:
     """The in-process ``Learner`` of a local ``LearnerGroup`` (``None`` when its learners are remote)."""
-    try:
-        return learner_group._learner
-    except AttributeError:
-        raise version_error(["LearnerGroup attribute `_learner` not found"]) from None
+    return _read(learner_group, "_learner", "LearnerGroup attribute `_learner` not found")
 
 
 @_seam("Learner.device", "common.py, learner.py, ppo.py: where the learner's tensors live")
 def _check_learner_device() -> str | None:
-    if not isinstance(inspect.getattr_static(Learner, "device", None), property):
-        return "Learner property `device` not found"
-    return None
+    return _missing_property(Learner, "device")
 
 
 def learner_device(learner: Any) -> Any:
     """The device of ``learner``'s module (a ``torch.device`` once the learner is built)."""
-    try:
-        return learner.device
-    except AttributeError:
-        raise version_error(["Learner property `device` not found"]) from None
+    return _read(learner, "device", "Learner property `device` not found")
 
 
 @_seam("LearnerGroup.update", "dqn.py, ppo.py, train_batch.py: the keyword arguments passed")
@@ -319,10 +324,7 @@ def _check_spaces() -> str | None:
 
 def module_spaces(algo: Any) -> dict[str, tuple[Any, Any]]:
     """``{module_id: (observation space, action space)}``, without RLlib's ``__env…`` entries."""
-    try:
-        spaces = algo.spaces
-    except AttributeError:
-        raise version_error(["Algorithm attribute `spaces` not found"]) from None
+    spaces = _read(algo, "spaces", "Algorithm attribute `spaces` not found")
     return {mid: s for mid, s in (spaces or {}).items() if not str(mid).startswith("__env")}
 
 
