@@ -1,4 +1,5 @@
-"""What ConduitDQN and ConduitPPO share: settings, device, spaces, metrics in results, checkpoints."""
+"""What ConduitDQN and ConduitPPO share: settings, device, spaces, metrics in results, checkpoints; and
+what their experience paths (``ConduitReplay``, ``ConduitOnPolicy``) share."""
 
 from __future__ import annotations
 
@@ -9,9 +10,19 @@ from typing import Any
 
 import torch
 
+from conduit import Conduit, Metrics
 from conduit.persist import atomic
 from conduit.persist.tree import load_tree, save_tree
-from conduit_rllib.compat import learner_device, local_learner, module_spaces
+from conduit_rllib.compat import (
+    ALL_MODULES,
+    ENV_RUNNER_SAMPLING_TIMER,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+    learner_device,
+    local_learner,
+    module_spaces,
+    sample_episodes,
+)
 from conduit_rllib.settings import ConduitSettings
 from conduit_rllib.spaces import check_spaces
 
@@ -20,16 +31,57 @@ POLICY_VERSION = "policy_version"
 CONDUIT_DIR = "conduit"  # beside RLlib's files in a checkpoint: the experience, in Conduit's safe format
 
 
+class ModuleConduits:
+    """An experience path: one Conduit per RLlib module, on the learner device, split over the learners.
+
+    Args:
+        settings: the plugin's knobs.
+        device: the learner's device (local learner) or ``cpu`` (remote learners).
+        num_learners: remote learners each batch is split over (0: one local learner).
+        seed: the Conduits' seed (``None``: unseeded).
+    """
+
+    def __init__(
+        self, settings: ConduitSettings, device: torch.device | str, num_learners: int, seed: int | None
+    ) -> None:
+        self.settings = settings
+        self.device = torch.device(device)
+        self.num_learners = num_learners
+        self.seed = seed
+        self.metrics = Metrics(trace=False)
+        self.conduits: dict[str, Conduit] = {}
+
+    @property
+    def ranks(self) -> int:
+        """The parts each delivery is split into: one per learner."""
+        return max(1, self.num_learners)
+
+    def end_iteration(self) -> dict[str, float]:
+        return self.metrics.end_iteration()
+
+    def close(self) -> None:
+        for c in self.conduits.values():
+            c.close(drain=False)
+
+
 class ConduitAlgorithmMixin:
-    """Mixed in before the RLlib algorithm class; subclasses set ``conduit_path`` in ``setup``."""
+    """Mixed in before the RLlib algorithm class; subclasses call ``_start_conduit`` in ``setup``."""
 
     config: Any
     learner_group: Any
+    env_runner_group: Any
+    metrics: Any
     _policy_version: int
+
+    def _start_conduit(self, path: Any) -> None:
+        """Make ``path`` (a ``ConduitReplay`` or ``ConduitOnPolicy``) the experience path this algorithm
+        saves, restores and closes; its puts start at policy version 0."""
+        self._conduit_path = path
+        self._policy_version = 0
 
     @property
     def conduit_path(self) -> Any:
-        raise NotImplementedError
+        return self._conduit_path
 
     def _conduit_settings(self) -> ConduitSettings:
         return ConduitSettings.of(self.config)
@@ -46,6 +98,22 @@ class ConduitAlgorithmMixin:
 
     def _check_spaces(self, discrete_actions: bool) -> None:
         check_spaces(module_spaces(self), discrete_actions)
+
+    def _sample(self, **limits: Any) -> tuple[list[Any], list[Any]]:
+        """``(episodes, env-runner metrics)`` of one sampling round, under RLlib's sampling timer."""
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            return sample_episodes(
+                self.env_runner_group, sample_timeout_s=self.config.sample_timeout_s, **limits
+            )
+
+    def _sync_weights(self, learner_results: list[dict[str, Any]]) -> None:
+        """The updated modules' weights to the env runners, under RLlib's weight-sync timer."""
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group,
+                policies=set(learner_results[0].keys()) - {ALL_MODULES},
+                inference_only=True,
+            )
 
     def step(self) -> dict[str, Any]:
         """RLlib's iteration, plus Conduit's metrics for it under ``conduit/…``."""
@@ -112,7 +180,7 @@ class ConduitAlgorithmMixin:
             self.conduit_path.load_state_dict(state)
 
     def cleanup(self) -> None:
-        path = getattr(self, "_replay", None) or getattr(self, "_onpolicy", None)
+        path = getattr(self, "_conduit_path", None)
         if path is not None:
             path.close()
         super().cleanup()  # type: ignore[misc]

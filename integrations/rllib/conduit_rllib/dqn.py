@@ -12,10 +12,8 @@ from typing import Any
 from conduit import BufferConfig
 from conduit_rllib.common import ConduitAlgorithmMixin
 from conduit_rllib.compat import (
-    ALL_MODULES,
     DQN,
     ENV_RUNNER_RESULTS,
-    ENV_RUNNER_SAMPLING_TIMER,
     LEARNER_RESULTS,
     LEARNER_UPDATE_TIMER,
     NUM_AGENT_STEPS_SAMPLED_LIFETIME,
@@ -23,12 +21,10 @@ from conduit_rllib.compat import (
     REPLAY_BUFFER_ADD_DATA_TIMER,
     REPLAY_BUFFER_SAMPLE_TIMER,
     REPLAY_BUFFER_UPDATE_PRIOS_TIMER,
-    SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
     DQNConfig,
     calculate_rr_weights,
     pop_td_errors,
-    sample_episodes,
 )
 from conduit_rllib.replay import ConduitReplay
 from conduit_rllib.validate import check_dqn_config
@@ -61,7 +57,7 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
         check_dqn_config(config)
         super().setup(config)
         self._check_spaces(discrete_actions=True)
-        self._replay = ConduitReplay(
+        self._replay = replay = ConduitReplay(
             self._conduit_settings(),
             buffer_config(self.config),
             n_step=int(self.config.n_step),
@@ -70,21 +66,14 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
             num_learners=self.config.num_learners,
             seed=self._conduit_seed(),
         )
-        self._policy_version = 0
-
-    @property
-    def conduit_path(self) -> ConduitReplay:
-        return self._replay
+        self._start_conduit(replay)
 
     def training_step(self) -> None:
         store_weight, train_weight = calculate_rr_weights(self.config)
         sampling_s, learning_s, env_steps = 0.0, 0.0, 0  # the producer's and consumer's compute (auto)
         for _ in range(store_weight):
             t0 = time.perf_counter()
-            with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-                episodes, env_runner_results = sample_episodes(
-                    self.env_runner_group, sample_timeout_s=self.config.sample_timeout_s
-                )
+            episodes, env_runner_results = self._sample()
             sampling_s += time.perf_counter() - t0
             self.metrics.aggregate(env_runner_results, key=ENV_RUNNER_RESULTS)
             with self.metrics.log_time((TIMERS, REPLAY_BUFFER_ADD_DATA_TIMER)):
@@ -107,13 +96,7 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
             with self.metrics.log_time((TIMERS, REPLAY_BUFFER_UPDATE_PRIOS_TIMER)):
                 self._replay.update_priorities(train, td_errors)
 
-        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-            self.env_runner_group.sync_weights(
-                from_worker_or_learner_group=self.learner_group,
-                policies=set(learner_results[0].keys()) - {ALL_MODULES},
-                global_vars=None,
-                inference_only=True,
-            )
+        self._sync_weights(learner_results)
         self._replay.end_step(
             sampling_s, learning_s, env_steps, train_weight, self.config.total_train_batch_size
         )

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from conduit import BufferConfig, Column, ColumnBatch, Conduit, Metrics, Operator, Schema
+from conduit import BufferConfig, Column, ColumnBatch, Conduit, Operator, Schema
+from conduit_rllib.common import ModuleConduits
 from conduit_rllib.fragments import FragmentPacker, by_module
 from conduit_rllib.gae import ValueFn, gae_operator, normalize_advantages
 from conduit_rllib.learner import PreparedMinibatches
@@ -59,7 +60,7 @@ def rllib_minibatches(
     )
 
 
-class ConduitOnPolicy:
+class ConduitOnPolicy(ModuleConduits):
     """One FIFO (consume-once) Conduit per module; every iteration's batch is delivered exactly once."""
 
     def __init__(
@@ -73,18 +74,13 @@ class ConduitOnPolicy:
         num_learners: int,
         seed: int | None,
     ) -> None:
-        self.settings = settings
+        super().__init__(settings, device, num_learners, seed)
         self.value_fns = value_fns
         self.gamma, self.lambda_ = gamma, lambda_
         self.capacity = capacity
-        self.device = torch.device(device)
-        self.num_learners = num_learners
-        self.metrics = Metrics(trace=False)
-        self.conduits: dict[str, Conduit] = {}
         self.pending: dict[str, int] = {}
         self.chunks: dict[str, int] = {}  # episode chunks per module (RLlib pads each by one row)
         self.packer = FragmentPacker()
-        self.seed = seed
         self.version = 0
         self._shuffle_states: dict[str, torch.Tensor] = {}  # restored before the module's Conduit exists
 
@@ -99,7 +95,7 @@ class ConduitOnPolicy:
                 ingest=[gae_operator(self.value_fns[mid], self.gamma, self.lambda_)],
                 deliver=[Operator("normalize_advantages", normalize_advantages)],
                 device=self.device,
-                ranks=max(1, self.num_learners),
+                ranks=self.ranks,
                 stored_schema=stored,
                 seed=self.seed,
                 metrics=self.metrics,
@@ -131,7 +127,7 @@ class ConduitOnPolicy:
         update does the work RLlib's own PPO would do on the same episodes.
         """
         with self.metrics.span("rllib/deliver", exposed=True):
-            ranks = max(1, self.num_learners)
+            ranks = self.ranks
             padded = {mid: -(-(n + self.chunks.get(mid, 0)) // ranks) for mid, n in self.pending.items()}
             mb = minibatch_size or max(padded.values())  # RLlib: the whole (padded) batch per update
             k = rllib_minibatches(self.pending, self.chunks, num_epochs, mb, ranks)
@@ -154,9 +150,6 @@ class ConduitOnPolicy:
             kwargs = learner_input(per_rank, steps, remote=self.num_learners > 0, make=make)
             return LearnerInput(kwargs, {"minibatch_size": mb, "num_minibatches": k})
 
-    def end_iteration(self) -> dict[str, float]:
-        return self.metrics.end_iteration()
-
     def state_dict(self) -> dict[str, Any]:
         """The epoch shuffle's position per module (the on-policy buffers are empty between iterations)."""
         states = {mid: c.shuffle_generator.get_state() for mid, c in self.conduits.items()}
@@ -168,7 +161,3 @@ class ConduitOnPolicy:
                 self.conduits[mid].shuffle_generator.set_state(gen)
             else:
                 self._shuffle_states[mid] = gen
-
-    def close(self) -> None:
-        for c in self.conduits.values():
-            c.close(drain=False)

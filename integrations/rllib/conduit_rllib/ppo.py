@@ -20,20 +20,17 @@ from conduit_rllib.common import ConduitAlgorithmMixin
 from conduit_rllib.compat import (
     ALL_MODULES,
     ENV_RUNNER_RESULTS,
-    ENV_RUNNER_SAMPLING_TIMER,
     LEARNER_RESULTS,
     LEARNER_UPDATE_TIMER,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     NUM_MODULE_STEPS_TRAINED_LIFETIME,
     PPO,
-    SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
     Columns,
     PPOConfig,
     call_first_learner,
     learner_device,
     local_learner,
-    sample_episodes,
 )
 from conduit_rllib.onpolicy import ConduitOnPolicy
 from conduit_rllib.validate import check_ppo_config
@@ -83,7 +80,7 @@ class ConduitPPO(ConduitAlgorithmMixin, PPO):
         super().setup(config)
         self._conduit_settings().scheduler(algo="ppo")  # a knob that does not apply to PPO raises here
         self._check_spaces(discrete_actions=False)
-        self._onpolicy = ConduitOnPolicy(
+        self._onpolicy = onpolicy = ConduitOnPolicy(
             self._conduit_settings(),
             _ValueFns(self.learner_group),
             gamma=float(self.config.gamma),
@@ -93,23 +90,14 @@ class ConduitPPO(ConduitAlgorithmMixin, PPO):
             num_learners=self.config.num_learners,
             seed=self._conduit_seed(),
         )
-        self._policy_version = 0
-
-    @property
-    def conduit_path(self) -> ConduitOnPolicy:
-        return self._onpolicy
+        self._start_conduit(onpolicy)
 
     def training_step(self) -> None:
-        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            by = "max_agent_steps" if self.config.count_steps_by == "agent_steps" else "max_env_steps"
-            episodes, env_runner_results = sample_episodes(
-                self.env_runner_group,
-                sample_timeout_s=self.config.sample_timeout_s,
-                **{by: self.config.total_train_batch_size},
-            )
-            if not episodes:
-                return
-            self.metrics.aggregate(env_runner_results, key=ENV_RUNNER_RESULTS)
+        by = "max_agent_steps" if self.config.count_steps_by == "agent_steps" else "max_env_steps"
+        episodes, env_runner_results = self._sample(**{by: self.config.total_train_batch_size})
+        if not episodes:
+            return
+        self.metrics.aggregate(env_runner_results, key=ENV_RUNNER_RESULTS)
 
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
             self._onpolicy.add(episodes, version=self._policy_version)
@@ -131,9 +119,4 @@ class ConduitPPO(ConduitAlgorithmMixin, PPO):
             self._policy_version += 1
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
 
-        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-            self.env_runner_group.sync_weights(
-                from_worker_or_learner_group=self.learner_group,
-                policies=set(learner_results[0].keys()) - {ALL_MODULES},
-                inference_only=True,
-            )
+        self._sync_weights(learner_results)

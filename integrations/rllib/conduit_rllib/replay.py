@@ -11,6 +11,7 @@ import torch
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Delivery, Metrics, SchedulerConfig, Schema
 from conduit.costmodel import OperatorCost
+from conduit_rllib.common import ModuleConduits
 from conduit_rllib.dqn_tuning import DQNTuning, probe_costs
 from conduit_rllib.fragments import TransitionPacker, by_module
 from conduit_rllib.nstep import nstep_operator
@@ -18,46 +19,39 @@ from conduit_rllib.settings import ConduitSettings
 from conduit_rllib.train_batch import LearnerInput, learner_input, to_sample_batch
 
 
+def _transition_columns(obs_dtype: torch.dtype, obs_shape: tuple[int, ...], next_obs: str) -> list[Column]:
+    """The columns both schemas share: observation, next observation (named ``next_obs``), action,
+    reward, end of episode."""
+    return [
+        Column("obs", obs_dtype, obs_shape),
+        Column(next_obs, obs_dtype, obs_shape),
+        Column("actions", torch.int64),
+        Column("rewards", torch.float32),
+        Column("terminateds", torch.bool),
+    ]
+
+
 def step_schema(obs_dtype: torch.dtype, obs_shape: tuple[int, ...]) -> Schema:
     """What ``put`` takes: flat step rows (see ``TransitionPacker``)."""
-    return Schema(
-        [
-            Column("obs", obs_dtype, obs_shape),
-            Column("next_obs", obs_dtype, obs_shape),
-            Column("actions", torch.int64),
-            Column("rewards", torch.float32),
-            Column("terminateds", torch.bool),
-            Column("seg_end", torch.int64),
-            Column("emit", torch.bool),
-        ]
-    )
+    columns = _transition_columns(obs_dtype, obs_shape, "next_obs")
+    return Schema([*columns, Column("seg_end", torch.int64), Column("emit", torch.bool)])
 
 
 def transition_schema(obs_dtype: torch.dtype, obs_shape: tuple[int, ...]) -> Schema:
     """What the buffer stores: DQN's train-batch columns under RLlib's names."""
-    return Schema(
-        [
-            Column("obs", obs_dtype, obs_shape),
-            Column("new_obs", obs_dtype, obs_shape),
-            Column("actions", torch.int64),
-            Column("rewards", torch.float32),
-            Column("terminateds", torch.bool),
-            Column("n_step", torch.float32),
-        ]
-    )
+    return Schema([*_transition_columns(obs_dtype, obs_shape, "new_obs"), Column("n_step", torch.float32)])
 
 
-class ConduitReplay:
+class ConduitReplay(ModuleConduits):
     """Replaces RLlib's episode replay buffer, sampling and learner connector for DQN.
 
     Under ``overlap="auto"`` it starts on the tuner's probe settings and moves its buffers to new
     Conduits (``reconfigure``) when the tuner switches (``dqn_tuning.py``, driven by ``end_step``).
 
     Args:
-        settings: the plugin's knobs; buffer: capacity, sampler, alpha, beta.
+        buffer: capacity, sampler, alpha, beta.
         n_step, gamma: DQN's n-step target settings, applied once per transition at ingestion.
-        device: the learner's device (local learner) or ``cpu`` (remote learners).
-        num_learners: remote learners the batch is split over (0: one local learner).
+        settings, device, num_learners, seed: as :class:`~conduit_rllib.common.ModuleConduits`.
     """
 
     def __init__(
@@ -70,14 +64,9 @@ class ConduitReplay:
         num_learners: int,
         seed: int | None,
     ) -> None:
-        self.settings = settings
+        super().__init__(settings, device, num_learners, seed)
         self.buffer_config = dataclasses.replace(buffer, pins=settings.pins) if settings.pins else buffer
         self.n_step, self.gamma = n_step, gamma
-        self.device = torch.device(device)
-        self.num_learners = num_learners
-        self.seed = seed
-        self.metrics = Metrics(trace=False)
-        self.conduits: dict[str, Conduit] = {}
         self.packers: dict[str, TransitionPacker] = {}
         self.obs_specs: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
         self._ones: dict[tuple[str, int], torch.Tensor] = {}
@@ -103,7 +92,7 @@ class ConduitReplay:
                 self.settings.scheduler(algo="dqn"),
                 ingest=[nstep_operator(self.n_step, self.gamma)],
                 device=self.device,
-                ranks=max(1, self.num_learners),
+                ranks=self.ranks,
                 stored_schema=transition_schema(obs_dtype, obs_shape),
                 seed=None if self.seed is None else self.seed + len(self.conduits),
                 metrics=self.metrics,
@@ -161,7 +150,7 @@ class ConduitReplay:
     def sample(self, batch_size: int) -> LearnerInput:
         """One train batch of ``batch_size`` transitions per module, already on the learner device."""
         with self.metrics.span("rllib/sample", exposed=True):
-            ranks = max(1, self.num_learners)
+            ranks = self.ranks
             per_rank: list[dict[str, Any]] = [{} for _ in range(ranks)]
             deliveries = {}
             for mid, c in self.conduits.items():
@@ -248,7 +237,7 @@ class ConduitReplay:
             SchedulerConfig("sync", depth=max(2, g_del), g_del=g_del),
             ingest=[nstep_operator(self.n_step, self.gamma)],
             device=self.device,
-            ranks=max(1, self.num_learners),
+            ranks=self.ranks,
             stored_schema=transition_schema(dtype, shape),
             metrics=Metrics(trace=False),
         )
@@ -263,9 +252,6 @@ class ConduitReplay:
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
-    def end_iteration(self) -> dict[str, float]:
-        return self.metrics.end_iteration()
-
     def state_dict(self) -> dict[str, Any]:
         self.flush()
         return {
@@ -279,7 +265,3 @@ class ConduitReplay:
             self._conduit(mid, dtype, shape).load_state_dict(state["conduits"][mid])
         for mid, ps in state["packers"].items():
             self.packers.setdefault(mid, TransitionPacker(self.n_step)).load_state_dict(ps)
-
-    def close(self) -> None:
-        for c in self.conduits.values():
-            c.close(drain=False)
