@@ -63,13 +63,15 @@ class Seam:
     actor: bool = False
 
 
-def _method(
+def method_seam(
     name: str, *params: str, cls: str = "PPOTrainer", module: str = _TRAINER, owner: str = "trainer"
 ) -> Seam:
+    """The seam of method ``cls.name`` in ``module``, taking ``params`` (verl's trainer by default)."""
     return Seam(f"{owner} method `{name}`", module, f"{cls}.{name}", params=params)
 
 
-def _attribute(name: str, owner: str = "trainer", module: str = _TRAINER) -> Seam:
+def attribute_seam(name: str, owner: str = "trainer", module: str = _TRAINER) -> Seam:
+    """The seam of instance attribute ``name`` that ``module``'s code assigns (on verl's trainer by default)."""
     return Seam(f"{owner} attribute `{name}`", module, assigns=name)
 
 
@@ -148,29 +150,29 @@ SEAMS: tuple[Seam, ...] = (
         source="Unknown trainer '",
     ),
     # trainer methods ConduitTrainer overrides
-    _method("_init_tokenizer"),
-    _method("_build_replay_buffer"),
-    _method("_get_required_batch_multiple", "dp_size"),
-    _method("_step_once", "metrics", "timing_raw", "sample_batch_size"),
+    method_seam("_init_tokenizer"),
+    method_seam("_build_replay_buffer"),
+    method_seam("_get_required_batch_multiple", "dp_size"),
+    method_seam("_step_once", "metrics", "timing_raw", "sample_batch_size"),
     # trainer methods the streaming step calls per piece / per batch
-    _method("_balance_batch", "batch", "metrics"),
-    _method("_compute_reward_colocate", "batch", "metrics"),
-    _method("_compute_old_log_prob", "batch", "metrics"),
-    _method("_compute_ref_log_prob", "batch", "metrics"),
-    _method("_compute_values", "batch", "metrics"),
-    _method("_compute_advantage", "batch", "metrics"),
-    _method("_update_critic", "batch", "metrics"),
-    _method("_update_actor", "batch", "metrics"),
-    _method("on_sample_begin"),
-    _method("on_sample_end"),
-    _method("get_reward_handles"),
+    method_seam("_balance_batch", "batch", "metrics"),
+    method_seam("_compute_reward_colocate", "batch", "metrics"),
+    method_seam("_compute_old_log_prob", "batch", "metrics"),
+    method_seam("_compute_ref_log_prob", "batch", "metrics"),
+    method_seam("_compute_values", "batch", "metrics"),
+    method_seam("_compute_advantage", "batch", "metrics"),
+    method_seam("_update_critic", "batch", "metrics"),
+    method_seam("_update_actor", "batch", "metrics"),
+    method_seam("on_sample_begin"),
+    method_seam("on_sample_end"),
+    method_seam("get_reward_handles"),
     # trainer state the streaming step reads (or sets: trainer_mode)
-    _attribute("trainer_mode"),
-    _attribute("replay_buffer"),
-    _attribute("use_critic"),
-    _attribute("use_reference_policy"),
-    _attribute("global_steps"),
-    _attribute("tokenizer"),
+    attribute_seam("trainer_mode"),
+    attribute_seam("replay_buffer"),
+    attribute_seam("use_critic"),
+    attribute_seam("use_reference_policy"),
+    attribute_seam("global_steps"),
+    attribute_seam("tokenizer"),
     # the module global PieceWrites stands in for, and the stage methods write through it
     Seam("trainer_base module global `tq`", _TRAINER, "tq"),
     Seam(
@@ -180,11 +182,11 @@ SEAMS: tuple[Seam, ...] = (
         source="tq.kv_batch_put(",
     ),
     # the replay buffer: sampling pieces, and its view of finished / failed prompt groups
-    _method("sample", "global_steps", "partition_id", "batch_size", **_REPLAY),
-    _method("_sync_metadata_from_transfer_queue", **_REPLAY),
-    _attribute("finished_keys", "replay buffer", _BUFFER),
-    _attribute("failure_keys", "replay buffer", _BUFFER),
-    _attribute("poll_interval", "replay buffer", _BUFFER),
+    method_seam("sample", "global_steps", "partition_id", "batch_size", **_REPLAY),
+    method_seam("_sync_metadata_from_transfer_queue", **_REPLAY),
+    attribute_seam("finished_keys", "replay buffer", _BUFFER),
+    attribute_seam("failure_keys", "replay buffer", _BUFFER),
+    attribute_seam("poll_interval", "replay buffer", _BUFFER),
     # the agent loop: the worker actor class subclassed to report each finished group
     Seam("agent-loop actor class `AgentLoopWorkerTQ`", _AGENT_LOOP, "AgentLoopWorkerTQ", actor=True),
     Seam(
@@ -194,7 +196,7 @@ SEAMS: tuple[Seam, ...] = (
         params=("prompt", "sampling_params", "trajectory", "trace"),
     ),
     Seam("class `AgentLoopManagerTQ`", _AGENT_LOOP, "AgentLoopManagerTQ"),
-    _attribute("agent_loop_workers_class", "agent-loop manager", _AGENT_LOOP),
+    attribute_seam("agent_loop_workers_class", "agent-loop manager", _AGENT_LOOP),
     Seam(
         "rollout config key `agent.agent_loop_manager_class`",
         "verl.workers.config.rollout",
@@ -339,9 +341,11 @@ __all__ = [
     "Seam",
     "SyncTrainerBase",
     "VerlCompatError",
+    "attribute_seam",
     "check_seams",
     "marked_timer",
     "masked_whiten",
+    "method_seam",
     "register_trainer",
     "response_to_nested",
     "tq",

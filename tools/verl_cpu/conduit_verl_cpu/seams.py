@@ -9,14 +9,13 @@ the launcher and the tests do, never the plugin.
 
 from __future__ import annotations
 
-from conduit_verl.compat import Seam, check_seams
+from conduit_verl.compat import Seam, attribute_seam, check_seams, method_seam
 
 _REPLICA = "verl.workers.rollout.replica"
 _BASE = "verl.workers.rollout.base"
-
-
-def _replica_attribute(name: str) -> Seam:
-    return Seam(f"rollout replica attribute `{name}`", _REPLICA, assigns=name)
+_BUFFER = "verl.trainer.ppo.v1.replay_buffer"
+_ON_REPLICA = {"cls": "RolloutReplica", "module": _REPLICA, "owner": "rollout replica"}
+_ON_BUFFER = {"cls": "ReplayBuffer", "module": _BUFFER, "owner": "replay buffer"}
 
 
 SEAMS: tuple[Seam, ...] = (
@@ -35,14 +34,12 @@ SEAMS: tuple[Seam, ...] = (
         "RolloutReplicaRegistry.register",
         params=("name", "loader"),
     ),
-    Seam("rollout replica method `launch_servers`", _REPLICA, "RolloutReplica.launch_servers"),
-    Seam(
-        "rollout replica method `rollout_worker_use_gpu`", _REPLICA, "RolloutReplica.rollout_worker_use_gpu"
-    ),
+    method_seam("launch_servers", **_ON_REPLICA),
+    method_seam("rollout_worker_use_gpu", **_ON_REPLICA),
     Seam("rollout replica property `max_concurrency`", _REPLICA, "RolloutReplica.max_concurrency"),
-    *map(
-        _replica_attribute,
-        (
+    *(
+        attribute_seam(name, "rollout replica", _REPLICA)
+        for name in (
             "replica_rank",
             "is_reward_model",
             "is_teacher_model",
@@ -52,7 +49,7 @@ SEAMS: tuple[Seam, ...] = (
             "servers",
             "_server_handle",
             "_server_address",
-        ),
+        )
     ),
     Seam(
         "class `TokenOutput`",
@@ -78,24 +75,10 @@ SEAMS: tuple[Seam, ...] = (
         params=("local_path", "torch_dtype", "model_config", "trust_remote_code"),
     ),
     # the tuned baseline's poll period (patches._patch_poll_interval)
-    Seam(
-        "replay buffer method `sample`",
-        "verl.trainer.ppo.v1.replay_buffer",
-        "ReplayBuffer.sample",
-        params=("global_steps", "partition_id", "batch_size"),
-    ),
-    Seam(
-        "replay buffer attribute `poll_interval`",
-        "verl.trainer.ppo.v1.replay_buffer",
-        assigns="poll_interval",
-    ),
+    method_seam("sample", "global_steps", "partition_id", "batch_size", **_ON_BUFFER),
+    attribute_seam("poll_interval", "replay buffer", _BUFFER),
     # the per-step sample dump (dump.py)
-    Seam(
-        "trainer method `_compute_metrics`",
-        "verl.trainer.ppo.v1.trainer_base",
-        "PPOTrainer._compute_metrics",
-        params=("batch", "metrics", "timing_raw", "global_steps", "epoch"),
-    ),
+    method_seam("_compute_metrics", "batch", "metrics", "timing_raw", "global_steps", "epoch"),
     # which storage backend ran, and the Conduit backend's counters (tq_stats.py)
     Seam(
         "TransferQueue function `close` (reads `_TQ_STORAGE`)",
