@@ -80,6 +80,16 @@ class UniformSampler(Sampler):
         self.size = int(state["size"])  # type: ignore[call-overload]
 
 
+def is_stale(versions: torch.Tensor, consumer_version: int, max_staleness: int) -> torch.Tensor:
+    """The staleness rule of consume-once data (what :class:`FifoSampler` evicts by), as a mask.
+
+    An item written by policy version ``v`` may be consumed by versions up to ``v + max_staleness``;
+    ``True`` where ``versions`` are older than that allows for ``consumer_version``. Also used where
+    items reach a consumer some other way (the verl integration's prompt groups), so one rule decides.
+    """
+    return versions + max_staleness < consumer_version
+
+
 class FifoSampler(Sampler):
     """Consume-once, in commit order: every item is returned exactly once (on-policy).
 
@@ -161,7 +171,7 @@ class FifoSampler(Sampler):
             return
         assert self._versions is not None, "attach() was not called"
         versions = self._versions.index_select(0, self.peek(self.available()))
-        stale = int((versions + bound < version).sum())  # a prefix: versions never decrease
+        stale = int(is_stale(versions, version, bound).sum())  # a prefix: versions never decrease
         if stale == 0:
             return
         if self.on_stale == "error":
