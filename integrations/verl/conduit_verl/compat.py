@@ -76,6 +76,11 @@ def attribute_seam(name: str, owner: str = "trainer", module: str = _TRAINER) ->
 
 
 _REPLAY = {"cls": "ReplayBuffer", "module": _BUFFER, "owner": "replay buffer"}
+_AGENT_WORKER = {
+    "cls": "AgentLoopWorkerTQ.__ray_actor_class__",
+    "module": _AGENT_LOOP,
+    "owner": "agent-loop worker",
+}
 
 SEAMS: tuple[Seam, ...] = (
     # TransferQueue's client API (what the driver-side stages and the whitening read and write)
@@ -189,12 +194,7 @@ SEAMS: tuple[Seam, ...] = (
     attribute_seam("poll_interval", "replay buffer", _BUFFER),
     # the agent loop: the worker actor class subclassed to report each finished group
     Seam("agent-loop actor class `AgentLoopWorkerTQ`", _AGENT_LOOP, "AgentLoopWorkerTQ", actor=True),
-    Seam(
-        "agent-loop worker method `_run_prompt`",
-        _AGENT_LOOP,
-        "AgentLoopWorkerTQ.__ray_actor_class__._run_prompt",
-        params=("prompt", "sampling_params", "trajectory", "trace"),
-    ),
+    method_seam("_run_prompt", "prompt", "sampling_params", "trajectory", "trace", **_AGENT_WORKER),
     Seam("class `AgentLoopManagerTQ`", _AGENT_LOOP, "AgentLoopManagerTQ"),
     attribute_seam("agent_loop_workers_class", "agent-loop manager", _AGENT_LOOP),
     Seam(
