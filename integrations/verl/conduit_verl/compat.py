@@ -35,6 +35,7 @@ TESTED_VERL = ("0.9.1",)
 TESTED_TRANSFER_QUEUE = ("0.1.10", "0.1.11")
 
 _TRAINER = "verl.trainer.ppo.v1.trainer_base"
+_COLOCATE_ASYNC = "verl.trainer.ppo.v1.trainer_colocate_async"
 _BUFFER = "verl.trainer.ppo.v1.replay_buffer"
 _AGENT_LOOP = "verl.trainer.ppo.v1.agent_loop_tq"
 _TQ_MANAGERS = "transfer_queue.storage.managers.base"
@@ -76,6 +77,7 @@ def attribute_seam(name: str, owner: str = "trainer", module: str = _TRAINER) ->
 
 
 _REPLAY = {"cls": "ReplayBuffer", "module": _BUFFER, "owner": "replay buffer"}
+_ANY_REPLAY = {"module": _BUFFER, "owner": "replay buffer"}
 _AGENT_WORKER = {
     "cls": "AgentLoopWorkerTQ.__ray_actor_class__",
     "module": _AGENT_LOOP,
@@ -171,6 +173,35 @@ SEAMS: tuple[Seam, ...] = (
     method_seam("on_sample_begin"),
     method_seam("on_sample_end"),
     method_seam("get_reward_handles"),
+    # bounded staleness (``max_staleness >= 1``): verl's colocate_async hooks, reused as they are
+    method_seam("get_llm_client"),
+    method_seam("on_train_begin"),
+    method_seam("on_step_end"),
+    method_seam("_add_async_warmup_batches", "num_warmup_batches"),
+    Seam(
+        "trainer method `_build_replay_buffer` choosing `ReplayBufferAsync` by `trainer_mode`",
+        _TRAINER,
+        "PPOTrainer._build_replay_buffer",
+        source='ReplayBuffer if self.trainer_mode == "sync" else ReplayBufferAsync',
+    ),
+    Seam(
+        "colocate_async method `get_llm_client` (the partial-rollout client)",
+        _COLOCATE_ASYNC,
+        "PPOTrainerColocateAsync.get_llm_client",
+        source="FullyAsyncLLMServerClient",
+    ),
+    Seam(
+        "colocate_async method `on_step_end` (weights pushed, generation resumed)",
+        _COLOCATE_ASYNC,
+        "PPOTrainerColocateAsync.on_step_end",
+        source="resume_generation_replicas(",
+    ),
+    Seam(
+        "colocate_async method `on_sample_end` (in-flight requests aborted for partial rollout)",
+        _COLOCATE_ASYNC,
+        "PPOTrainerColocateAsync.on_sample_end",
+        source="abort_replicas(",
+    ),
     # trainer state the streaming step reads (or sets: trainer_mode)
     attribute_seam("trainer_mode"),
     attribute_seam("replay_buffer"),
@@ -192,6 +223,25 @@ SEAMS: tuple[Seam, ...] = (
     attribute_seam("finished_keys", "replay buffer", _BUFFER),
     attribute_seam("failure_keys", "replay buffer", _BUFFER),
     attribute_seam("poll_interval", "replay buffer", _BUFFER),
+    # bounded staleness: the async buffer's stale-group decision, made by Conduit's rule instead
+    Seam("class `ReplayBufferAsync`", _BUFFER, "ReplayBufferAsync"),
+    method_seam(
+        "_stale_terminal_keys", "global_steps", "partition_id", cls="ReplayBufferAsync", **_ANY_REPLAY
+    ),
+    Seam(
+        "`_stale_terminal_keys` consulted by `ReplayBufferAsync._terminal_eviction_reasons`",
+        _BUFFER,
+        "ReplayBufferAsync._terminal_eviction_reasons",
+        source="self._stale_terminal_keys(global_steps, partition_id)",
+    ),
+    Seam(
+        "replay buffer eviction metric `off_policy/evicted_samples`",
+        _BUFFER,
+        "ReplayBuffer._evict_terminal_groups",
+        source="/off_policy/evicted_samples",
+    ),
+    attribute_seam("partitions", "replay buffer", _BUFFER),
+    attribute_seam("max_off_policy_threshold", "replay buffer", _BUFFER),
     # the agent loop: the worker actor class subclassed to report each finished group
     Seam("agent-loop actor class `AgentLoopWorkerTQ`", _AGENT_LOOP, "AgentLoopWorkerTQ", actor=True),
     method_seam("_run_prompt", "prompt", "sampling_params", "trajectory", "trace", **_AGENT_WORKER),
@@ -327,7 +377,11 @@ import transfer_queue as tq  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.trainer.ppo.v1 import agent_loop_tq as _agent_loop_tq  # noqa: E402
 from verl.trainer.ppo.v1 import trainer_base as _trainer_base  # noqa: E402
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync as _ReplayBufferAsync  # noqa: E402
 from verl.trainer.ppo.v1.trainer_base import register_trainer  # noqa: E402
+from verl.trainer.ppo.v1.trainer_colocate_async import (  # noqa: E402
+    PPOTrainerColocateAsync as _ColocateAsync,
+)
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils.debug import marked_timer  # noqa: E402
 from verl.utils.torch_functional import masked_whiten  # noqa: E402
@@ -357,10 +411,15 @@ AgentLoopManagerTQ = _agent_loop_tq.AgentLoopManagerTQ
 class SyncTrainerBase(PPOTrainerSync):
     """verl's sync trainer, with the private hooks ConduitTrainer overrides under public names.
 
-    ``conduit_*`` methods default to verl's behaviour. The trainer reports itself as ``sync`` to
-    verl's branches on ``trainer_mode`` (replay buffer class, refill, checkpoints): it keeps the
-    sync trainer's semantics under another mode name.
+    ``conduit_*`` methods default to verl's behaviour. The trainer reports itself as
+    :meth:`conduit_trainer_mode` (``sync`` unless overridden) to verl's branches on ``trainer_mode``
+    (replay buffer class, dataloader chunks, refill, checkpoints): it keeps that mode's semantics
+    under another mode name.
     """
+
+    def conduit_trainer_mode(self) -> str:
+        """The mode verl's own branches on ``trainer_mode`` see: ``sync``, or ``ASYNC_TRAINER_MODE``."""
+        return "sync"
 
     def _init_tokenizer(self) -> None:
         super()._init_tokenizer()
@@ -370,7 +429,7 @@ class SyncTrainerBase(PPOTrainerSync):
         """Runs first in ``init()``, once the tokenizer is loaded (before any worker starts)."""
 
     def _build_replay_buffer(self) -> Any:
-        self.trainer_mode = "sync"
+        self.trainer_mode = self.conduit_trainer_mode()
         buffer = super()._build_replay_buffer()
         self.conduit_replay_buffer_ready(buffer)
         return buffer
@@ -494,6 +553,87 @@ def poll_interval(buffer: Any, seconds: float) -> Iterator[None]:
     finally:
         if old is not None:
             buffer.poll_interval = old
+
+
+def evicted_groups(metrics: dict) -> tuple[int, int]:
+    """From a replay-buffer sample's metrics: (groups evicted as stale, groups evicted in all: stale,
+    DAPO-filtered or failed). Evicted groups had finished (a completion channel counted them) but
+    were never sampled."""
+    counts = {
+        reason: int(metrics.get(f"training/{reason}/evicted_samples", 0) or 0)
+        for reason in ("off_policy", "filter_groups", "rollout_failure")
+    }
+    return counts["off_policy"], sum(counts.values())
+
+
+# -- bounded staleness (``max_staleness >= 1``): verl's colocate_async machinery -------------------
+
+#: the mode verl's own branches see when the conduit mode runs ahead (replay buffer, exact refill)
+ASYNC_TRAINER_MODE = "colocate_async"
+
+#: ``decide(groups, global_steps) -> uids to evict``; ``groups``: uid -> {sample key: tag} of every
+#: finished prompt group of the partition
+StaleDecision = Callable[[dict[str, dict[str, dict]], int], set[str]]
+
+
+class GatedReplayBuffer(_ReplayBufferAsync):  # type: ignore[misc]
+    """verl's async replay buffer whose stale-group decision is Conduit's (``conduit_decide``):
+    verl still evicts those groups, refills them with fresh prompts and reports the eviction."""
+
+    conduit_decide: StaleDecision | None = None
+
+    def _stale_terminal_keys(self, global_steps: int, partition_id: str) -> set[str]:
+        if self.conduit_decide is None:
+            return set(super()._stale_terminal_keys(global_steps, partition_id))
+        if partition_id == "val":
+            return set()
+        finished = set(self.finished_keys[partition_id])
+        groups: dict[str, dict[str, dict]] = {uid: {} for uid in finished}
+        for key, tag in self.partitions[partition_id].items():
+            uid = key.split("_")[0]
+            if uid in groups:
+                groups[uid][key] = tag
+        return set(self.conduit_decide(groups, global_steps)) & finished
+
+
+def gate_replay_buffer(buffer: Any, decide: StaleDecision) -> int | None:
+    """Make ``decide`` the only staleness rule of verl's async replay buffer ``buffer`` (verl's own
+    ``max_off_policy_threshold`` is switched off); returns the threshold it had."""
+    from conduit.errors import ConfigError
+
+    if type(buffer) is not _ReplayBufferAsync:
+        raise ConfigError(
+            f"trainer.v1.conduit.max_staleness needs verl's built-in async replay buffer, got "
+            f"{type(buffer).__name__}; unset trainer.v1.sampler.custom_sampler or set max_staleness=0"
+        )
+    buffer.__class__ = GatedReplayBuffer  # the same object: only the stale-group decision differs
+    buffer.conduit_decide = decide
+    threshold = buffer.max_off_policy_threshold
+    buffer.max_off_policy_threshold = None
+    return None if threshold is None else int(threshold)
+
+
+def partial_rollout_client(trainer: Any) -> Any:
+    """verl's colocate_async LLM client (``FullyAsyncLLMServerClient``): an aborted request resumes
+    on the new weights, its samples tagged with every version that generated them."""
+    return _ColocateAsync.get_llm_client(trainer)
+
+
+def add_warmup_batches(trainer: Any, batches: int) -> None:
+    """Submit ``batches`` train batches ahead of the first step (verl's async prefetch window)."""
+    trainer._add_async_warmup_batches(batches)
+
+
+def async_sample_end(trainer: Any) -> None:
+    """colocate_async's end of sampling: abort in-flight requests (kept for partial rollout), sleep
+    the replicas."""
+    _ColocateAsync.on_sample_end(trainer)
+
+
+def async_step_end(trainer: Any) -> None:
+    """colocate_async's end of step: push the new weights (``timing_s/update_weights``), resume
+    generation."""
+    _ColocateAsync.on_step_end(trainer)
 
 
 # -- one TransferQueue put per piece: the ``tq`` module verl's stage methods write through ------
