@@ -44,7 +44,6 @@ the other sizes' async grid rows (a hold-out by size).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -59,6 +58,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import script  # noqa: E402
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Operator, SchedulerConfig, Schema  # noqa: E402
 from conduit.costmodel import (  # noqa: E402
@@ -74,7 +74,6 @@ from conduit.costmodel import (  # noqa: E402
 from conduit.discovery import fingerprint, local_topology  # noqa: E402
 from conduit.tuner import AutoTuner, Signature, describe  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PUTS, GETS, FRAG, CAPACITY, HIDDEN = 8, 16, 32, 2048, 256
 PREFILL = 256  # items put before a run is timed (sampling needs data; the ring fills as it runs)
 EVAL_DIMS = (8, 64, 512, 2048, 8192)
@@ -467,11 +466,7 @@ def _fmt(value: float | None) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 4), squeeze=False)
     for ax, row in zip(axes[0], rows, strict=True):
         pred = [p * 1e3 for p in row["predicted_s"]]
@@ -489,8 +484,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("predicted ms/iter")
         ax.set_ylabel("measured ms/iter")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    script.save_figure(fig, path)
 
 
 def refit(path: Path, device: str) -> list[dict[str, Any]]:
@@ -561,11 +555,9 @@ def refit(path: Path, device: str) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few iterations per configuration (a check)")
+    parser = script.parser(__doc__.split("\n\n")[0], quick="few iterations per configuration (a check)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--refit", type=Path, default=None, help="re-predict a recorded results file (no measurement)"
     )
@@ -640,11 +632,7 @@ def main() -> None:
     )
     machine = {"device": args.device, "torch_threads": 1, "bandwidth_host_to_consumer": bandwidth}
     machine.update(provenance.finish(token))
-    out = args.out or RESULTS / ("autotune_quick.json" if args.quick else "autotune.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
     record = {
-        "benchmark": "autotune",
-        "quick": args.quick,
         "iterations_per_config": iters,
         "rounds": rounds,
         "warmup": warmup,
@@ -663,8 +651,7 @@ def main() -> None:
         "summary": summary,
         "machine": machine,
     }
-    out.write_text(json.dumps(record, indent=1))
-    plot(rows, out.with_suffix(".png"))
+    out = script.write_result("autotune", args, record, lambda png: plot(rows, png))
     print(f"wrote {out} and {out.with_suffix('.png')} ({time.perf_counter() - t0:.0f} s in all)")
 
 

@@ -26,8 +26,6 @@ calibration, the buffer's moves), as a share of 100 learning steps at the best. 
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
 import sys
@@ -41,10 +39,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import script  # noqa: E402
 from autotune import kendall, split_halves  # noqa: E402
 from rllib_native_timing import WorkCounter  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 LEARNING_STARTS = 64  # env steps sampled before the first update
 #: env steps in one iteration (``algo.train()``) of a user's DQN run: RLlib's default
 #: ``min_sample_timesteps_per_iteration`` for DQN; the issue's tuning budget is 2% of 100 such iterations
@@ -175,11 +173,7 @@ def confirm(pick: Any, best: Any, batch: int, steps: int, warmup: int) -> dict[s
 
 
 def plot(row: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
     pred = [p * 1e3 for p in row["predicted_s"]]
     meas = [m * 1e3 for m in row["measured_s"]]
@@ -197,15 +191,12 @@ def plot(row: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("predicted ms/step")
     ax.set_ylabel("measured ms/step")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    script.save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few steps, one round (a check)")
+    parser = script.parser(__doc__.split("\n\n")[0], quick="few steps, one round (a check)")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     token = provenance.start()
     torch.set_num_threads(1)
@@ -306,11 +297,7 @@ def main() -> None:
         f"{a['tuning_s']:.2f} s calibrating and switching)"
     )
     machine = {"torch_threads": 1, **provenance.finish(token)}
-    out = args.out or RESULTS / ("autotune_dqn_quick.json" if args.quick else "autotune_dqn.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
     record = {
-        "benchmark": "autotune_dqn",
-        "quick": args.quick,
         "learning_steps_per_config": steps,
         "warmup_steps": warmup,
         "rounds": rounds,
@@ -318,8 +305,7 @@ def main() -> None:
         "seconds": time.perf_counter() - t0,
         "machine": machine,
     }
-    out.write_text(json.dumps(record, indent=1, default=str))
-    plot(row, out.with_suffix(".png"))
+    out = script.write_result("autotune_dqn", args, record, lambda png: plot(row, png))
     print(f"wrote {out} and {out.with_suffix('.png')} ({time.perf_counter() - t0:.0f} s in all)")
 
 

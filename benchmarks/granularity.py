@@ -17,8 +17,6 @@ JSON and a three-panel PNG under ``benchmarks/results/``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from autotune import EVAL_DIMS, FRAG, GETS, PUTS, RESULTS, SyntheticLoop  # noqa: E402
+import script  # noqa: E402
+from autotune import EVAL_DIMS, FRAG, GETS, PUTS, SyntheticLoop  # noqa: E402
 
 from conduit.costmodel import Knobs  # noqa: E402
 
@@ -48,11 +47,7 @@ def row(loop: SyntheticLoop, knobs: Knobs, iters: int, warmup: int) -> dict[str,
 
 
 def plot(data: dict[str, list[dict[str, Any]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for batch, dim in dict.fromkeys((r["batch"], r["dim"]) for r in data["g_ing"]):
         pts = [r for r in data["g_ing"] if (r["batch"], r["dim"]) == (batch, dim)]
@@ -76,15 +71,12 @@ def plot(data: dict[str, list[dict[str, Any]]], path: Path) -> None:
     for ax in axes:
         ax.set_xscale("log", base=2) if ax is not axes[2] else None
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    script.save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few iterations and sizes (a check)")
+    parser = script.parser(__doc__.split("\n\n")[0], quick="few iterations and sizes (a check)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     token = provenance.start()
     torch.set_num_threads(1)
@@ -115,21 +107,8 @@ def main() -> None:
         )
     machine: dict[str, Any] = {"device": args.device, "torch_threads": 1}
     machine.update(provenance.finish(token))
-    out = args.out or RESULTS / ("granularity_quick.json" if args.quick else "granularity.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "granularity",
-                "quick": args.quick,
-                "iterations": iters,
-                **data,
-                "machine": machine,
-            },
-            indent=1,
-        )
-    )
-    plot(data, out.with_suffix(".png"))
+    record = {"iterations": iters, **data, "machine": machine}
+    out = script.write_result("granularity", args, record, lambda png: plot(data, png))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
