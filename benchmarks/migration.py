@@ -26,7 +26,6 @@ Targets: Conduit never out of memory and within 1.1× of the best static placeme
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -42,6 +41,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(1, str(HERE))
 
 import provenance  # noqa: E402
+import script  # noqa: E402
 
 from conduit import Column, Schema  # noqa: E402
 from conduit.batch import ColumnBatch, Ragged  # noqa: E402
@@ -156,9 +156,7 @@ def interleaved(runs: dict[str, Run], length: int, iters: int, rng: random.Rando
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="three sizes, fewer iterations (about a minute)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap = script.parser(__doc__, quick="three sizes, fewer iterations (about a minute)", out=DEFAULT_OUT)
     ap.add_argument(
         "--host-mb", type=int, default=None, help="simulated host budget (default: 40%% of the end size)"
     )
@@ -288,8 +286,6 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = summarize(rows, runs, lengths)
     result = {
-        "benchmark": "migration",
-        "quick": args.quick,
         "rows": rows,
         "summary": summary,
         "budgets": {"host": host, "shm": shm},
@@ -299,9 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
         **provenance.finish(prov),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
-    plot(rows, lengths, args.out.with_suffix(".png"))
+    script.write_result("migration", args, result, lambda png: plot(rows, lengths, png))
     print(json.dumps(summary, indent=1))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
@@ -334,11 +328,7 @@ def summarize(rows: list[dict[str, Any]], runs: dict[str, Run], lengths: list[in
 
 
 def plot(rows: list[dict[str, Any]], lengths: list[int], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, style in (("greedy", "o-"), ("conservative", "s-"), ("conduit", "D-"), ("best_static", "k--")):
         pts = [
@@ -371,8 +361,7 @@ def plot(rows: list[dict[str, Any]], lengths: list[int], path: Path) -> None:
     b.set_ylabel("cumulative seconds (iterations + migrations)")
     b.set_title("cumulative latency")
     fig.suptitle("migration.py: host tiers real, budgets simulated", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    script.save_figure(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ ones, Spearman's rank correlation over every (placement, size) point of a worklo
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -47,6 +46,7 @@ sys.path.insert(1, str(HERE))
 sys.path.insert(2, str(ROOT / "integrations" / "verl"))
 
 import provenance  # noqa: E402
+import script  # noqa: E402
 
 from conduit import Column, Schema  # noqa: E402
 from conduit.batch import ColumnBatch  # noqa: E402
@@ -339,9 +339,7 @@ def gpu_predictions(dims: list[int], capacity: int, tokens: list[int], samples: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="two sizes per workload, fewer iterations")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap = script.parser(__doc__, quick="two sizes per workload, fewer iterations", out=DEFAULT_OUT)
     ap.add_argument(
         "--host-mb",
         type=int,
@@ -380,23 +378,16 @@ def main(argv: list[str] | None = None) -> int:
             "oom": [(r["system"], r["size"]) for r in rows if r["workload"] == workload and r["oom"]],
         }
     predictions = gpu_predictions(cfg["dims"], cfg["capacity"], cfg["tokens"], cfg["samples"])
-    result = {"benchmark": "placement_ablation", "quick": args.quick, "host_budget": host, "rows": rows,
-              "gpu_predictions": predictions, "summary": summary, "topology": topo.source,
-              **provenance.finish(prov)}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
-    plot(rows, predictions, args.out.with_suffix(".png"))
+    result = {"host_budget": host, "rows": rows, "gpu_predictions": predictions, "summary": summary,
+              "topology": topo.source, **provenance.finish(prov)}  # fmt: skip
+    script.write_result("placement_ablation", args, result, lambda png: plot(rows, predictions, png))
     print(json.dumps(summary, indent=1))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
 
 
 def plot(rows: list[dict[str, Any]], predictions: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     for ax, workload, xlabel in (
         (axes[0], "dqn_replay", "observation floats"),
@@ -419,14 +410,7 @@ def plot(rows: list[dict[str, Any]], predictions: list[dict[str, Any]], path: Pa
             for r in rows:
                 if r["workload"] == workload and r["system"] == name and r["oom"]:
                     ax.annotate(f"{name}: OOM", (r["size"], ax.get_ylim()[1] * 0.8), fontsize=7, color="red")
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel=xlabel,
-            ylabel="ms per iteration (measured)",
-            title=f"{workload} (this machine)",
-        )
-        ax.legend(fontsize=7)
+        _log_log(ax, xlabel, "ms per iteration (measured)", f"{workload} (this machine)")
     ax = axes[2]
     for workload, marker in (("dqn_replay", "o"), ("grpo_tq", "s")):
         pts = [r for r in rows if r["workload"] == workload and not r["oom"]]
@@ -436,29 +420,19 @@ def plot(rows: list[dict[str, Any]], predictions: list[dict[str, Any]], path: Pa
             marker=marker,
             label=workload,
         )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="predicted ms/iter",
-        ylabel="measured ms/iter",
-        title="planner accuracy",
-    )
-    ax.legend(fontsize=7)
+    _log_log(ax, "predicted ms/iter", "measured ms/iter", "planner accuracy")
     ax = axes[3]
     gp = [r for r in predictions if r["workload"] == "grpo_tq" and r.get("predicted_s")]
     for name in sorted({r["system"] for r in gp}):
         pts = [(r["size"], r["predicted_s"]) for r in gp if r["system"] == name]
         ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], "o--", label=name)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="tokens per response",
-        ylabel="ms/iter (PREDICTED)",
-        title="grpo_tq on 8xH200: prediction only",
-    )
+    _log_log(ax, "tokens per response", "ms/iter (PREDICTED)", "grpo_tq on 8xH200: prediction only")
+    script.save_figure(fig, path)
+
+
+def _log_log(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
