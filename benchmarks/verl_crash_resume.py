@@ -57,6 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import script  # noqa: E402
 from conduit_verl_cpu.crash import kill_session, responses_checksum  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -427,12 +428,7 @@ def summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = script.pyplot().subplots(1, 2, figsize=(10, 4))
     for ax, key, label in (
         (axes[0], "lost_gen_s", "generation wall time lost per crash (s)"),
         (axes[1], "work_lost_s", "generation work lost per crash (request-s)"),
@@ -448,16 +444,12 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.axhline(0, color="grey", lw=0.5)
         ax.legend(fontsize=7)
     fig.suptitle("SIGKILL + resume, Conduit's trainer in verl, paced rollout (modelled times; clean trials)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    script.save_figure(fig, path, dpi=120)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--quick", action="store_true", help="1 trial per system (a smoke test; --trials N for more)"
-    )
+    out = RESULTS / "verl_crash_resume.json"
+    p = script.parser(__doc__, quick="1 trial per system (a smoke test; --trials N for more)", out=out)
     p.add_argument("--trials", type=int, default=20, help="kills per system (one per step)")
     p.add_argument("--batch-size", type=int, default=8, help="prompt groups per step")
     p.add_argument("--n", type=int, default=2, help="responses per prompt")
@@ -470,9 +462,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--step-timeout", type=float, default=900.0, help="seconds a launch may take to finish a step"
-    )
-    p.add_argument(
-        "--out", type=Path, default=RESULTS / "verl_crash_resume.json", help="results JSON (and .png)"
     )
     args = p.parse_args(argv)
     if args.quick:
@@ -516,7 +505,6 @@ def main(argv: list[str] | None = None) -> int:
     work_ratio = None if refused else ratios["work_lost_s"]["median"]
     gen_ratio = None if refused else ratios["lost_gen_s"]["median"]
     doc = {
-        "benchmark": "verl_crash_resume",
         "config": {
             "trials": args.trials,
             "batch_size": args.batch_size,
@@ -555,9 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0, 1),
         "machine": {"cpus": os.cpu_count(), **provenance.finish(tok)},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1))
-    plot(doc, args.out.with_suffix(".png"))
+    script.write_result("verl_crash_resume", args, doc, lambda png: plot(doc, png))
     report(doc)
     print(f"wrote {args.out} ({doc['wall_s']:.0f}s)")
     return 0

@@ -42,6 +42,17 @@ def _trial(t: int, lost: float, kill_s: float = 2.0, **kw: Any) -> dict[str, Any
     return tr
 
 
+def _stub_runs(monkeypatch: pytest.MonkeyPatch, run_system: Any, tmp_path: Path) -> Path:
+    """``vcr.main`` with ``run_system`` in place of the real runs and nothing else measured or plotted;
+    returns the path for its ``--out``."""
+    monkeypatch.setattr(vcr, "run_system", run_system)
+    monkeypatch.setattr(vcr, "measure", lambda *a: None)
+    monkeypatch.setattr(vcr, "compare", lambda *a: None)
+    monkeypatch.setattr(vcr, "lag_stats", lambda work: {"groups": 0})
+    monkeypatch.setattr(vcr, "plot", lambda doc, path: None)
+    return tmp_path / "crash.json"
+
+
 def test_the_kill_schedule_is_seconds_in_a_window_drawn_once_from_the_seed() -> None:
     schedule = vcr.kill_schedule(20, seed=0, window=(0.5, 6.5))
     assert schedule == vcr.kill_schedule(20, seed=0, window=(0.5, 6.5))
@@ -60,12 +71,7 @@ def test_both_systems_are_killed_on_one_shared_schedule(
         lost = 30.0 if system == vcr.BASELINE else 10.0
         return [_trial(t, lost, kill_s=k) for t, k in enumerate(schedule, start=1)]
 
-    monkeypatch.setattr(vcr, "run_system", run_system)
-    monkeypatch.setattr(vcr, "measure", lambda *a: None)
-    monkeypatch.setattr(vcr, "compare", lambda *a: None)
-    monkeypatch.setattr(vcr, "lag_stats", lambda work: {"groups": 0})
-    monkeypatch.setattr(vcr, "plot", lambda doc, path: None)
-    out = tmp_path / "crash.json"
+    out = _stub_runs(monkeypatch, run_system, tmp_path)
     assert vcr.main(["--trials", "3", "--kill-window", "1,5", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     want = vcr.kill_schedule(3, 0, (1.0, 5.0))
@@ -132,12 +138,7 @@ def test_no_pair_of_equal_work_refuses_the_ratio(monkeypatch: pytest.MonkeyPatch
     def run_system(system: str, work: Path, args: Any, schedule: list[float]) -> list[dict[str, Any]]:
         return [_trial(t, 5.0, kill_s=k, trained_before_kill=True) for t, k in enumerate(schedule, start=1)]
 
-    monkeypatch.setattr(vcr, "run_system", run_system)
-    monkeypatch.setattr(vcr, "measure", lambda *a: None)
-    monkeypatch.setattr(vcr, "compare", lambda *a: None)
-    monkeypatch.setattr(vcr, "lag_stats", lambda work: {"groups": 0})
-    monkeypatch.setattr(vcr, "plot", lambda doc, path: None)
-    out = tmp_path / "crash.json"
+    out = _stub_runs(monkeypatch, run_system, tmp_path)
     vcr.main(["--trials", "2", "--out", str(out)])
     doc = json.loads(out.read_text())
     assert doc["degenerate"] == {vcr.BASELINE: 2, vcr.JOURNAL: 2}

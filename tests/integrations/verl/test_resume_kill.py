@@ -12,12 +12,11 @@ others (the rollout server's request log), each of the step's prompts was traine
 from __future__ import annotations
 
 import collections
-import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -30,49 +29,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[3]
 BATCH, N, STEP = 8, 2, 2
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import verl_crash_resume as vcr  # noqa: E402  (the benchmark's harness command, env and JSON-lines reader)
 
-
-def _command(work: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "conduit_verl_cpu.run",
-        "--trainer-mode",
-        "conduit",
-        "--steps",
-        str(STEP),
-        "--rollout",
-        "paced",
-        "--pace-scale",
-        "6",
-        "--batch-size",
-        str(BATCH),
-        "--n",
-        str(N),
-        "--save-freq",
-        "1",
-        "--dump-samples",
-        "--work-dir",
-        str(work),
-    ]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tools/verl_cpu"), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line torn by the kill
-            pass
-    return out
+# the benchmark's command at this shape (the journal "on" is what "auto" gives with a checkpoint per step)
+SHAPE = SimpleNamespace(pace_scale=6, batch_size=BATCH, n=N, seed=0)
 
 
 def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
@@ -80,14 +41,19 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
     root = journal_root(work / "ckpt")
     log = open(tmp_path / "first.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        _command(work), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        vcr.command(work, STEP, SHAPE, "on"),
+        cwd=ROOT,
+        env=vcr.env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 900
         journaled = 0
         while time.monotonic() < deadline:
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            if any(m.get("step") == STEP - 1 for m in _lines(work / "metrics.jsonl")):
+            if any(m.get("step") == STEP - 1 for m in vcr.lines(work / "metrics.jsonl")):
                 journaled = len(read_step(root, STEP)[0])
                 if 2 <= journaled < BATCH:
                     break
@@ -98,17 +64,17 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
     finally:
         kill_session(proc)
         log.close()
-    assert not any(m.get("step") == STEP for m in _lines(work / "metrics.jsonl")), (
+    assert not any(m.get("step") == STEP for m in vcr.lines(work / "metrics.jsonl")), (
         "step 2 was trained before the kill"
     )
     kept, problems = read_step(root, STEP)
     assert len(kept) >= journaled
-    events_before = len(_lines(work / "gen_events.jsonl"))
+    events_before = len(vcr.lines(work / "gen_events.jsonl"))
 
     second = subprocess.run(
-        _command(work),
+        vcr.command(work, STEP, SHAPE, "on"),
         cwd=ROOT,
-        env=_env(),
+        env=vcr.env(),
         capture_output=True,
         text=True,
         timeout=900,
@@ -116,16 +82,16 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
     )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
 
-    (metrics,) = [m["data"] for m in _lines(work / "metrics.jsonl") if m.get("step") == STEP]
+    (metrics,) = [m["data"] for m in vcr.lines(work / "metrics.jsonl") if m.get("step") == STEP]
     assert metrics["conduit/journal_restored_groups"] == len(kept)
     assert metrics["conduit/journal_generated_groups"] == BATCH - len(kept)
     # the journaled groups were not generated again: only the other groups' requests reached the server
     # (the resumed run trains step 2 only, so every request it sent is one of step 2's)
-    regenerated = _lines(work / "gen_events.jsonl")[events_before:]
+    regenerated = vcr.lines(work / "gen_events.jsonl")[events_before:]
     assert len(regenerated) == (BATCH - len(kept)) * N
 
     # every prompt of the step trained exactly once: n samples per prompt, BATCH prompts in all
-    (dump,) = [d["samples"] for d in _lines(work / "samples.jsonl") if d["step"] == STEP]
+    (dump,) = [d["samples"] for d in vcr.lines(work / "samples.jsonl") if d["step"] == STEP]
     assert len(dump) == BATCH * N
     per_prompt = collections.Counter(tuple(s["prompt"]) for s in dump)
     assert all(c % N == 0 for c in per_prompt.values()), per_prompt
