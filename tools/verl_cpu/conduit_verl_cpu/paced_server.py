@@ -5,10 +5,16 @@ its response length from its sampling seed and its prompt's (``pace.PaceModel.dr
 ``Pacer`` as it arrives, and joins the next *wave*: a training step's requests (``wave`` of them,
 the harness sets prompts × n; or, for other requests, those that arrive together: no new one for
 ``GATHER_S``) are generated in one batch (``batch_sampler.sample_batch``), in the order of their
-seeds, each finishing after its own length's steps. A wave's composition and order so never depend on
-when its requests arrived: a batched forward is not bit-identical across batch compositions, and a
-near-tie between two tokens could otherwise go another way in another run (sync vs conduit). The response is then held until its modelled finish and released; the server
-sleeps meanwhile, leaving the cores to the rest of the pipeline, as separate rollout GPUs would.
+seeds, each finishing after its own length's steps. The sampler is batch-invariant (every prompt
+padded to the server's prompt length, every linear layer computed row by row): a request's tokens and
+log-probs are those it would get alone, so neither a wave's composition nor its order can flip a
+near-tie between two tokens from one run to another (sync vs conduit, a short wave, a resumed step).
+Requests are sampled by seed (``hf_server.request_seed``: rollout seed, weight version, prompt, k-th
+request of that prompt), so a prompt's responses are the same in every run; which of them go to which
+GRPO group is not when one prompt text appears twice in a step (the server cannot tell the two groups'
+requests apart; they take the seeds in arrival order). The response is then held until its modelled
+finish and released; the server sleeps meanwhile, leaving the cores to the rest of the pipeline, as
+separate rollout GPUs would.
 A response whose real tokens come later than its modelled finish is released when they come; the
 generation log records that lateness (``late_s``), so a run can tell whether the model held.
 
@@ -138,6 +144,7 @@ class PacedGenerationServer(HFGenerationServer):
                 self.pad_token_id,
                 self.response_length,
                 deliver,
+                self.prompt_length,  # one padded width for every wave: batch-invariant rows
             )
 
     def _log(self, t0: float, t1: float, version: int, length: int, model_s: float, late_s: float) -> None:
