@@ -46,6 +46,23 @@ class ConduitTrainerConfig:
             (the rollout servers have hardware of their own: overlapped ingestion costs generation
             nothing, so ``auto`` streams wherever the ingestion it hides pays, without measuring
             whole-batch steps).
+        max_staleness: the bound on how old a prompt group may be when it is trained on, in policy
+            versions: a group generated (any of its tokens) by weights of version ``v`` may be
+            trained on by versions up to ``v + max_staleness`` (the core's FIFO staleness rule,
+            ``conduit.buffer.samplers.is_stale``). 0 (default) is the on-policy streaming step.
+            ``k >= 1``: generation for the next ``k`` steps runs ahead (``k`` warm-up batches, verl's
+            partial-rollout client, weights pushed to the rollout at each step's end and generation
+            resumed, as verl's ``colocate_async``), finished groups still stream through ingestion,
+            and verl's own ``max_off_policy_threshold`` is not applied (``staleness.py``).
+            Needs ``overlap=async``; not yet with checkpoints (``trainer.save_freq``) or the journal.
+        on_stale: what happens to a group over ``max_staleness`` (``k >= 1``): ``drop`` (default)
+            evicts it before ingestion and generates a fresh prompt in its place (verl's evict and
+            refill), counted as ``conduit/stale_dropped``; ``recompute`` trains on it with its
+            old-log-probs recomputed by the policy being trained (never the rollout's), counted as
+            ``conduit/stale_recomputed`` (not with ``algorithm.rollout_correction.bypass_mode``).
+        group_log: a JSONL file that gets one line per trained prompt group (step, uid, the weight
+            versions that generated it, the version trained on, its staleness); None (default) =
+            none. Every step also logs ``conduit/staleness/{min,median,mean,max}``.
     """
 
     overlap: Literal["sync", "async"] = "async"
@@ -57,6 +74,9 @@ class ConduitTrainerConfig:
     journal: bool | None = None
     tuner_cache: str | None = None
     rollout_hardware: Literal["shared", "separate"] = "shared"
+    max_staleness: int = 0
+    on_stale: Literal["drop", "recompute"] = "drop"
+    group_log: str | None = None
 
     def __post_init__(self) -> None:
         if self.overlap not in ("sync", "async"):
@@ -92,6 +112,30 @@ class ConduitTrainerConfig:
             )
         if self.journal is not None and not isinstance(self.journal, bool):
             raise ConfigError(f"trainer.v1.conduit.journal must be true, false or null, got {self.journal!r}")
+        k = self.max_staleness
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ConfigError(
+                "trainer.v1.conduit.max_staleness must be an int >= 0 (policy versions a trained group may "
+                f"lag; 0 = on-policy), got {k!r}"
+            )
+        if self.on_stale not in ("drop", "recompute"):
+            raise ConfigError(
+                f"trainer.v1.conduit.on_stale must be 'drop' or 'recompute', got {self.on_stale!r}"
+            )
+        if self.group_log is not None and (not isinstance(self.group_log, str) or not self.group_log):
+            raise ConfigError(
+                f"trainer.v1.conduit.group_log must be a file path or null, got {self.group_log!r}"
+            )
+        if k > 0 and self.overlap == "sync":
+            raise ConfigError(
+                f"trainer.v1.conduit.max_staleness={k} needs overlap=async (the streaming step); "
+                "overlap=sync runs verl's on-policy whole-batch stages"
+            )
+        if k > 0 and self.journal:
+            raise ConfigError(
+                f"trainer.v1.conduit.journal does not support max_staleness={k} yet (groups of the next "
+                "steps are in flight at a kill); set journal=false or max_staleness=0"
+            )
 
     @property
     def stream_poll_s(self) -> float:
@@ -101,7 +145,7 @@ class ConduitTrainerConfig:
     def journal_on(self, save_freq: int) -> bool:
         """Whether finished groups are journaled, given verl's ``trainer.save_freq``."""
         if self.journal is None:
-            return self.overlap == "async" and save_freq > 0
+            return self.overlap == "async" and save_freq > 0 and self.max_staleness == 0
         return self.journal
 
     @classmethod
@@ -131,6 +175,7 @@ class ConduitTrainerConfig:
                     "on_timeout",
                     "tuner_cache",
                     "rollout_hardware",
+                    "group_log",
                 )
                 if k in knobs
             )
@@ -141,6 +186,11 @@ class ConduitTrainerConfig:
                     f"trainer.v1.{MODE}.{unused[0]} does not apply with overlap=sync (verl's whole-batch "
                     "stages run); remove it or use overlap=async"
                 )
+        if "on_stale" in knobs and out.max_staleness == 0:
+            raise ConfigError(
+                f"trainer.v1.{MODE}.on_stale applies with max_staleness >= 1 (with 0 every group is "
+                "trained by the policy that generated it); remove it or set max_staleness"
+            )
         return out
 
 

@@ -14,6 +14,7 @@ __all__ = [
     "PluginNotInstalledError",
     "ResponseTooLongError",
     "RolloutTimeoutError",
+    "StaleGroupError",
     "StorageActorError",
     "StorageBackendError",
     "VerlCompatError",
@@ -57,3 +58,8 @@ class StorageActorError(StorageBackendError):
 class RolloutTimeoutError(VerlIntegrationError):
     """No prompt group finished within ``trainer.v1.conduit.rollout_timeout_s`` (a hung request, a
     dead agent loop or rollout server); the message names the unfinished groups."""
+
+
+class StaleGroupError(VerlIntegrationError):
+    """A prompt group older than ``trainer.v1.conduit.max_staleness`` allows reached training under
+    ``on_stale=drop`` (verl's replay buffer handed it over without the eviction Conduit decided)."""

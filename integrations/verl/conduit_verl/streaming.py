@@ -10,7 +10,8 @@ once every group has its old-log-prob (all must come from the pre-update policy)
 mini-batches are handed to ``update_actor``. PPO (GAE): values and the GAE recursion run per
 piece, the batch whitening of the advantages once after the last piece (``gae.py``). Exposed time
 (DESIGN.md §4) is kept in Conduit's ``Metrics``: ingestion of the last piece and delivery are
-exposed; ingestion of earlier pieces overlaps generation.
+exposed; ingestion of earlier pieces overlaps generation. Every sampled group's weight versions go
+through the staleness ledger (``staleness.py``: checked against ``max_staleness``, reported).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from conduit_verl.errors import RolloutTimeoutError
 from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
 from conduit_verl.piece_policy import PiecePolicy
 from conduit_verl.piece_writes import piece_writes
+from conduit_verl.staleness import StalenessLedger
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +287,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     taken = 0
     waiter: GroupWait = trainer.conduit_wait
     policy: PiecePolicy = trainer.conduit_policy
+    ledger: StalenessLedger = trainer.conduit_staleness
     g_ing = policy.begin_step(t0)
     with compat.poll_interval(buffer, cfg.stream_poll_s):
         compat.on_sample_begin(trainer)
@@ -294,7 +297,10 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
                 if want == 0:  # on_timeout=drop with nothing more finished: end with what was taken
                     break
                 meta, off_policy = compat.sample_groups(buffer, version, "train", want)
-            waiter.took(want)
+            stale_evicted, evicted = compat.evicted_groups(off_policy)
+            waiter.took(want + evicted)  # evicted groups had finished too: the channel counted them
+            ledger.dropped(stale_evicted)
+            ledger.admit(meta.keys, meta.tags, version)
             taken += want
             last = taken >= sample_batch_size or waiter.short
             if last:
@@ -325,7 +331,9 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
                 break
     timing_raw.setdefault("gen", time.perf_counter() - t0)
     compat.on_sample_end(trainer)
-    policy.record_step(waiter.step_finish_times(t0_wall), ended=time.perf_counter() - t0)
+    # groups generated ahead (max_staleness >= 1) may have finished before the step began: ready at 0
+    finish = [max(0.0, f) for f in waiter.step_finish_times(t0_wall)]
+    policy.record_step(finish, ended=time.perf_counter() - t0)
     metrics.update(merge_metrics(parts))
     metrics["conduit/pieces"] = len(parts)
     metrics["conduit/g_ing"] = g_ing
@@ -340,6 +348,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
             whiten_advantages(batch)
     deliver(trainer, fifo, batch, metrics, timing_raw, version)
     fifo.reset()
+    metrics.update(ledger.end_step(version))
     metrics.update({f"conduit/{k}": v for k, v in m.end_iteration().items()})
     return batch
 

@@ -6,8 +6,12 @@ generating (``streaming.py``), then the actor gets its mini-batches from Conduit
 buffer (``delivery.py``). With ``overlap=sync`` it is verl's sync step. With the journal on
 (``trainer.v1.conduit.journal``, default: when verl saves checkpoints) every finished group is
 also journaled by the agent-loop workers (``journal_worker.py``), and a resumed step takes the
-interrupted step's journaled groups back instead of generating them (``resume.py``). Knobs: ``config.py``.
-The verl methods it overrides and calls are reached through ``compat.py``.
+interrupted step's journaled groups back instead of generating them (``resume.py``). With
+``trainer.v1.conduit.max_staleness=k >= 1`` generation runs ``k`` steps ahead the way verl's
+``colocate_async`` does it (warm-up batches, partial-rollout client, weights pushed and generation
+resumed at each step's end: verl's own hooks), and a group older than ``k`` versions is dropped
+(evicted and refilled) or trained with recomputed old-log-probs (``staleness.py``). Knobs:
+``config.py``. The verl methods it overrides and calls are reached through ``compat.py``.
 """
 
 from __future__ import annotations
@@ -72,10 +76,16 @@ def _dp_size(config: DictConfig) -> int:
 
 
 def _piece_tuning(
-    config: DictConfig, cache_dir: str | None, groups: int, n: int, separate: bool = False
+    config: DictConfig,
+    cache_dir: str | None,
+    groups: int,
+    n: int,
+    separate: bool = False,
+    max_staleness: int = 0,
 ) -> PieceTuning:
     """``g_ing=auto``'s memory between runs: the core's tuner cache, keyed by the advantage
-    estimator and responses per prompt (and ``/separate`` where the rollout has its own hardware),
+    estimator and responses per prompt (and ``/separate`` where the rollout has its own hardware,
+    ``/k<max_staleness>`` where generation runs ahead: groups are then ready at a step's start),
     samples per step, tokens per sample and this machine."""
     from conduit.discovery import fingerprint
     from conduit.tuner import ChoiceCache
@@ -83,6 +93,7 @@ def _piece_tuning(
     algorithm = f"verl/{config.algorithm.get('adv_estimator', 'gae')}/n{n}" + (
         "/separate" if separate else ""
     )
+    algorithm += f"/k{max_staleness}" if max_staleness else ""
     return PieceTuning(ChoiceCache(PieceChoice, cache_dir), algorithm, groups * n, fingerprint())
 
 
@@ -112,6 +123,26 @@ def _completion_channel(config: DictConfig, journal: bool) -> Any:
     return start_channel()
 
 
+def _check_staleness(config: DictConfig, cfg: ConduitTrainerConfig) -> None:
+    """What ``max_staleness >= 1`` cannot run with yet (ConfigError naming it)."""
+    k = cfg.max_staleness
+    if k == 0:
+        return
+    if int(config.trainer.get("save_freq", -1) or -1) > 0:
+        raise ConfigError(
+            f"trainer.v1.conduit.max_staleness={k} does not support checkpoints yet (trainer.save_freq="
+            f"{config.trainer.save_freq}): the groups generated ahead would have to be checkpointed "
+            "too; set trainer.save_freq=-1 or max_staleness=0"
+        )
+    correction = config.get("algorithm", {}).get("rollout_correction", None) or {}
+    if cfg.on_stale == "recompute" and correction.get("bypass_mode", False):
+        raise ConfigError(
+            "trainer.v1.conduit.on_stale=recompute trains a stale group with old-log-probs recomputed "
+            "by the policy being trained, but algorithm.rollout_correction.bypass_mode=true takes them "
+            "from the rollout; set bypass_mode=false or on_stale=drop"
+        )
+
+
 @register_trainer(MODE)
 class ConduitTrainer(SyncTrainerBase):
     """verl's sync trainer with Conduit's streaming ingestion and delivery."""
@@ -127,6 +158,8 @@ class ConduitTrainer(SyncTrainerBase):
         self.conduit_journal: Path | None = None
         self.conduit_restore_metrics: dict[str, float] = {}
         self.conduit_journal_started = False
+        self.conduit_staleness: Any = None
+        _check_staleness(config, self.conduit_config)
         super().__init__(config)
         if self.conduit_config.overlap == "sync":
             return  # verl's own step: nothing of the streaming path is built
@@ -155,16 +188,66 @@ class ConduitTrainer(SyncTrainerBase):
             keep_multiple=int(config.actor_rollout_ref.actor.ppo_mini_batch_size),
         )
         separate = cfg.rollout_hardware == "separate"
-        tuning = _piece_tuning(config, cfg.tuner_cache, groups, n, separate) if cfg.g_ing == "auto" else None
+        tuning = (
+            _piece_tuning(config, cfg.tuner_cache, groups, n, separate, cfg.max_staleness)
+            if cfg.g_ing == "auto"
+            else None
+        )
         self.conduit_policy = PiecePolicy(cfg.g_ing, groups, unit, tuning, separate_rollout=separate)
+        from conduit_verl.staleness import StalenessLedger
+
+        self.conduit_staleness = StalenessLedger(cfg.max_staleness, cfg.on_stale, cfg.group_log)
 
     def conduit_tokenizer_ready(self, tokenizer: Any) -> None:
         # runs first in ``init()``: a model/tokenizer mismatch fails before any worker starts
         check_model_tokenizer(str(self.config.actor_rollout_ref.model.path), tokenizer)
 
+    def conduit_trainer_mode(self) -> str:
+        # running ahead, verl's branches on trainer_mode must see an async mode: its async replay
+        # buffer (evict and refill), one-prompt dataloader chunks (exact refills)
+        return compat.ASYNC_TRAINER_MODE if self.conduit_config.max_staleness > 0 else "sync"
+
     def conduit_replay_buffer_ready(self, buffer: Any) -> None:
         if self.conduit_config.poll_interval_s is not None:
             compat.set_poll_interval(buffer, self.conduit_config.poll_interval_s)
+        cfg = self.conduit_config
+        if cfg.max_staleness > 0:
+            from conduit_verl.staleness import replay_buffer_decision
+
+            threshold = compat.gate_replay_buffer(
+                buffer, replay_buffer_decision(cfg.max_staleness, cfg.on_stale)
+            )
+            if threshold is not None:
+                logger.info(
+                    "conduit: verl's trainer.v1.sampler.max_off_policy_threshold=%d is not applied; "
+                    "trainer.v1.conduit.max_staleness=%d decides which groups are too old",
+                    threshold,
+                    cfg.max_staleness,
+                )
+
+    # -- bounded staleness (``max_staleness >= 1``): verl's colocate_async hooks, as they are
+
+    def get_llm_client(self) -> Any:
+        if self.conduit_config.max_staleness > 0:
+            return compat.partial_rollout_client(self)
+        return super().get_llm_client()
+
+    def on_train_begin(self) -> None:
+        super().on_train_begin()
+        if self.conduit_config.max_staleness > 0:  # the next k steps' prompts, ahead of step 1's
+            compat.add_warmup_batches(self, self.conduit_config.max_staleness)
+
+    def on_sample_end(self) -> None:
+        if self.conduit_config.max_staleness > 0:
+            compat.async_sample_end(self)
+        else:
+            super().on_sample_end()
+
+    def on_step_end(self) -> None:
+        if self.conduit_config.max_staleness > 0:
+            compat.async_step_end(self)
+        else:
+            super().on_step_end()
 
     def conduit_batch_multiple(self, dp_size: int) -> int:
         # a streamed piece only needs to split evenly over the actor's dp ranks; the stock
