@@ -10,11 +10,18 @@ DATA_SOURCE = "conduit_arith"
 
 
 def make_rows(n: int, seed: int, split: str, max_operand: int = 20) -> list[dict[str, Any]]:
-    """``n`` addition problems with operands in ``[0, max_operand)``, reproducible from ``seed``."""
+    """``n`` distinct addition problems with operands in ``[0, max_operand)``, reproducible from
+    ``seed``. Distinct: a prompt text twice in one step's batch would make its two GRPO groups
+    take the rollout's per-request seeds (``hf_server.request_seed``) in arrival order, and two runs
+    with the same seed could then train on differently grouped responses."""
+    from conduit.errors import ConfigError
+
+    if not 0 <= n <= max_operand * max_operand:
+        raise ConfigError(f"arithmetic data: {n} distinct problems asked, {max_operand**2} exist")
     rng = random.Random(seed)
     rows = []
-    for i in range(n):
-        a, b = rng.randrange(max_operand), rng.randrange(max_operand)
+    for i, pair in enumerate(rng.sample(range(max_operand * max_operand), n)):
+        a, b = divmod(pair, max_operand)
         rows.append(
             {
                 "data_source": DATA_SOURCE,
