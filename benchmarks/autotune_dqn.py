@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cartpole  # noqa: E402
 import provenance  # noqa: E402
 import script  # noqa: E402
 from autotune import kendall, split_halves  # noqa: E402
@@ -84,16 +85,8 @@ def name(settings: Any) -> str:
 
 def build(settings: Any, batch: int, seed: int) -> tuple[Any, StepTimer]:
     import conduit_rllib
-    from ray.rllib.algorithms.dqn import DQNConfig
 
-    config = (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(train_batch_size=batch, num_steps_sampled_before_learning_starts=LEARNING_STARTS)
-        .reporting(min_sample_timesteps_per_iteration=LEARNING_STARTS)
-        .debugging(seed=seed)
-    )
+    config = cartpole.dqn_config(batch, LEARNING_STARTS, LEARNING_STARTS, seed)
     knobs = {k: getattr(settings, k) for k in ("overlap", "depth", "g_del", "stage_steps")}
     algo = conduit_rllib.enable(config, **knobs).build_algo()
     counter = WorkCounter(algo)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cartpole  # noqa: E402
 import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,17 +189,8 @@ while True:
 
 def dqn() -> Any:
     import conduit_rllib
-    from ray.rllib.algorithms.dqn import DQNConfig
 
-    config = (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(train_batch_size=16, num_steps_sampled_before_learning_starts=32)
-        .reporting(min_sample_timesteps_per_iteration=64)
-        .debugging(seed=0)
-    )
-    return conduit_rllib.enable(config, overlap="sync").build_algo()
+    return conduit_rllib.enable(cartpole.dqn_config(), overlap="sync").build_algo()
 
 
 def rllib_checksum(algo: Any) -> tuple[int, int]:

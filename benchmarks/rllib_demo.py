@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cartpole  # noqa: E402
 import provenance  # noqa: E402
 from rllib_native_timing import (  # noqa: E402
     PathTimer,
@@ -38,16 +39,8 @@ from rllib_native_timing import (  # noqa: E402
 
 
 def dqn_config(train_batch_size: int, steps_per_iter: int, seed: int) -> Any:
-    from ray.rllib.algorithms.dqn import DQNConfig
-
-    return (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(train_batch_size=train_batch_size, num_steps_sampled_before_learning_starts=steps_per_iter)
-        .reporting(min_sample_timesteps_per_iteration=steps_per_iter)
-        .debugging(seed=seed)
-    )
+    """The demo's DQN: learning from the first iteration's steps on."""
+    return cartpole.dqn_config(train_batch_size, steps_per_iter, steps_per_iter, seed)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
