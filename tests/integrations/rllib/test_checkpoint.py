@@ -21,8 +21,8 @@ from pathlib import Path
 import conduit_rllib
 import pytest
 import torch
+from benchmark_modules import cartpole_dqn
 from conduit_rllib.common import ConduitAlgorithmMixin
-from ray.rllib.algorithms.dqn import DQNConfig
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Schema
 
@@ -30,17 +30,8 @@ pytestmark = pytest.mark.ray
 
 
 def dqn(capacity: int = 100_000):
-    config = (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(
-            train_batch_size=16,
-            num_steps_sampled_before_learning_starts=32,
-            replay_buffer_config={"type": "PrioritizedEpisodeReplayBuffer", "capacity": capacity},
-        )
-        .reporting(min_sample_timesteps_per_iteration=64)
-        .debugging(seed=0)
+    config = cartpole_dqn(
+        replay_buffer_config={"type": "PrioritizedEpisodeReplayBuffer", "capacity": capacity}
     )
     return conduit_rllib.enable(config, overlap="sync").build_algo()
 

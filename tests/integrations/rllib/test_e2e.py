@@ -3,7 +3,7 @@
 import conduit_rllib
 import numpy as np
 import pytest
-from ray.rllib.algorithms.dqn import DQNConfig
+from benchmark_modules import cartpole_dqn
 from ray.rllib.algorithms.ppo import PPOConfig
 
 from conduit import ConfigError
@@ -11,16 +11,7 @@ from conduit import ConfigError
 pytestmark = pytest.mark.ray
 
 
-def dqn_config(seed=0, **training):
-    training = {"train_batch_size": 16, "num_steps_sampled_before_learning_starts": 32, **training}
-    return (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(**training)
-        .reporting(min_sample_timesteps_per_iteration=64)
-        .debugging(seed=seed)
-    )
+dqn_config = cartpole_dqn  # (seed=0, **training); test_autotune builds with it too
 
 
 def ppo_config(seed=0):

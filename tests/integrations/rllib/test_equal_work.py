@@ -1,31 +1,19 @@
 """Equal work in every RLlib A/B: Conduit's PPO makes RLlib's number of updates; unequal work refuses a ratio."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import conduit_rllib
 import numpy as np
 import pytest
+from benchmark_modules import load
 from conduit_rllib.onpolicy import rllib_minibatches
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
 
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def _timing():
-    return _load("rllib_native_timing")
+    return load("rllib_native_timing")
 
 
 def _rllib_cycles(padded: dict[str, int], num_epochs: int, minibatch_size: int) -> int:
@@ -100,7 +88,7 @@ def _row(system, wall, updates, **kw):
 
 
 def test_demo_summary_refuses_its_ratios_when_work_differs():
-    demo = _load("rllib_demo")
+    demo = load("rllib_demo")
     equal = demo.summarize([_row("native", 2.0, 200), _row("conduit", 1.0, 200)])
     assert equal["ratio_wall"] == 0.5 and equal["ratio_exposed"] == 0.5 and equal["ratio_refused"] is None
     unequal = demo.summarize([_row("native", 2.0, 200), _row("conduit", 1.0, 190)])
@@ -110,7 +98,7 @@ def test_demo_summary_refuses_its_ratios_when_work_differs():
 
 
 def test_iteration_table_prints_a_refused_ratio_as_a_dash_with_the_reason():
-    it = _load("rllib_iteration")
+    it = load("rllib_iteration")
     key = {"algo": "ppo", "env": "CartPole-v1", "train_batch_size": 1000}
     rows = [_row("native", 4.0, 240, **key), _row("conduit", 3.0, 238, **key)]
     rat = it.ratios(rows)["ppo CartPole-v1 b1000"]

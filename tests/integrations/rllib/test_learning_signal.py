@@ -13,8 +13,8 @@ import conduit_rllib
 import numpy as np
 import pytest
 import torch
+from benchmark_modules import cartpole_dqn
 from conduit_rllib.compat import local_learner
-from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 from rllib_reference import gae_reference, nstep_reference
 
@@ -91,20 +91,8 @@ def _huber(x):
 
 def test_dqn_sync_learning_signal_equals_reference(ray_local):
     seed, n_step, gamma = 7, 3, 0.99
-    cfg = (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(
-            train_batch_size=16,
-            n_step=n_step,
-            gamma=gamma,
-            num_steps_sampled_before_learning_starts=32,
-            replay_buffer_config={"type": "EpisodeReplayBuffer", "capacity": 50_000},
-        )
-        .reporting(min_sample_timesteps_per_iteration=40)
-        .debugging(seed=seed)
-    )
+    replay_buffer = {"type": "EpisodeReplayBuffer", "capacity": 50_000}
+    cfg = cartpole_dqn(steps=40, seed=seed, n_step=n_step, gamma=gamma, replay_buffer_config=replay_buffer)
     algo = conduit_rllib.enable(cfg, overlap="sync").build_algo()
     replay = algo.conduit_path
     chunks, draws = [], []
@@ -223,14 +211,7 @@ def test_ppo_first_minibatch_loss_equals_reference(ray_local):
 
 
 def test_dqn_async_is_sane(ray_local):
-    cfg = (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(train_batch_size=16, num_steps_sampled_before_learning_starts=32)
-        .reporting(min_sample_timesteps_per_iteration=96)
-        .debugging(seed=1)
-    )
+    cfg = cartpole_dqn(steps=96, seed=1)
     algo = conduit_rllib.enable(cfg, overlap="async", stage_steps=8).build_algo()
     sent = []
     try:

@@ -2,7 +2,7 @@
 
 import conduit_rllib
 import pytest
-from ray.rllib.algorithms.dqn import DQNConfig
+from benchmark_modules import cartpole_dqn
 from ray.rllib.algorithms.ppo import PPOConfig
 
 from conduit import ConfigError
@@ -10,19 +10,8 @@ from conduit import ConfigError
 pytestmark = pytest.mark.ray
 
 
-def _dqn():
-    return (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(train_batch_size=16, num_steps_sampled_before_learning_starts=32)
-        .reporting(min_sample_timesteps_per_iteration=64)
-        .debugging(seed=0)
-    )
-
-
 def test_dqn_buffer_is_planned_and_a_pinned_column_stays_put(ray_local):
-    algo = conduit_rllib.enable(_dqn(), overlap="sync", pins={"obs": "disk"}).build_algo()
+    algo = conduit_rllib.enable(cartpole_dqn(), overlap="sync", pins={"obs": "disk"}).build_algo()
     try:
         algo.train()
         buf = algo.conduit_path.conduits["default_policy"].buffer
@@ -53,6 +42,6 @@ def test_ppo_buffer_honours_pins(ray_local):
 
 def test_bad_pins_are_named():
     with pytest.raises(ConfigError, match="pins must map"):
-        conduit_rllib.enable(_dqn(), pins={"obs": "moon"}).build_algo()
+        conduit_rllib.enable(cartpole_dqn(), pins={"obs": "moon"}).build_algo()
     with pytest.raises(ConfigError, match="pins must map"):
-        conduit_rllib.enable(_dqn(), pins=["obs"])  # type: ignore[arg-type]
+        conduit_rllib.enable(cartpole_dqn(), pins=["obs"])  # type: ignore[arg-type]

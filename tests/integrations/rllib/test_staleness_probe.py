@@ -1,26 +1,12 @@
 """The RLlib iteration benchmark measures Conduit DQN's staleness: priority age and staging delay."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import conduit_rllib
 import pytest
-from ray.rllib.algorithms.dqn import DQNConfig
-
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from benchmark_modules import cartpole_dqn, load
 
 
 def test_histograms_pool_across_rows_and_json_keys():
-    s = _load("rllib_staleness")
+    s = load("rllib_staleness")
     pooled = s.pooled([{0: 2, 3: 1}, None, {"3": 1, "40": 1}])  # JSON turns keys into strings
     assert pooled == {0: 2, 3: 2, 40: 1}
     assert s.pooled([None, None]) is None
@@ -30,7 +16,7 @@ def test_histograms_pool_across_rows_and_json_keys():
 
 
 def test_iteration_summary_and_table_carry_conduits_staleness():
-    it = _load("rllib_iteration")
+    it = load("rllib_iteration")
     key = {"algo": "dqn", "env": "CartPole-v1", "train_batch_size": 32}
     work = {"env_steps_sampled": 200, "gradient_updates": 200, "module_steps_trained": 6400}
     rows = [
@@ -54,20 +40,13 @@ def test_iteration_summary_and_table_carry_conduits_staleness():
 
 
 def _dqn(overlap):
-    cfg = (
-        DQNConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .training(train_batch_size=32, num_steps_sampled_before_learning_starts=64)
-        .reporting(min_sample_timesteps_per_iteration=200)
-        .debugging(seed=0)
-    )
+    cfg = cartpole_dqn(batch=32, learning_starts=64, steps=200)
     return conduit_rllib.enable(cfg, overlap=overlap).build_algo()
 
 
 @pytest.mark.ray
 def test_probe_sees_no_staleness_in_sync_mode_and_bounded_staleness_in_async(ray_local):
-    s = _load("rllib_staleness")
+    s = load("rllib_staleness")
     out = {}
     for overlap in ("sync", "async"):
         algo = _dqn(overlap)
