@@ -17,10 +17,9 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
 import torch
-from harness import ALPHA, BETA, Cell, System
-from rllib_peer import GAMMA, N_PRIORITY_SETS, _episode, episode_work, train_batch_work
+from harness import ALPHA, BETA, Cell
+from rllib_peer import GAMMA, N_PRIORITY_SETS, DQNCellSystem, _episode
 
 from conduit.build_buffer import build_buffer
 
@@ -60,19 +59,13 @@ def _random_transitions(n: int, dim: int) -> Any:
     )
 
 
-class ConduitDQNSystem(System):
+class ConduitDQNSystem(DQNCellSystem):
     """A full Conduit buffer of DQN transitions under RLlib's train-batch names, on the RLlib cells."""
 
     name = "conduit_dqn"
 
     def __init__(self, dims: Iterable[int], batches: Iterable[int]) -> None:
-        super().__init__()
-        self._dims, self._batches = set(dims), set(batches)
-        self._rng = np.random.default_rng(1)
-        self._buf: Any = None
-
-    def supports(self, cell: Cell) -> bool:
-        return cell.dim in self._dims and cell.batch in self._batches
+        super().__init__(dims, batches, seed=1)
 
     def open(self, sampler: str, dim: int, capacity: int) -> None:
         from conduit import BufferConfig
@@ -89,15 +82,6 @@ class ConduitDQNSystem(System):
         if cell.op == "insert":
             return _insert_fn(self._buf, _episode(cell.batch, cell.dim, self._rng))
         return _sample_fn(self._buf, cell.batch, cell.sampler == "prioritized")
-
-    def measure(self, cell: Cell, payload: object) -> dict[str, Any]:
-        if cell.op == "insert":
-            return episode_work(payload)
-        return train_batch_work(payload, cell.sampler == "prioritized")
-
-    def close(self) -> None:
-        super().close()
-        self._buf = None
 
 
 def _insert_fn(buf: Any, template: Any) -> Callable[[], Any]:

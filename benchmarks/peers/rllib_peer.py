@@ -74,21 +74,38 @@ def _make_buffer(sampler: str, dim: int, capacity: int, rng: np.random.Generator
     return buf
 
 
-class RLlibSystem(System):
+class DQNCellSystem(System):
+    """A system on RLlib's DQN cells: one finished episode in (insert), one DQN train batch out (sample);
+    the work records are RLlib's (:func:`episode_work`, :func:`train_batch_work`)."""
+
+    def __init__(self, dims: Iterable[int], batches: Iterable[int], seed: int) -> None:
+        super().__init__()
+        self._dims, self._batches = set(dims), set(batches)
+        self._rng = np.random.default_rng(seed)
+        self._buf: Any = None
+
+    def supports(self, cell: Cell) -> bool:
+        return cell.dim in self._dims and cell.batch in self._batches
+
+    def measure(self, cell: Cell, payload: object) -> dict[str, Any]:
+        if cell.op == "insert":
+            return episode_work(payload)
+        return train_batch_work(payload, cell.sampler == "prioritized")
+
+    def close(self) -> None:
+        super().close()
+        self._buf = None
+
+
+class RLlibSystem(DQNCellSystem):
     """A full RLlib episode buffer plus a built DQN learner's connector pipeline, for small cells only."""
 
     name = "rllib"
 
     def __init__(self, dims: Iterable[int], batches: Iterable[int]) -> None:
-        super().__init__()
+        super().__init__(dims, batches, seed=0)
         logging.getLogger("ray").setLevel(logging.ERROR)
-        self._dims, self._batches = set(dims), set(batches)
-        self._rng = np.random.default_rng(0)
-        self._buf: Any = None
         self._learner: Any = None
-
-    def supports(self, cell: Cell) -> bool:
-        return cell.dim in self._dims and cell.batch in self._batches
 
     def open(self, sampler: str, dim: int, capacity: int) -> None:
         self._learner = _make_learner(dim, sampler)
@@ -99,14 +116,9 @@ class RLlibSystem(System):
             return _insert_fn(self._buf, _episode(cell.batch, cell.dim, self._rng))
         return _sample_fn(self._buf, self._learner, cell.batch, cell.sampler == "prioritized", self._rng)
 
-    def measure(self, cell: Cell, payload: object) -> dict[str, Any]:
-        if cell.op == "insert":
-            return episode_work(payload)
-        return train_batch_work(payload, cell.sampler == "prioritized")
-
     def close(self) -> None:
         super().close()
-        self._buf = self._learner = None
+        self._learner = None
 
 
 def episode_work(episode: Any) -> dict[str, Any]:
