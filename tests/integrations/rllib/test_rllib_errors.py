@@ -7,9 +7,9 @@ from conduit_rllib import (
     OldAPIStackError,
     ReplayConfigError,
     RLlibIntegrationError,
-    RLlibVersionError,
     UnsupportedAlgorithmError,
     UnsupportedSpaceError,
+    errors,
 )
 from conduit_rllib.spaces import check_spaces, column_spec
 from ray.rllib.algorithms.appo import APPOConfig
@@ -20,14 +20,13 @@ from conduit.errors import ConduitError
 
 
 def test_hierarchy():
-    for cls in (
-        OldAPIStackError,
-        ReplayConfigError,
-        RLlibVersionError,
-        UnsupportedAlgorithmError,
-        UnsupportedSpaceError,
-    ):
+    """Every error class the plugin defines (errors.py) is a ConduitError, under RLlibIntegrationError,
+    and exported by the package."""
+    defined = [c for c in vars(errors).values() if isinstance(c, type) and c.__module__ == errors.__name__]
+    assert len(defined) == 6
+    for cls in defined:
         assert issubclass(cls, RLlibIntegrationError) and issubclass(cls, ConduitError)
+        assert getattr(conduit_rllib, cls.__name__) is cls and cls.__name__ in conduit_rllib.__all__
 
 
 def test_unsupported_algorithm_names_it_and_lists_supported():
