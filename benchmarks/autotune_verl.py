@@ -44,9 +44,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import script  # noqa: E402
 from autotune import kendall  # noqa: E402
 from verl_analysis import calibration, rows_for_run  # noqa: E402
-from verl_runs import calibrate, harness_args, machine, run  # noqa: E402
+from verl_runs import add_run_flags, calibrate, harness_args, machine, run  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the grid run's first steps: warm-up, then two streamed steps so the first fit sees varied pieces
@@ -280,12 +281,7 @@ def auto_summary(
 def plot(points: list[dict[str, Any]], path: Path) -> None:
     """Per workload: measured and predicted exposed tail against ``g`` (top), iteration less modelled
     generation against ``g`` with ``auto``'s run (bottom)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, len(points), figsize=(4.2 * len(points), 6.5), squeeze=False)
+    fig, axes = script.pyplot().subplots(2, len(points), figsize=(4.2 * len(points), 6.5), squeeze=False)
     for col, point in enumerate(points):
         view = point["views"]["recorded"]
         gs = sorted(int(g) for g in view["per_g"])
@@ -319,8 +315,7 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
     fig.suptitle(
         "verl CPU GRPO, PACED rollout (modelled separate rollout hardware): piece-size model vs measured"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    script.save_figure(fig, path)
 
 
 def _fmt(value: float | None) -> str:
@@ -401,12 +396,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="measured steps of each auto run (default: the grid run's steps less its warm-up, so auto "
         "runs the grid's steps; it is compared with the fixed g on the steps both measured)",
     )
-    p.add_argument("--tail", type=float, default=4.0, help="p99 / median response length")
-    p.add_argument("--R", type=float, default=4.0, help="generation time / measured ingestion time")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=int, default=1200)
-    p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
-    p.add_argument("--reuse", action="store_true", help="with --work: re-analyse runs already there")
+    add_run_flags(p, timeout=1200)
     p.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/autotune_verl[_quick].json)"
     )

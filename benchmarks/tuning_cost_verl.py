@@ -32,8 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import script  # noqa: E402
 from verl_analysis import calibration, rows_for_run  # noqa: E402
-from verl_runs import calibrate, harness_args, machine, run  # noqa: E402
+from verl_runs import add_run_flags, calibrate, harness_args, machine, run  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.02
@@ -95,12 +96,9 @@ def work_counters(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def plot(runs: dict[str, dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 3.6), sharey=True, squeeze=False)
+    fig, axes = script.pyplot().subplots(
+        1, len(runs), figsize=(6 * len(runs), 3.6), sharey=True, squeeze=False
+    )
     for ax, (name, res) in zip(axes[0], runs.items(), strict=True):
         for arm, colour in (("stream", "tab:blue"), ("whole", "tab:orange")):
             pts = [s for s in res["steps"] if s["arm"] == arm]
@@ -127,9 +125,7 @@ def plot(runs: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     axes[0][0].set_ylabel("iteration wall (s)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    script.save_figure(fig, path, dpi=120)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -139,12 +135,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="20 iterations per run")
     p.add_argument("--rollout", choices=("hf", "paced"), default="hf")
-    p.add_argument("--tail", type=float, default=4.0, help="paced: p99 / median response length")
-    p.add_argument("--R", type=float, default=4.0, help="paced: generation time / measured ingestion time")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=int, default=3600)
-    p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
-    p.add_argument("--reuse", action="store_true", help="with --work: re-analyse runs already there")
+    add_run_flags(p, timeout=3600, paced="paced: ")
     p.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/tuning_cost_verl_<rollout>.json)"
     )

@@ -183,6 +183,18 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def add_run_flags(p: argparse.ArgumentParser, timeout: int, paced: str = "") -> None:
+    """The flags of a benchmark built on these runs: the paced rollout's model (``--tail``, ``--R``;
+    ``paced`` starts their help), ``--seed``, ``--timeout`` (seconds per run) and its scratch directory
+    (``--work``, ``--reuse``)."""
+    p.add_argument("--tail", type=float, default=4.0, help=f"{paced}p99 / median response length")
+    p.add_argument("--R", type=float, default=4.0, help=f"{paced}generation time / measured ingestion time")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=int, default=timeout)
+    p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
+    p.add_argument("--reuse", action="store_true", help="with --work: re-analyse runs already there")
+
+
 def harness_args(
     args: argparse.Namespace, tail: float | None = None, scale: float | None = None
 ) -> list[str]:
