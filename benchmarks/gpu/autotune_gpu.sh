@@ -5,13 +5,7 @@
 #    host -> cuda:0, the per-byte term from the measured host -> HBM link): 32 configurations measured at
 #    5 item sizes, the model's ranking (Kendall's tau, top-8) and the tuner's pick against the best.
 # 2. granularity.py --quick --device cuda:0: latency against g_ing and g_del, overlap on/off.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-PY=${PYTHON:-python}
-OUT=${OUT:-benchmarks/results/gpu}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-$PY -c "import torch; print('[autotune_gpu] torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+. "$(dirname "$0")/common.sh" autotune_gpu
 timeout 390 $PY benchmarks/autotune.py --device cuda:0 --out "$OUT/autotune_gpu.json" | tail -12
 timeout 60 $PY benchmarks/granularity.py --quick --device cuda:0 --out "$OUT/granularity_gpu.json" | tail -12
 echo "[autotune_gpu] done: $(ls "$OUT")"

@@ -8,13 +8,7 @@
 #    placement, measured, with the planner's predictions and their rank correlation.
 # 3. migration.py --quick: growing responses with greedy / conservative / Conduit on this machine's
 #    tiers (the planner now also sees pinned and HBM).
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-PY=${PYTHON:-python}
-OUT=${OUT:-benchmarks/results/gpu}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD:$PWD/integrations/verl:${PYTHONPATH:-}"
-$PY -c "import torch; print('[placement_gpu] torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+. "$(dirname "$0")/common.sh" placement_gpu integrations/verl
 timeout 120 $PY -m conduit.cli topology --recalibrate --png "$OUT/topology_gpu.png" | tee "$OUT/topology_gpu.txt"
 cp ~/.cache/conduit/topology-*.json "$OUT/" 2>/dev/null || true
 timeout 200 $PY benchmarks/placement_ablation.py --quick --out "$OUT/placement_ablation_gpu.json" | tail -40
