@@ -28,14 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cartpole  # noqa: E402
 import provenance  # noqa: E402
-from rllib_native_timing import (  # noqa: E402
-    PathTimer,
-    WorkCounter,
-    install,
-    ratio_or_refusal,
-    timed_train,
-    work_totals,
-)
+from rllib_native_timing import PathTimer, SideBySide, ratio_or_refusal, work_totals  # noqa: E402
 
 
 def dqn_config(train_batch_size: int, steps_per_iter: int, seed: int) -> Any:
@@ -108,7 +101,6 @@ def run(
 ) -> dict[str, Any]:
     """Alternate native / Conduit iterations until ``seconds`` have passed; write JSON and PNG to ``out``."""
     prov = provenance.start()
-    import conduit_rllib
     import ray
     import torch
     from conduit_rllib.local_ray import init_local_ray
@@ -119,15 +111,8 @@ def run(
         torch.set_num_threads(1)
         init_local_ray(log_to_driver=False)
         started_ray = True
-    timer = PathTimer()
-    wrap_buffer = install(timer)
     print(f"building native and Conduit DQN (CartPole-v1, train batch {train_batch_size}) ...", flush=True)
-    native = dqn_config(train_batch_size, steps_per_iter, seed).build_algo()
-    wrap_buffer(native)
-    conduit = conduit_rllib.enable(
-        dqn_config(train_batch_size, steps_per_iter, seed), overlap=overlap
-    ).build_algo()
-    counters = {"native": WorkCounter(native), "conduit": WorkCounter(conduit)}
+    pair = SideBySide(lambda: dqn_config(train_batch_size, steps_per_iter, seed), overlap, PathTimer())
     rows: list[dict[str, Any]] = []
     print(
         f"{'iter':>4s}  {'system':8s} {'wall s':>8s} {'exposed s':>10s} {'updates':>7s} {'return':>7s}   elapsed",
@@ -136,9 +121,8 @@ def run(
     it = -1  # iteration -1 fills the replay buffers (no learning yet) and is not measured
     try:
         while True:
-            for system, algo in (("native", native), ("conduit", conduit)):
-                result, wall, exposed, _ = timed_train(algo, timer, conduit=system == "conduit")
-                work = counters[system].take(result)
+            for system in ("native", "conduit"):
+                result, wall, exposed, _, work = pair.train(system)
                 ret = result["env_runners"].get("episode_return_mean")
                 elapsed = time.perf_counter() - t_start
                 tag = "warm-up" if it < 0 else f"{it:4d}"
@@ -163,8 +147,7 @@ def run(
             if it >= 1 and (out_of_time or (max_iters is not None and it >= max_iters)):
                 break  # (at least one measured pair, whatever the budget)
     finally:
-        native.stop()
-        conduit.stop()
+        pair.stop()
         if started_ray:
             ray.shutdown()
     summary = summarize(rows)

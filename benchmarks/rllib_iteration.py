@@ -39,14 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 import rllib_staleness  # noqa: E402
-from rllib_native_timing import (  # noqa: E402
-    PathTimer,
-    WorkCounter,
-    install,
-    ratio_or_refusal,
-    timed_train,
-    work_totals,
-)
+from rllib_native_timing import PathTimer, SideBySide, ratio_or_refusal, work_totals  # noqa: E402
 
 MA_ENV = "MultiAgentCartPole"
 
@@ -109,20 +102,13 @@ def make_config(w: Workload, steps_per_iter: int, seed: int):  # noqa: ANN201
 def run_workload(
     w: Workload, iters: int, warmup: int, steps: int, overlap: str, timer: PathTimer
 ) -> list[dict]:
-    import conduit_rllib
-
-    wrap_buffer = install(timer, conduit=True)
-    native = make_config(w, steps, seed=1).build_algo()
-    wrap_buffer(native)
-    conduit = conduit_rllib.enable(make_config(w, steps, seed=1), overlap=overlap).build_algo()
-    counters = {"native": WorkCounter(native), "conduit": WorkCounter(conduit)}
-    probe = rllib_staleness.StalenessProbe(conduit) if w.algo == "dqn" else None
+    pair = SideBySide(lambda: make_config(w, steps, seed=1), overlap, timer, wrap_conduit=True)
+    probe = rllib_staleness.StalenessProbe(pair.algos["conduit"]) if w.algo == "dqn" else None
     rows = []
     try:
         for it in range(warmup + iters):
-            for system, algo in (("native", native), ("conduit", conduit)):
-                result, wall, exposed, parts = timed_train(algo, timer, conduit=system == "conduit")
-                work = counters[system].take(result)
+            for system in ("native", "conduit"):
+                result, wall, exposed, parts, work = pair.train(system)
                 stale: dict = {}
                 if system == "conduit":
                     stale["conduit_reported_exposed_s"] = result["conduit"]["exposed_s"]
@@ -153,8 +139,7 @@ def run_workload(
                     flush=True,
                 )
     finally:
-        native.stop()
-        conduit.stop()
+        pair.stop()
     return rows
 
 

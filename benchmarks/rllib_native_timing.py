@@ -184,6 +184,38 @@ class WorkCounter:
         }
 
 
+class SideBySide:
+    """RLlib's own algorithm and Conduit's, each built from a fresh ``make_config()``, timed by the same
+    wrappers (:func:`install`; ``wrap_conduit``: the plugin's path too) and counted (:class:`WorkCounter`).
+
+    ``train(system)`` runs one iteration of ``"native"`` or ``"conduit"``: ``(result, wall_s, exposed_s,
+    path parts, work)``; ``stop()`` stops both.
+    """
+
+    def __init__(
+        self, make_config: Callable[[], Any], overlap: str, timer: PathTimer, wrap_conduit: bool = False
+    ) -> None:
+        import conduit_rllib
+
+        wrap_buffer = install(timer, conduit=wrap_conduit)
+        native = make_config().build_algo()
+        wrap_buffer(native)
+        conduit = conduit_rllib.enable(make_config(), overlap=overlap).build_algo()
+        self.timer = timer
+        self.algos = {"native": native, "conduit": conduit}
+        self.counters = {system: WorkCounter(algo) for system, algo in self.algos.items()}
+
+    def train(self, system: str) -> tuple[dict[str, Any], float, float, dict[str, float], dict[str, int]]:
+        result, wall, exposed, parts = timed_train(
+            self.algos[system], self.timer, conduit=system == "conduit"
+        )
+        return result, wall, exposed, parts, self.counters[system].take(result)
+
+    def stop(self) -> None:
+        for algo in self.algos.values():
+            algo.stop()
+
+
 def work_totals(rows: list[dict[str, Any]], system: str) -> dict[str, int]:
     """``system``'s work summed over ``rows`` (each row carries the ``WORK_KEYS`` counters)."""
     return {k: sum(int(r[k]) for r in rows if r["system"] == system) for k in WORK_KEYS}

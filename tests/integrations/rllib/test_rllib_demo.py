@@ -2,21 +2,13 @@
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import load
 
 pytestmark = pytest.mark.ray
 DEMO = Path(__file__).resolve().parents[3] / "benchmarks" / "rllib_demo.py"
-
-
-def _load_demo():
-    spec = importlib.util.spec_from_file_location("rllib_demo", DEMO)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["rllib_demo"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_dev_demo_runs_the_demo_script():
@@ -25,7 +17,7 @@ def test_dev_demo_runs_the_demo_script():
 
 
 def test_demo_tiny_budget(ray_local, tmp_path, capsys):
-    report = _load_demo().main(
+    report = load("rllib_demo").main(
         ["--seconds", "1", "--steps-per-iter", "40", "--max-iters", "1", "--out", str(tmp_path)]
     )
     data = json.loads((tmp_path / "demo.json").read_text())
