@@ -8,6 +8,7 @@ boundary (probability ~1e-13 per target, never hit by these seeds).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -57,6 +58,23 @@ def _priorities(rng: np.random.Generator, capacity: int) -> np.ndarray:
     return values
 
 
+def _random_trees(examples: int, max_capacity: int, max_arity: int) -> Callable[[Callable], Callable]:
+    """A test over ``examples`` random ``(capacity, arity, seed)``, under both tree depths (``flat_top``)."""
+
+    def wrap(test: Callable) -> Callable:
+        cases = given(
+            capacity=st.integers(1, max_capacity),
+            arity=st.integers(2, max_arity),
+            seed=st.integers(0, 2**32 - 1),
+        )
+        checks = settings(
+            max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+        )
+        return pytest.mark.usefixtures("flat_top")(checks(cases(test)))
+
+    return wrap
+
+
 def _assert_same_tree(ref: SumTree, fused: FusedSumTree, leaf_rtol: float = 0.0) -> None:
     """Leaves and mins equal (to ``leaf_rtol``: torch's vectorised pow rounds differently), sums to rounding."""
     cap = ref.capacity
@@ -70,9 +88,7 @@ def _assert_same_tree(ref: SumTree, fused: FusedSumTree, leaf_rtol: float = 0.0)
     assert fused.total() == pytest.approx(ref.total(), rel=1e-12) and fused.min() == ref.min()
 
 
-@pytest.mark.usefixtures("flat_top")
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(capacity=st.integers(1, 700), arity=st.integers(2, 40), seed=st.integers(0, 2**32 - 1))
+@_random_trees(examples=40, max_capacity=700, max_arity=40)
 def test_same_tree_same_slots_same_weights(capacity: int, arity: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     ref, fused = _pair(capacity, arity, _priorities(rng, capacity))
@@ -97,9 +113,7 @@ def test_same_tree_same_slots_same_weights(capacity: int, arity: int, seed: int)
             assert bool((ref.get(fs) > 0).all()) and int(fs.max()) < capacity
 
 
-@pytest.mark.usefixtures("flat_top")
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(capacity=st.integers(1, 500), arity=st.integers(2, 33), seed=st.integers(0, 2**32 - 1))
+@_random_trees(examples=30, max_capacity=500, max_arity=33)
 def test_set_priorities_matches_reference(capacity: int, arity: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     ref, fused = _pair(capacity, arity, _priorities(rng, capacity))
