@@ -70,13 +70,19 @@ class FailOnce:
         return b
 
 
+def _failing_delivery(overlap: str, nth: int, items: int, **kw) -> Conduit:
+    """A FIFO Conduit whose delivery fails on its ``nth`` call, holding ids ``0..items-1`` (flushed)."""
+    c = fifo(overlap, deliver=[Operator("collate", FailOnce(nth))], **kw)
+    c.put(frag(0, items))
+    c.flush()
+    return c
+
+
 @pytest.mark.parametrize("overlap", MODES)
 @pytest.mark.parametrize("nth", [1, 2])
 @pytest.mark.parametrize("g_del", [1, 2])
 def test_a_failing_delivery_operator_loses_no_consume_once_item(overlap, nth, g_del):
-    c = fifo(overlap, g_del=g_del, deliver=[Operator("collate", FailOnce(nth))])
-    c.put(frag(0, 16))
-    c.flush()
+    c = _failing_delivery(overlap, nth, 16, g_del=g_del)
     got: list[int] = []
     errors = 0
     for _ in range(6):  # 4 deliveries and the one failure
@@ -95,9 +101,7 @@ def test_a_failing_delivery_operator_loses_no_consume_once_item(overlap, nth, g_
 
 @pytest.mark.parametrize("overlap", MODES)
 def test_items_held_after_a_failed_delivery_serve_any_later_size_in_order(overlap):
-    c = fifo(overlap, deliver=[Operator("collate", FailOnce(1))])
-    c.put(frag(0, 8))
-    c.flush()
+    c = _failing_delivery(overlap, 1, 8)
     with pytest.raises(OperatorError, match="collate failed"):
         c.get(6)
     assert ids(c.get(2)) == [0, 1]
@@ -109,9 +113,7 @@ def test_items_held_after_a_failed_delivery_serve_any_later_size_in_order(overla
 
 @pytest.mark.parametrize("overlap", MODES)
 def test_state_dict_after_a_failed_delivery_keeps_the_held_items(overlap):
-    c = fifo(overlap, deliver=[Operator("collate", FailOnce(1))])
-    c.put(frag(0, 8))
-    c.flush()
+    c = _failing_delivery(overlap, 1, 8)
     with pytest.raises(OperatorError):
         c.get(4)
     restored = fifo("sync")
