@@ -106,39 +106,47 @@ def _run_both(
     return steps
 
 
+#: GRPO's per-sample fields and their absolute tolerances; the actor's losses
+GRPO_SAMPLES = {"adv": 1e-5, "old_log_prob": 1e-4}
+ACTOR = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm")
+
+
+def _same_samples(a: dict, b: dict, tolerance: dict[str, float]) -> None:
+    """Sample by sample, the fields ``tolerance`` names agree to within its absolute tolerance."""
+    for x, y in zip(a["samples"], b["samples"], strict=True):
+        for key, tol in tolerance.items():
+            assert x[key] == pytest.approx(y[key], abs=tol), key
+
+
+def _same_metrics(
+    rc: dict, rs: dict, keys: tuple[str, ...], rel: float | None = 1e-4, tol: float = 1e-6
+) -> None:
+    """The conduit run's metrics ``keys`` equal the sync run's, to ``rel`` or the absolute ``tol`` (``rel``
+    None: to ``tol`` only)."""
+    for key in keys:
+        assert rc[key] == pytest.approx(rs[key], rel=rel, abs=tol), key
+
+
 @ON_BACKEND
 def test_conduit_matches_sync(sync_runs: SyncRuns, tmp_path: Path, backend: str) -> None:
     for a, b, rs, rc in _run_both(sync_runs, tmp_path, "grpo", backend=backend):
-        for x, y in zip(a["samples"], b["samples"], strict=True):
-            assert x["adv"] == pytest.approx(y["adv"], abs=1e-5)
-            assert x["old_log_prob"] == pytest.approx(y["old_log_prob"], abs=1e-4)
+        _same_samples(a, b, GRPO_SAMPLES)
         assert any(abs(v) > 1e-3 for s in a["samples"] for v in s["adv"]), "degenerate: all advantages 0"
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-            assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
-        assert rc["critic/advantages/mean"] == pytest.approx(rs["critic/advantages/mean"], abs=1e-5)
+        _same_metrics(rc, rs, ACTOR)
+        _same_metrics(rc, rs, ("critic/advantages/mean",), rel=None, tol=1e-5)
 
 
 @ON_BACKEND
 def test_conduit_matches_sync_ppo(sync_runs: SyncRuns, tmp_path: Path, backend: str) -> None:
     """PPO: values and the GAE recursion per piece, whitening over the whole batch = verl's GAE."""
     for a, b, rs, rc in _run_both(sync_runs, tmp_path, "ppo", backend=backend):
-        for x, y in zip(a["samples"], b["samples"], strict=True):
-            assert x["values"] == pytest.approx(y["values"], abs=1e-5)
-            assert x["returns"] == pytest.approx(y["returns"], abs=1e-5)
-            assert x["adv"] == pytest.approx(y["adv"], abs=1e-4)  # whitened: O(1) values
-            assert x["old_log_prob"] == pytest.approx(y["old_log_prob"], abs=1e-4)
+        # advantages whitened: O(1) values
+        _same_samples(a, b, {"values": 1e-5, "returns": 1e-5, "adv": 1e-4, "old_log_prob": 1e-4})
         assert any(abs(v) > 1e-3 for s in a["samples"] for v in s["values"]), "degenerate: all values 0"
         # whitened advantages: pg_loss is ~1e-8 at ratio 1, so an absolute tolerance
-        for key in (
-            "actor/pg_loss",
-            "actor/kl_loss",
-            "actor/grad_norm",
-            "critic/vf_loss",
-            "critic/grad_norm",
-        ):
-            assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
-        for key in ("critic/values/mean", "critic/returns/mean", "critic/advantages/mean"):
-            assert rc[key] == pytest.approx(rs[key], abs=1e-5), key
+        _same_metrics(rc, rs, (*ACTOR, "critic/vf_loss", "critic/grad_norm"))
+        means = ("critic/values/mean", "critic/returns/mean", "critic/advantages/mean")
+        _same_metrics(rc, rs, means, rel=None, tol=1e-5)
 
 
 def test_conduit_matches_sync_two_ranks(sync_runs: SyncRuns, tmp_path: Path) -> None:
@@ -154,8 +162,7 @@ def test_conduit_matches_sync_two_ranks(sync_runs: SyncRuns, tmp_path: Path) -> 
         "+trainer.v1.conduit.g_ing=auto",  # pieces of 2 groups: 8 samples, 4 per rank
     )
     for _, _, rs, rc in _run_both(sync_runs, tmp_path, "grpo", two_ranks):
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-            assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
+        _same_metrics(rc, rs, ACTOR)
 
 
 #: a short paced rollout: lengths 12 tokens median, p99 4x that, capped at 48; modelled times x 0.2
@@ -180,11 +187,8 @@ def test_conduit_matches_sync_paced(sync_runs: SyncRuns, tmp_path: Path) -> None
         # responses come padded; EOS (id 1) is held back to the drawn length, so it ends each one
         lengths = {x["response"].index(1) + 1 if 1 in x["response"] else -1 for x in a["samples"]}
         assert len(lengths) > 3, lengths  # the drawn lengths, not a fixed one
-        for x, y in zip(a["samples"], b["samples"], strict=True):
-            assert x["adv"] == pytest.approx(y["adv"], abs=1e-5)
-            assert x["old_log_prob"] == pytest.approx(y["old_log_prob"], abs=1e-4)
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-            assert rc[key] == pytest.approx(rs[key], rel=1e-4, abs=1e-6), key
+        _same_samples(a, b, GRPO_SAMPLES)
+        _same_metrics(rc, rs, ACTOR)
     for work in (sync_runs("grpo", PACED), tmp_path / "conduit"):
         assert json.loads((work / "summary.json").read_text())["rollout"] == "paced"
         events = [json.loads(x) for x in (work / "gen_events.jsonl").read_text().splitlines()]
