@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ pytest.importorskip("transfer_queue")
 pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-deps -e tools/verl_cpu
 
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
+from verl_cpu_run import run_harness  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -30,11 +29,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 @pytest.mark.parametrize("mode", ["sync", "conduit"])
 def test_cpu_grpo_two_iterations(tmp_path: Path, mode: str) -> None:
     work = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--steps", "2", "--trainer-mode", mode]
-    cmd += ["--work-dir", str(work)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
-    tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, tail
+    proc, tail = run_harness(work, "--steps", "2", "--trainer-mode", mode)
 
     rows = read_metrics(work / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2], tail

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ pytest.importorskip("conduit_verl_cpu")
 
 from conduit_verl.piece_tuning import PieceChoice, PieceTuning  # noqa: E402
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
+from verl_cpu_run import run_harness  # noqa: E402
 
 from conduit.discovery import fingerprint  # noqa: E402
 from conduit.tuner import ChoiceCache  # noqa: E402
@@ -32,11 +31,8 @@ def test_a_run_starts_from_the_cached_decision(tmp_path: Path) -> None:
         tuning.recall(2.0 ** (half_octaves / 2))
         tuning.keep(PieceChoice("whole", GROUPS), "seeded by the test", {})
     work = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--steps", "3", "--trainer-mode", "conduit"]
-    cmd += ["--work-dir", str(work), "--tuner-cache", str(cache), "+trainer.v1.conduit.g_ing=auto"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
-    tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, tail
+    args = ("--steps", "3", "--trainer-mode", "conduit", "--tuner-cache", str(cache))
+    _, tail = run_harness(work, *args, "+trainer.v1.conduit.g_ing=auto")
     rows = read_metrics(work / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3], tail
     # the warm-up step streamed (auto's default: a quarter of the groups); it recalled at its end

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-dep
 from conduit_verl.tq_store.columns import JAGGED, Column, field_of  # noqa: E402
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
+from verl_cpu_run import run_harness  # noqa: E402
 
 from conduit import Ragged  # noqa: E402
 
@@ -51,12 +50,9 @@ def test_jagged_field_pads_to_longest_row() -> None:
 @pytest.mark.timeout(300)
 def test_conduit_mode_on_conduit_backend(tmp_path: Path) -> None:
     work = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--trainer-mode", "conduit", "--steps", "1"]
     # the default backend in conduit mode; one field on a non-mapped tier (read by copy)
-    cmd += ["--tq-placement", "old_log_probs=host", "--work-dir", str(work)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
-    tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, tail
+    args = ("--trainer-mode", "conduit", "--steps", "1", "--tq-placement", "old_log_probs=host")
+    proc, tail = run_harness(work, *args, timeout=280)
 
     rows = read_metrics(work / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1], tail

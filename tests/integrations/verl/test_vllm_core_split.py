@@ -23,6 +23,7 @@ pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-dep
 
 from conduit_verl_cpu import vllm_cpu  # noqa: E402
 from conduit_verl_cpu.vllm_cpu import CoreSplit, parse_core_split  # noqa: E402
+from verl_cpu_run import run_harness  # noqa: E402
 
 from conduit.errors import ConfigError  # noqa: E402
 
@@ -162,11 +163,7 @@ def test_vllm_step_runs_on_split_cores(tmp_path: Path) -> None:
         pytest.skip("needs 2 usable cores")
     vllm_core, *rest = sorted(os.sched_getaffinity(0))
     work = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--rollout", "vllm", "--steps", "1"]
-    cmd += ["--trainer-mode", "conduit", "--work-dir", str(work)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
-    tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, tail
+    run_harness(work, "--rollout", "vllm", "--steps", "1", "--trainer-mode", "conduit")
     summary = json.loads((work / "summary.json").read_text())
     assert summary["rollout"] == "vllm"
     assert summary["cores"] == {"vllm": [vllm_core], "trainer": rest}

@@ -11,7 +11,6 @@ import dataclasses
 import importlib.metadata as md
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +24,7 @@ from conduit_verl.compat import Seam, seam_problem  # noqa: E402
 from conduit_verl_cpu import vllm_cpu  # noqa: E402
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 from conduit_verl_cpu.overrides import CPURunSpec, cpu_overrides  # noqa: E402
+from verl_cpu_run import run_harness  # noqa: E402
 
 
 def server(seed: int = 0, version: int | None = None) -> SimpleNamespace:
@@ -116,10 +116,7 @@ def test_grpo_on_vllm_two_iterations(tmp_path: Path) -> None:
     """Two GRPO steps (sync trainer) with verl's vLLM rollout; after each weight sync vLLM's
     log-probs of the sampled tokens equal the FSDP actor's (verl's own rollout-vs-actor metric)."""
     work = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--rollout", "vllm", "--steps", "2"]
-    proc = subprocess.run(cmd + ["--work-dir", str(work)], capture_output=True, text=True, timeout=840)
-    tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, tail
+    _, tail = run_harness(work, "--rollout", "vllm", "--steps", "2")
     rows = read_metrics(work / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2], tail
     for row in rows:
@@ -130,10 +127,7 @@ def test_grpo_on_vllm_two_iterations(tmp_path: Path) -> None:
 
 
 def _run_vllm(work: Path, *args: str) -> tuple[list[dict], str]:
-    cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--rollout", "vllm", "--work-dir", str(work), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
-    tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, tail
+    _, tail = run_harness(work, "--rollout", "vllm", *args)
     return read_metrics(work / "metrics.jsonl"), tail
 
 
