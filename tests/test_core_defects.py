@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from promptly import raises_within
 
 from conduit import (
     BufferConfig,
@@ -214,10 +215,8 @@ def test_bad_priority_updates_raise_at_the_call(overlap):
 def test_bad_batch_size_raises_at_once(overlap, size):
     c = fifo(overlap, timeout_s=30)
     c.put(frag(0, 8))
-    t0 = time.monotonic()
-    with pytest.raises(ConfigError, match="batch size must be an int >= 1"):
+    with raises_within(1, ConfigError, "batch size must be an int >= 1"):
         c.get(size)
-    assert time.monotonic() - t0 < 1
     assert c.get(8).batch.size == 8
     c.close()
 
@@ -229,10 +228,8 @@ def test_failed_ingest_operator_reaches_a_reader_promptly():
     buf = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=60))
     c = Conduit(IN, buf, SchedulerConfig(overlap="async"), ingest=[Operator("reward", boom)])
     c.put(frag(0, 4))
-    t0 = time.monotonic()
-    with pytest.raises(ConduitError, match="reward model crashed"):
+    with raises_within(5, ConduitError, "reward model crashed"):
         c.get(4)
-    assert time.monotonic() - t0 < 5
     c.close(drain=False)
 
 
@@ -301,10 +298,8 @@ def test_close_drain_with_ingest_blocked_on_full_fifo_raises_promptly_and_stops_
     c = fifo("async", capacity=8, timeout_s=60)
     c.put(frag(0, 8))
     c.put(frag(8, 8))  # waits in the worker: unconsumed items are never overwritten
-    t0 = time.monotonic()
-    with pytest.raises(ConduitError, match="could not be ingested"):
+    with raises_within(5, ConduitError, "could not be ingested"):
         c.close(drain=True)
-    assert time.monotonic() - t0 < 5
     assert not any(t.is_alive() for t in c._scheduler.threads)
     with pytest.raises(ClosedError):
         c.put(frag(0, 1))
