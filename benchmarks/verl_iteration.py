@@ -155,7 +155,8 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     paced = args.rollout == "paced"
     steps = args.steps or (4 if args.quick else 14)
     rounds = args.rounds or (1 if args.quick else 2)
-    name = "verl_iteration" + "_quick" * args.quick + "_paced" * paced + "_sweep" * args.sweep
+    name = "verl_iteration" + "_quick" * args.quick + "_paced" * paced + "_vllm" * (args.rollout == "vllm")
+    name += "_sweep" * args.sweep
     name += f"_{args.algo}"
     out = Path(args.out) if args.out else RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
