@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -16,3 +17,14 @@ def raises_within(seconds: float, error: type[BaseException], match: str | None 
     with pytest.raises(error, match=match):
         yield
     assert time.monotonic() - t0 < seconds
+
+
+def get_raises_within(
+    conduit: Any, batch: Any, seconds: float, error: type[BaseException], match: str
+) -> None:
+    """Put ``batch`` into ``conduit``; getting it back raises ``error`` within ``seconds``; then close the
+    Conduit without draining (a worker failed)."""
+    conduit.put(batch)
+    with raises_within(seconds, error, match):
+        conduit.get(batch.size)
+    conduit.close(drain=False)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from promptly import raises_within
+from promptly import get_raises_within, raises_within
 
 from conduit import (
     BufferConfig,
@@ -227,10 +227,7 @@ def test_failed_ingest_operator_reaches_a_reader_promptly():
 
     buf = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=60))
     c = Conduit(IN, buf, SchedulerConfig(overlap="async"), ingest=[Operator("reward", boom)])
-    c.put(frag(0, 4))
-    with raises_within(5, ConduitError, "reward model crashed"):
-        c.get(4)
-    c.close(drain=False)
+    get_raises_within(c, frag(0, 4), 5, ConduitError, "reward model crashed")
 
 
 # -- state, versions, close --------------------------------------------------------------------

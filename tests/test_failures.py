@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from promptly import raises_within
+from promptly import get_raises_within, raises_within
 
 from conduit import (
     BufferConfig,
@@ -122,10 +122,7 @@ def test_a_delivery_error_reaches_the_reader_within_a_second():
         raise ValueError("collate failed")
 
     c = fifo("async", deliver=[Operator("collate", bad_collate)])
-    c.put(frag(0, 4))
-    with raises_within(1.0, OperatorError, "collate failed"):
-        c.get(4)
-    c.close(drain=False)
+    get_raises_within(c, frag(0, 4), 1.0, OperatorError, "collate failed")
 
 
 # -- close() never hangs -----------------------------------------------------------------------
