@@ -256,18 +256,28 @@ def _names(groups: list[str], limit: int = 10) -> str:
     return ", ".join(groups[:limit]) + more
 
 
+#: the replay buffer's per-sample-call counts (groups evicted, surplus discarded): summed over pieces
+COUNT_SUFFIXES = ("/evicted_samples", "/discarded_surplus_samples")
+
+
 def merge_metrics(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
-    """Sample-weighted mean of numeric metrics over pieces (others: the last value)."""
+    """Sample-weighted mean of numeric metrics over pieces (others: the last value); the replay
+    buffer's eviction counts are summed, the extremes of its evicted groups' staleness kept."""
     out: dict[str, Any] = {}
     sums: dict[str, float] = {}
     weights: dict[str, int] = {}
     for size, metrics in parts:
         for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                out[key] = value
+            elif key.endswith(COUNT_SUFFIXES):
+                out[key] = out.get(key, 0) + value
+            elif key.endswith(("_staleness/max", "_staleness/min")):
+                pick = max if key.endswith("max") else min
+                out[key] = pick(out.get(key, value), value)
+            else:
                 sums[key] = sums.get(key, 0.0) + float(value) * size
                 weights[key] = weights.get(key, 0) + size
-            else:
-                out[key] = value
     out.update({k: sums[k] / max(weights[k], 1) for k in sums})
     return out
 

@@ -279,3 +279,20 @@ def test_group_log_rows_are_json(tmp_path: Path) -> None:
         "staleness": 0,
         "over_bound": False,
     }
+
+
+def test_eviction_counts_add_up_over_pieces() -> None:
+    """verl's eviction metrics come per sample call (per piece here): counts add, extremes stay."""
+    from conduit_verl.streaming import merge_metrics
+
+    stale = "training/off_policy/evicted_samples"
+    worst = "training/off_policy/evicted_samples_staleness"
+    got = merge_metrics(
+        [
+            (16, {stale: 1, f"{worst}/max": 3.0, f"{worst}/min": 3.0, "actor/entropy": 1.0}),
+            (8, {"actor/entropy": 4.0}),
+            (16, {stale: 2, f"{worst}/max": 2.0, f"{worst}/min": 2.0, "actor/entropy": 1.0}),
+        ]
+    )
+    assert got[stale] == 3 and got[f"{worst}/max"] == 3.0 and got[f"{worst}/min"] == 2.0
+    assert got["actor/entropy"] == pytest.approx(64 / 40)  # others: the sample-weighted mean, as before
