@@ -73,6 +73,13 @@ class ConduitAlgorithmMixin:
     metrics: Any
     _policy_version: int
 
+    @classmethod
+    def get_default_config(cls) -> Any:
+        """The RLlib algorithm's default config, with this class as its algorithm."""
+        config = super().get_default_config()  # type: ignore[misc]
+        config.algo_class = cls
+        return config
+
     def _start_conduit(self, path: Any) -> None:
         """Make ``path`` (a ``ConduitReplay`` or ``ConduitOnPolicy``) the experience path this algorithm
         saves, restores and closes; its puts start at policy version 0."""

@@ -49,10 +49,6 @@ def buffer_config(config: DQNConfig) -> BufferConfig:
 class ConduitDQN(ConduitAlgorithmMixin, DQN):
     """DQN whose replay path runs on Conduit. Use ``conduit_rllib.enable(config)`` or set ``algo_class``."""
 
-    @classmethod
-    def get_default_config(cls) -> DQNConfig:
-        return DQNConfig(algo_class=cls)
-
     def setup(self, config: Any) -> None:
         check_dqn_config(config)
         super().setup(config)

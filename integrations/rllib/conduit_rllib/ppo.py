@@ -27,7 +27,6 @@ from conduit_rllib.compat import (
     PPO,
     TIMERS,
     Columns,
-    PPOConfig,
     call_first_learner,
     learner_device,
     local_learner,
@@ -70,10 +69,6 @@ class _ValueFns:
 
 class ConduitPPO(ConduitAlgorithmMixin, PPO):
     """PPO whose experience path runs on Conduit. Use ``conduit_rllib.enable(config)`` or set ``algo_class``."""
-
-    @classmethod
-    def get_default_config(cls) -> PPOConfig:
-        return PPOConfig(algo_class=cls)
 
     def setup(self, config: Any) -> None:
         check_ppo_config(config)
