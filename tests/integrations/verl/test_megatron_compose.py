@@ -10,7 +10,6 @@ gathers from the store's shared memory).
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
@@ -21,11 +20,9 @@ import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
+from tq_reader import Reader  # noqa: E402  (one (dp, tp) rank of the mesh)
 
 TP, PP, DP = 2, 2, 2
-
-# Ray's workers cannot import this test module: its remote classes travel by value
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def megatron_config():
@@ -65,21 +62,6 @@ def test_megatron_config_resolves_with_conduit_mode_and_backend():
     check_placement(dict(cfg.transfer_queue.backend.Conduit.placement))
 
 
-@ray.remote(num_cpus=0)
-class FakeRank:
-    """One (dp, tp) rank of a Megatron mesh: reads its data-parallel shard through TransferQueue."""
-
-    def __init__(self) -> None:
-        import conduit_verl.tq_store as s
-
-        s.register()
-        tq.init()
-
-    def read(self, keys: list[str]) -> list[list[int]]:
-        out = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["responses"])
-        return [x.tolist() for x in out["responses"].unbind()]
-
-
 @pytest.mark.ray
 @pytest.mark.slow  # four rank processes; fast counterpart: test_tq_store_ray.py's two-reader shards test
 def test_a_tp_by_dp_mesh_reads_distinct_shards_and_peers_share_them(conduit_tq):
@@ -92,7 +74,7 @@ def test_a_tp_by_dp_mesh_reads_distinct_shards_and_peers_share_them(conduit_tq):
         )
         tq.kv_batch_put(keys=keys, partition_id="train", fields=fields)
         shards = [keys[d * n // DP : (d + 1) * n // DP] for d in range(DP)]  # verl's contiguous dp split
-        mesh = {(d, t): FakeRank.remote() for d in range(DP) for t in range(TP)}
+        mesh = {(d, t): Reader.remote() for d in range(DP) for t in range(TP)}
         got = {rank: ray.get(actor.read.remote(shards[rank[0]])) for rank, actor in mesh.items()}
         for d in range(DP):
             assert got[(d, 0)] == got[(d, 1)]  # tensor-parallel peers read the same samples

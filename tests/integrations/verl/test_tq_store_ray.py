@@ -15,6 +15,7 @@ pytest.importorskip("transfer_queue")
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
+from tq_reader import Reader  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -123,22 +124,6 @@ def test_concurrent_small_puts_are_combined_and_each_reads_back(one_node):
     out = tq.kv_batch_get(keys=keys, partition_id="train")
     assert rows(out["responses"]) == [list(range(10 * i, 10 * i + i + 1)) for i in range(n)]
     tq.kv_clear(keys=keys, partition_id="train")
-
-
-@ray.remote(num_cpus=0)
-class Reader:
-    """A consumer in its own process (a rank of a trainer's mesh): reads through TransferQueue."""
-
-    def __init__(self) -> None:
-        import conduit_verl.tq_store as s
-
-        s.register()
-        tq.init()
-
-    def read(self, keys: list[str]) -> list[list[int]]:
-        return rows(
-            tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["responses"])["responses"]
-        )
 
 
 def test_reader_processes_read_distinct_shards_and_peers_share_them_in_place(one_node):
