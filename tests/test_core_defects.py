@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from fifo_conduits import fifo_conduit
 from promptly import get_raises_within, raises_within
 
 from conduit import (
@@ -43,10 +44,7 @@ def frag(start: int, n: int) -> ColumnBatch:
 
 
 def fifo(overlap: str, capacity: int = 128, g_del: int = 1, timeout_s: float = 10.0, **kw) -> Conduit:
-    buf = BufferConfig(
-        capacity=capacity, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=timeout_s)
-    )
-    return Conduit(IN, buf, SchedulerConfig(overlap=overlap, g_del=g_del, depth=max(2, g_del)), **kw)
+    return fifo_conduit(IN, overlap, capacity, timeout_s, g_del=g_del, **kw)
 
 
 def ids(deliveries) -> list[int]:
@@ -141,8 +139,7 @@ def test_get_epochs_rejects_bad_shapes():
     [torch.tensor([0, 3, 9]), torch.tensor([1, 3, 4]), torch.tensor([0, 3, 2, 4]), torch.tensor([0, 2])],
 )
 def test_malformed_ragged_is_refused_before_anything_is_written(overlap, offsets):
-    buf = BufferConfig(capacity=4, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=5))
-    c = Conduit(TOK, buf, SchedulerConfig(overlap=overlap))
+    c = fifo_conduit(TOK, overlap, capacity=4, timeout_s=5)
     n = offsets.numel() - 1
     bad = ColumnBatch({"id": torch.arange(n), "tokens": Ragged(torch.arange(4), offsets)})
     with pytest.raises(ShapeError, match="offsets"):
@@ -225,8 +222,7 @@ def test_failed_ingest_operator_reaches_a_reader_promptly():
     def boom(b: ColumnBatch) -> ColumnBatch:
         raise RuntimeError("reward model crashed")
 
-    buf = BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=60))
-    c = Conduit(IN, buf, SchedulerConfig(overlap="async"), ingest=[Operator("reward", boom)])
+    c = fifo_conduit(IN, "async", capacity=16, timeout_s=60, ingest=[Operator("reward", boom)])
     get_raises_within(c, frag(0, 4), 5, ConduitError, "reward model crashed")
 
 

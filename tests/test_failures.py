@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from fifo_conduits import fifo_conduit
 from promptly import get_raises_within, raises_within
 
 from conduit import (
@@ -21,7 +22,6 @@ from conduit import (
     InsufficientDataError,
     Operator,
     OperatorError,
-    RateLimit,
     SchedulerConfig,
     Schema,
 )
@@ -35,10 +35,7 @@ def frag(start: int, n: int) -> ColumnBatch:
 
 
 def fifo(overlap: str, capacity: int = 8, mode: str = "block", timeout_s: float = 30.0, **kw) -> Conduit:
-    cfg = BufferConfig(
-        capacity=capacity, sampler="fifo", rate_limit=RateLimit(min_size=0, mode=mode, timeout_s=timeout_s)
-    )
-    return Conduit(SCHEMA, cfg, SchedulerConfig(overlap=overlap), **kw)
+    return fifo_conduit(SCHEMA, overlap, capacity, timeout_s, mode=mode, **kw)
 
 
 class Call:

@@ -14,6 +14,7 @@ import weakref
 
 import pytest
 import torch
+from fifo_conduits import fifo_conduit
 from tensordict import TensorDict
 
 from conduit import (
@@ -43,11 +44,7 @@ def frag(start: int, n: int) -> ColumnBatch:
 
 
 def fifo(overlap: str, capacity: int = 64, timeout_s: float = 5.0, g_ing: int = 1, g_del: int = 1, **kw):
-    buf = BufferConfig(
-        capacity=capacity, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=timeout_s)
-    )
-    sched = SchedulerConfig(overlap=overlap, g_ing=g_ing, g_del=g_del, depth=max(2, g_ing, g_del))
-    return Conduit(IN, buf, sched, **kw)
+    return fifo_conduit(IN, overlap, capacity, timeout_s, g_ing=g_ing, g_del=g_del, **kw)
 
 
 def ids(d) -> list[int]:
@@ -242,13 +239,7 @@ def test_a_fragment_refused_for_its_data_leaves_the_runtime_usable(overlap, kind
 
 @pytest.mark.parametrize("overlap", MODES)
 def test_a_refused_fragment_wakes_a_waiting_get_once_and_later_gets_work(overlap):
-    c = Conduit(
-        IN,
-        BufferConfig(capacity=16, sampler="fifo", rate_limit=RateLimit(min_size=0, timeout_s=5.0)),
-        SchedulerConfig(overlap=overlap),
-        ingest=[bad_at(100, "raise")],
-        stored_schema=STORED,
-    )
+    c = fifo(overlap, capacity=16, ingest=[bad_at(100, "raise")], stored_schema=STORED)
     with pytest.raises(OperatorError, match="item 100"):
         c.put(frag(100, 2))
         c.get(2)
