@@ -4,7 +4,8 @@ Each run is 3-4 GRPO steps of 4 prompts x 4 responses (about 2.5 min on an idle 
 of it Ray/verl start-up). What they check:
 
 - no group older than ``k`` is ever trained on (the ``group_log`` rows, one per trained group), for
-  k = 1 and k = 2, and the mode really runs ahead (groups lag by up to ``k``);
+  k = 1 and k = 2 (GRPO) and k = 1 (PPO: GAE with a critic), and the mode really runs ahead (groups
+  lag by up to ``k``);
 - the staleness Conduit reports per step equals what verl itself computes from the same samples'
   tags (``training/off_policy/trajectory_staleness_worst/*``);
 - the weights are pushed to the rollout every step (``timing_s/update_weights``);
@@ -42,10 +43,16 @@ VERL_WORST = "training/off_policy/trajectory_staleness_worst"
 
 
 def _run(
-    work: Path, mode: str, steps: int, knobs: dict[str, object] | None = None, pace: tuple = ()
+    work: Path,
+    mode: str,
+    steps: int,
+    knobs: dict[str, object] | None = None,
+    pace: tuple = (),
+    algo: str = "grpo",
 ) -> list[dict]:
     """One paced run; its per-step metrics."""
     cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--trainer-mode", mode, "--rollout", "paced"]
+    cmd += ["--algo", algo]
     cmd += ["--batch-size", str(BATCH), "--n", str(N), "--steps", str(steps), "--seed", "0"]
     cmd += ["--work-dir", str(work), *pace]
     if mode == "conduit":
@@ -80,9 +87,15 @@ def _agrees_with_verl(rows: list[dict], lags: dict[int, list[int]]) -> None:
         assert row["conduit/staleness/mean"] == pytest.approx(row[f"{VERL_WORST}/mean"])  # groups of n
 
 
-@pytest.mark.parametrize(("k", "steps", "pace"), [(1, 4, STRAGGLERS), (2, 4, ())], ids=["k1", "k2"])
-def test_no_group_older_than_k_is_trained_on(tmp_path: Path, k: int, steps: int, pace: tuple) -> None:
-    rows = _run(tmp_path, "conduit", steps, {"max_staleness": k}, pace)
+@pytest.mark.parametrize(
+    ("algo", "k", "steps", "pace"),
+    [("grpo", 1, 4, STRAGGLERS), ("grpo", 2, 4, ()), ("ppo", 1, 3, ())],
+    ids=["k1", "k2", "ppo_k1"],
+)
+def test_no_group_older_than_k_is_trained_on(
+    tmp_path: Path, algo: str, k: int, steps: int, pace: tuple
+) -> None:
+    rows = _run(tmp_path, "conduit", steps, {"max_staleness": k}, pace, algo)
     lags = _lags(tmp_path)
     assert sorted(lags) == list(range(1, steps + 1))
     assert all(0 <= lag <= k for step in lags.values() for lag in step), lags  # THE bound
@@ -95,7 +108,7 @@ def test_no_group_older_than_k_is_trained_on(tmp_path: Path, k: int, steps: int,
     evicted = sum(r.get("training/off_policy/evicted_samples", 0) for r in rows)
     assert dropped == evicted  # verl evicted exactly the groups Conduit's rule called stale
     assert all(r["conduit/stale_recomputed"] == 0 for r in rows)
-    print(f"k={k}: lags per step {lags}; stale groups dropped {dropped:g}")
+    print(f"{algo} k={k}: lags per step {lags}; stale groups dropped {dropped:g}")
 
 
 def test_k1_next_to_verls_colocate_async(tmp_path: Path) -> None:
