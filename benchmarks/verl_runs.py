@@ -233,7 +233,10 @@ def run_systems(
 ) -> list[dict[str, Any]]:
     """Every system ``plan["rounds"]`` times, in ``round_order`` (verl's and Conduit's systems
     alternate, odd rounds reversed: drift hits both sides alike); rows tagged with the plan's ``info``
-    (rollout, tail, R, ...) and the run's place in its round (``position``)."""
+    (rollout, tail, R, ...) and the run's place in its round (``position``). ``plan["modes"]``
+    (optional): a benchmark's own systems, name -> (trainer mode, harness flags), where ``{work}`` in
+    a flag becomes the run's work dir (``verl_staleness.py``: ``conduit_k1`` -> ``conduit`` with
+    ``+trainer.v1.conduit.max_staleness=1``, its group log under ``{work}``)."""
     poll = plan["poll"]
     modes = {
         "verl_sync": ("sync", []),
@@ -242,6 +245,7 @@ def run_systems(
         "verl_separate_async": ("separate_async", []),  # the harness's overrides.separate_async_overrides
         "conduit": ("conduit", []),
         "conduit_stream": ("conduit", []),
+        **plan.get("modes", {}),
     }
     rows: list[dict[str, Any]] = []
     for k in range(plan["rounds"]):
@@ -249,6 +253,7 @@ def run_systems(
             plain, backend = split_system(system)
             mode, extra = modes[plain]
             work = root / f"{plan['label']}{system}_r{k}"
+            extra = [x.replace("{work}", str(work)) for x in extra]
             extra = [*extra, "--tq-backend", backend, *conduit_knobs(args, system), *plan["harness"]]
             rc, tail = run(work, mode, plan["steps"] + 1, args, extra)
             if rc or not (work / "metrics.jsonl").exists():
