@@ -234,7 +234,9 @@ def _patch_generate_seed() -> None:
         **kwargs: Any,
     ) -> Any:
         params = seeded(self, prompt_ids, sampling_params)
-        version, t0 = int(self.global_steps or 0), time.time()
+        # logged as the hf and paced servers number weights (step s generates with version s): verl's
+        # ``global_steps`` on the vLLM server is the step that pushed the weights, s - 1 (0 at start)
+        version, t0 = int(self.global_steps or 0) + 1, time.time()
         if getattr(self, "_conduit_stats_version", None) != version:  # a new step: vLLM's counters so far
             self._conduit_stats_version = version
             await log_engine_stats(self, version)
