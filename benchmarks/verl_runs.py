@@ -55,7 +55,16 @@ def run(work: Path, mode: str, steps: int, args: argparse.Namespace, extra: list
     cmd += ["--seed", str(args.seed), "--algo", args.algo, "--work-dir", str(work), *extra]
     print(f"[bench] {' '.join(cmd[2:])}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except (
+        subprocess.TimeoutExpired
+    ) as e:  # a run over --timeout is an error row, not the end of the benchmark
+        out = "".join(
+            x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr)
+        )
+        print(f"[bench]   timed out after {args.timeout}s", flush=True)
+        return 124, f"timed out after {args.timeout} s (--timeout)\n{out[-3000:]}"
     print(f"[bench]   rc={proc.returncode} in {time.monotonic() - t0:.0f}s", flush=True)
     return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
 
