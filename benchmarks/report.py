@@ -59,17 +59,19 @@ def one(fn: Callable[[dict[str, Any]], list[str]], name: str) -> Callable[[Docs]
     return lambda docs: fn(docs[name])
 
 
-def algos(*names: str) -> Callable[[Docs], list[str]]:
+def algos(
+    *names: str, render: Callable[[list[tuple[str, dict[str, Any]]]], list[str]] = verl.iteration
+) -> Callable[[Docs], list[str]]:
     """verl_iteration runs side by side, labelled by their algorithm (from their rows)."""
 
-    def render(docs: Docs) -> list[str]:
+    def show(docs: Docs) -> list[str]:
         runs = []
         for n in names:
             rows = docs[n].get("rows") or [{}]
             runs.append((str(rows[0].get("algo") or n).upper(), docs[n]))
-        return verl.iteration(runs)
+        return render(runs)
 
-    return render
+    return show
 
 
 def sub(
@@ -128,6 +130,13 @@ SECTIONS: tuple[Section, ...] = (
                 (f"{PACED_SWEEP}.png", f"{PACED_SWEEP}_speedup.png"),
             ),
         ),
+    ),
+    Section(
+        "verl_vllm",
+        "verl on vLLM (CPU build, generation on a core of its own)",
+        ("verl_iteration_vllm_grpo.json",),
+        algos("verl_iteration_vllm_grpo.json", render=verl.vllm),
+        ("verl_iteration_vllm_grpo.png",),
     ),
     Section(
         "tq_backends",

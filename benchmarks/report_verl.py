@@ -323,6 +323,61 @@ def crash_resume(d: Doc) -> list[str]:
     return out
 
 
+def _vllm_engine(rows: list[dict[str, Any]], key: str) -> Any:
+    """The median of vLLM's own per-iteration counter ``key`` over rows that have it (or None)."""
+    vals = sorted(float(v) for x in rows if (v := get(x, "vllm", key)) is not None)
+    return vals[len(vals) // 2] if vals else None
+
+
+def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
+    """``--rollout vllm``: the iteration table, then per run what generation cost (vLLM's own
+    counters, R), how the cores were split and the share of identical responses."""
+    out = iteration(docs)
+    head = [
+        "algo",
+        "system",
+        "cores vLLM : trainer",
+        "gen busy s",
+        "response tokens / s",
+        "ingest s",
+        "R = gen / ingest",
+        "vLLM engine steps",
+        "TTFT s",
+        "inter-token s",
+    ]
+    rows = []
+    for label, d in docs:
+        gen = d.get("generation") or {}
+        for s in _order(set(gen)):
+            g = gen[s]
+            mine = [x for x in d.get("rows") or [] if x.get("system") == s]
+            cores = next((x.get("cores") for x in mine if x.get("cores")), None)
+            split = f"{cores.get('vllm')} : {cores.get('trainer')}" if isinstance(cores, dict) else DASH
+            rows.append(
+                [
+                    label,
+                    s,
+                    split,
+                    num(g.get("gen_busy_s"), 3),
+                    num(g.get("response_tokens_per_s"), 0),
+                    num(g.get("ingest_s"), 3),
+                    num(g.get("R"), 2),
+                    num(_vllm_engine(mine, "engine_steps"), 0),
+                    num(_vllm_engine(mine, "ttft_s"), 4),
+                    num(_vllm_engine(mine, "inter_token_s"), 4),
+                ]
+            )
+    out += ["", *table(head, rows), ""]
+    for label, d in docs:
+        for pair, e in (d.get("equivalence") or {}).items():
+            out.append(
+                f"- {label}: identical responses, {pair.replace('_vs_', ' vs ')}: "
+                f"{num(e.get('identical'), 0)} of {num(e.get('responses'), 0)} "
+                f"({pct(e.get('share_identical'))}; target ≥ 95%: {verdict(e.get('target>=0.95'))})."
+            )
+    return out
+
+
 def _ratio_pairs(r: dict[str, Any]) -> list[tuple[str, str]]:
     """Every ``(X, Y)`` of a ``wall/X_over_Y``, ``refused/X_over_Y`` or ``backend/...`` key, in order."""
     out: list[tuple[str, str]] = []
