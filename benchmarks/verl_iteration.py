@@ -49,6 +49,7 @@ from verl_runs import (  # noqa: E402
     calibrate,
     harness_args,
     machine,
+    plan_size,
     reward_runs,
     run_systems,
     split_system,
@@ -153,8 +154,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     """Run every point and system; write the JSON (and PNGs); return the result and its path."""
     prov = provenance.start()
     paced = args.rollout == "paced"
-    steps = args.steps or (4 if args.quick else 14)
-    rounds = args.rounds or (1 if args.quick else 2)
+    steps, rounds = plan_size(args)
     name = "verl_iteration" + "_quick" * args.quick + "_paced" * paced + "_vllm" * (args.rollout == "vllm")
     name += "_sweep" * args.sweep
     name += f"_{args.algo}"

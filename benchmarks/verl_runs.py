@@ -192,6 +192,12 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def plan_size(args: argparse.Namespace) -> tuple[int, int]:
+    """Measured iterations per run and rounds of all systems: ``--steps`` / ``--rounds``, or the
+    defaults (14 and 2; ``--quick`` 4 and 1) every verl benchmark shares."""
+    return args.steps or (4 if args.quick else 14), args.rounds or (1 if args.quick else 2)
+
+
 def add_run_flags(p: argparse.ArgumentParser, timeout: int, paced: str = "") -> None:
     """The flags of a benchmark built on these runs: the paced rollout's model (``--tail``, ``--R``;
     ``paced`` starts their help), ``--seed``, ``--timeout`` (seconds per run) and its scratch directory

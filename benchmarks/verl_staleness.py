@@ -62,6 +62,7 @@ from verl_runs import (  # noqa: E402
     calibrate,
     harness_args,
     machine,
+    plan_size,
     run_systems,
     split_system,
     table,
@@ -486,8 +487,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     """Calibrate (paced), run every system in its rounds, analyse; write the JSON and PNGs."""
     prov = provenance.start()
     paced = args.rollout == "paced"
-    steps = args.steps or (4 if args.quick else 14)
-    rounds = args.rounds or (1 if args.quick else 2)
+    steps, rounds = plan_size(args)
     name = "verl_staleness" + "_vllm" * (not paced) + f"_{args.algo}"
     args.out = args.out or script.RESULTS / f"{name}{'_quick' if args.quick else ''}.json"
     root = Path(args.work or tempfile.mkdtemp(prefix="verl_staleness_")).resolve()

@@ -33,6 +33,7 @@ SEAMS: tuple[Seam, ...] = (
         params=("prompt_ids", "sampling_params", "request_id"),
     ),
     Seam("vLLM server attribute `global_steps`", _ASYNC_SERVER, assigns="global_steps"),
+    Seam("vLLM server method `get_server_address`", _ASYNC_SERVER, "vLLMHttpServer.get_server_address"),
     Seam(
         "vLLM worker extension method `update_weights_from_ipc`",
         _UTILS,
@@ -198,7 +199,7 @@ async def log_engine_stats(server: Any, version: int) -> None:
     path = os.environ.get(ENGINE_STATS_ENV)
     if not path:
         return
-    host, port = server._server_address, server._server_port
+    host, port = server.get_server_address()
     rec: dict[str, Any] = {"version": version, "t": time.time()}
     try:
 
