@@ -54,7 +54,8 @@ class ConduitTrainerConfig:
             partial-rollout client, weights pushed to the rollout at each step's end and generation
             resumed, as verl's ``colocate_async``), finished groups still stream through ingestion,
             and verl's own ``max_off_policy_threshold`` is not applied (``staleness.py``).
-            Needs ``overlap=async``; not yet with checkpoints (``trainer.save_freq``) or the journal.
+            Needs ``overlap=async``. A checkpoint keeps the prompts drawn ahead (finished groups and
+            pending prompts) in Conduit's format, never TransferQueue's pickle (``ahead.py``).
         on_stale: what happens to a group over ``max_staleness`` (``k >= 1``): ``drop`` (default)
             evicts it before ingestion and generates a fresh prompt in its place (verl's evict and
             refill), counted as ``conduit/stale_dropped``; ``recompute`` trains on it with its
@@ -131,11 +132,6 @@ class ConduitTrainerConfig:
                 f"trainer.v1.conduit.max_staleness={k} needs overlap=async (the streaming step); "
                 "overlap=sync runs verl's on-policy whole-batch stages"
             )
-        if k > 0 and self.journal:
-            raise ConfigError(
-                f"trainer.v1.conduit.journal does not support max_staleness={k} yet (groups of the next "
-                "steps are in flight at a kill); set journal=false or max_staleness=0"
-            )
 
     @property
     def stream_poll_s(self) -> float:
@@ -145,7 +141,7 @@ class ConduitTrainerConfig:
     def journal_on(self, save_freq: int) -> bool:
         """Whether finished groups are journaled, given verl's ``trainer.save_freq``."""
         if self.journal is None:
-            return self.overlap == "async" and save_freq > 0 and self.max_staleness == 0
+            return self.overlap == "async" and save_freq > 0
         return self.journal
 
     @classmethod

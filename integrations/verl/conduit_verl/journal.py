@@ -154,9 +154,13 @@ def journaled_steps(root: Path) -> list[int]:
     return sorted(steps)
 
 
-def prune(root: Path, through_step: int) -> list[int]:
-    """Delete the journals of steps ``<= through_step`` (trained into a checkpoint); the steps removed."""
-    gone = [s for s in journaled_steps(root) if s <= through_step]
+def prune(root: Path, through_step: int, after_step: int | None = None) -> list[int]:
+    """Delete the journals of steps ``<= through_step`` (trained into a checkpoint) and, with
+    ``after_step``, of steps ``> after_step`` (drawn after the resumed checkpoint's next step: every
+    token of theirs came from weights the kill lost); the steps removed."""
+    gone = [
+        s for s in journaled_steps(root) if s <= through_step or (after_step is not None and s > after_step)
+    ]
     for s in gone:
         shutil.rmtree(step_dir(root, s), ignore_errors=True)
     return gone

@@ -16,8 +16,10 @@ resumed at each step's end: verl's own hooks), and a group older than ``k`` vers
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,12 +130,6 @@ def _check_staleness(config: DictConfig, cfg: ConduitTrainerConfig) -> None:
     k = cfg.max_staleness
     if k == 0:
         return
-    if int(config.trainer.get("save_freq", -1) or -1) > 0:
-        raise ConfigError(
-            f"trainer.v1.conduit.max_staleness={k} does not support checkpoints yet (trainer.save_freq="
-            f"{config.trainer.save_freq}): the groups generated ahead would have to be checkpointed "
-            "too; set trainer.save_freq=-1 or max_staleness=0"
-        )
     correction = config.get("algorithm", {}).get("rollout_correction", None) or {}
     if cfg.on_stale == "recompute" and correction.get("bypass_mode", False):
         raise ConfigError(
@@ -159,6 +155,8 @@ class ConduitTrainer(SyncTrainerBase):
         self.conduit_restore_metrics: dict[str, float] = {}
         self.conduit_journal_started = False
         self.conduit_staleness: Any = None
+        self.conduit_resumed_version: int | None = None  # the weights' version of the checkpoint resumed
+        self.conduit_trained_keys: list[str] = []  # the last step's samples (what a checkpoint has trained)
         _check_staleness(config, self.conduit_config)
         super().__init__(config)
         if self.conduit_config.overlap == "sync":
@@ -280,8 +278,10 @@ class ConduitTrainer(SyncTrainerBase):
             batch,
             super()._submit_batch_to_rollout,
             self.conduit_channel,
+            max_version=self.conduit_resumed_version,
         )
-        self.conduit_restore_metrics = report.metrics()
+        for key, value in report.metrics().items():  # summed over the step's submissions (refills)
+            self.conduit_restore_metrics[key] = self.conduit_restore_metrics.get(key, 0.0) + value
         return len(batch)
 
     def prepare_step(self) -> dict:
@@ -290,9 +290,83 @@ class ConduitTrainer(SyncTrainerBase):
         self.conduit_restore_metrics = {}
         return out
 
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        batch = super().step(metrics, timing_raw)
+        self.conduit_trained_keys = list(batch.keys)
+        return batch
+
+    @contextlib.contextmanager
+    def _verl_sees_sync(self) -> Iterator[None]:
+        """Within the block verl's branches see ``trainer_mode`` sync: its checkpoint code then neither
+        writes nor reads TransferQueue's own checkpoint (pickle); ``ahead.py`` keeps those rows."""
+        mode, self.trainer_mode = self.trainer_mode, "sync"
+        try:
+            yield
+        finally:
+            self.trainer_mode = mode
+
     def _save_checkpoint(self) -> None:
-        super()._save_checkpoint()
+        if self.conduit_config.max_staleness > 0 and self.conduit_config.overlap == "async":
+            from conduit_verl import ahead
+            from conduit_verl.resume import snapshot_ahead
+
+            step = compat.global_step(self)
+            folder = Path(self.config.trainer.default_local_dir) / f"global_step_{step}"
+            ahead.write(folder, snapshot_ahead(step, self.conduit_trained_keys))  # before verl's tracker
+            with self._verl_sees_sync():
+                super()._save_checkpoint()
+        else:
+            super()._save_checkpoint()
         if self.conduit_journal is not None:  # this step is trained into the checkpoint now
             from conduit_verl.journal import prune
 
             prune(self.conduit_journal, compat.global_step(self))
+
+    def _load_checkpoint(self) -> Any:
+        ahead = self.conduit_config.max_staleness > 0 and self.conduit_config.overlap == "async"
+        if ahead:
+            with self._verl_sees_sync():
+                out = super()._load_checkpoint()
+        else:
+            out = super()._load_checkpoint()
+        step = compat.global_step(self)
+        if step > 0:
+            self.conduit_resumed_version = step
+            if ahead:
+                self._restore_ahead(step)
+        return out
+
+    def _restore_ahead(self, step: int) -> None:
+        """Put back what the checkpoint of ``step`` kept of the prompts drawn ahead (``ahead.py``)."""
+        from conduit_verl import ahead
+        from conduit_verl.resume import restore_ahead
+
+        trainer = self.config.trainer
+        if str(trainer.get("resume_mode", "auto")) == "resume_path":
+            folder = Path(str(trainer.resume_from_path))
+        else:
+            folder = Path(str(trainer.default_local_dir)) / f"global_step_{step}"
+        rows = ahead.read(folder)
+        if rows is None:
+            logger.warning(
+                "conduit: checkpoint %s has no %s (not written by trainer mode conduit with "
+                "max_staleness >= 1); no prompt drawn ahead of it is restored",
+                folder,
+                ahead.AHEAD_FILE,
+            )
+            return
+        report = restore_ahead(rows, self.conduit_journal, version=step)
+        self._restored_tq_prompt_count = report.prompts  # verl's warm-up adds only what is missing
+        if self.conduit_channel is not None:
+            for _ in range(report.finished):
+                self.conduit_channel.finished.remote("train")
+        self.conduit_restore_metrics.update(report.metrics())
+        logger.warning(
+            "conduit: resumed at step %d with %d prompt group(s) drawn ahead put back (%d finished, %d "
+            "of them journaled after the checkpoint; %d journaled with newer weights generated again)",
+            step,
+            report.prompts,
+            report.finished,
+            report.from_journal,
+            report.newer_weights,
+        )

@@ -241,8 +241,10 @@ def test_prune_on_start(tmp_path):
     writer = JournalWriter(root)
     writer.append([_group("0:a", s, seed=s) for s in (2, 3, 4)])
     writer.close()
-    assert prune_on_start(root, 3, "auto") == [2]  # step 2 is in the checkpoint; 3 and 4 may be used
-    assert prune_on_start(root, 1, "disable") == [3, 4]  # a fresh run takes nothing of an earlier one
+    # resumed from step 2's checkpoint: step 2 is in it; step 3's groups came from its weights; step 4's
+    # (trainer.save_freq > 1: step 3 trained, then the kill) from step 3's weights, lost with the kill
+    assert prune_on_start(root, 3, "auto") == [2, 4]
+    assert prune_on_start(root, 1, "disable") == [3]  # a fresh run takes nothing of an earlier one
     assert journaled_steps(root) == []
 
 

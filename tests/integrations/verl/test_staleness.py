@@ -61,7 +61,6 @@ def test_knob_defaults_and_values() -> None:
         ({"max_staleness": 1, "on_stale": "keep"}, "on_stale must be 'drop' or 'recompute'"),
         ({"group_log": ""}, "group_log must be a file path or null"),
         ({"max_staleness": 1, "overlap": "sync"}, "max_staleness=1 needs overlap=async"),
-        ({"max_staleness": 1, "journal": True}, "journal does not support max_staleness=1"),
         ({"on_stale": "recompute"}, "on_stale applies with max_staleness >= 1"),
         ({"overlap": "sync", "group_log": "g.jsonl"}, "group_log does not apply with overlap=sync"),
     ],
@@ -73,11 +72,13 @@ def test_bad_knobs_are_named(knobs: dict, match: str) -> None:
         ConduitTrainerConfig.from_verl(_cfg(knobs))
 
 
-def test_running_ahead_journals_nothing_by_default() -> None:
+def test_running_ahead_journals_when_verl_checkpoints() -> None:
     from conduit_verl.config import ConduitTrainerConfig
 
     assert ConduitTrainerConfig().journal_on(save_freq=5)
-    assert not ConduitTrainerConfig(max_staleness=1).journal_on(save_freq=5)
+    assert ConduitTrainerConfig(max_staleness=1).journal_on(save_freq=5)
+    assert not ConduitTrainerConfig(max_staleness=1).journal_on(save_freq=-1)
+    assert not ConduitTrainerConfig(max_staleness=1, journal=False).journal_on(save_freq=5)
 
 
 def test_what_running_ahead_refuses_at_trainer_start() -> None:
@@ -94,8 +95,7 @@ def test_what_running_ahead_refuses_at_trainer_start() -> None:
 
     _check_staleness(config(5, True), ConduitTrainerConfig())  # k = 0: anything goes
     _check_staleness(config(-1, True), ConduitTrainerConfig(max_staleness=1))  # drop + bypass: fine
-    with pytest.raises(ConfigError, match="does not support checkpoints yet"):
-        _check_staleness(config(5, False), ConduitTrainerConfig(max_staleness=1))
+    _check_staleness(config(5, False), ConduitTrainerConfig(max_staleness=1))  # checkpoints: ahead.py
     with pytest.raises(ConfigError, match="bypass_mode=true takes them from the rollout"):
         _check_staleness(config(-1, True), ConduitTrainerConfig(max_staleness=1, on_stale="recompute"))
 
