@@ -1,6 +1,6 @@
 """What a checkpoint keeps of the prompts drawn ahead (max_staleness >= 1): the rows, the file, the
 resume's own logic against a recording stand-in for TransferQueue (no verl run; the end-to-end kill
-case is test_resume_kill_ahead.py)."""
+case is test_resume_kill.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Real verl (CPU mode): SIGKILL a ``conduit``-mode trainer mid-step, resume, keep the journaled groups.
+"""Real verl (CPU mode): SIGKILL a ``conduit``-mode trainer mid-step, resume, keep the journaled groups;
+and the same running ahead (``max_staleness=1``): the prompts drawn ahead of the checkpoint neither
+lost nor trained twice (the second test's docstring).
 
 The trainer runs two steps with a checkpoint after each and a paced rollout (responses released
 at modelled times, so step 2 lasts seconds). Once some of step 2's groups are in the journal, the
@@ -12,6 +14,7 @@ others (the rollout server's request log), each of the step's prompts was traine
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
 import sys
 import time
@@ -22,7 +25,8 @@ import pytest
 
 pytest.importorskip("conduit_verl_cpu")
 
-from conduit_verl.journal import journal_root, read_step  # noqa: E402
+from conduit_verl import ahead  # noqa: E402
+from conduit_verl.journal import journal_root, journaled_steps, read_step  # noqa: E402
 from conduit_verl_cpu.crash import kill_session, responses_checksum  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
@@ -110,3 +114,101 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
             assert all(r in got for r in journaled_responses)
     # the step's journal was pruned once step 2 was checkpointed
     assert read_step(root, STEP) == ([], [])
+
+
+STEPS = 3  # the run-ahead case: step 1 checkpointed, killed in step 2, resumed through step 3
+
+
+def _command(work: Path) -> list[str]:
+    return [
+        *vcr.command(work, STEPS, SHAPE, "on"),
+        "+trainer.v1.conduit.max_staleness=1",
+        f"+trainer.v1.conduit.group_log={work / 'groups.jsonl'}",
+    ]
+
+
+def _journaled_since(work: Path, rows: ahead.AheadRows | None) -> bool:
+    """Whether a prompt in flight at the checkpoint (``rows``) has a journaled group by now."""
+    if rows is None:
+        return False
+    in_flight = set(rows.prompts(ahead.IN_FLIGHT))
+    root = journal_root(work / "ckpt")
+    return any(g.uid in in_flight for step in journaled_steps(root) for g in read_step(root, step)[0])
+
+
+def test_sigkill_while_running_ahead_then_resume_trains_every_prompt_once(tmp_path):
+    """Running ahead (``max_staleness=1``), 3 steps, a checkpoint after each: SIGKILL in step 2 once a
+    prompt in flight at the step-1 checkpoint has finished and been journaled; resume from that
+    checkpoint, whose ``conduit_ahead.cdr`` holds the prompts drawn for the next step (the journaled
+    group goes back finished, the other in-flight ones are re-issued). Checked on the final lineage
+    (the last dump of each step): every step trained its whole batch, no prompt was trained in two
+    steps or twice in one, every group finished before the checkpoint was trained with the responses
+    it had then, no trained group was older than the bound, and verl's TransferQueue pickle
+    checkpoint was never written."""
+    work = tmp_path / "run"
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        _command(work), cwd=ROOT, env=vcr.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    folder = work / "ckpt" / "global_step_1"
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            if any(m.get("step") == 1 for m in vcr.lines(work / "metrics.jsonl")):
+                # step 1 is checkpointed; kill once a prompt in flight at the checkpoint has finished since
+                if _journaled_since(work, ahead.read(folder)):
+                    break
+                assert not any(m.get("step") == 2 for m in vcr.lines(work / "metrics.jsonl")), "slow the pace"
+            time.sleep(0.05)
+        else:
+            pytest.fail("no prompt in flight at the step-1 checkpoint finished during step 2")
+    finally:
+        kill_session(proc)
+        log.close()
+    assert not any(m.get("step") == 2 for m in vcr.lines(work / "metrics.jsonl")), (
+        "step 2 ended before the kill"
+    )
+    rows = ahead.read(folder)
+    assert rows is not None and rows.step == 1 and rows.prompts(), "the checkpoint kept no prompt drawn ahead"
+    assert not (folder / "transfer_queue").exists()  # verl's pickle checkpoint of TransferQueue: never
+    finished_before = collections.defaultdict(list)
+    for sample in rows.samples:
+        if sample is not None and "responses" in sample:
+            finished_before[tuple(sample["prompts"].tolist())].append(sample["responses"].tolist())
+
+    second = subprocess.run(
+        _command(work),
+        cwd=ROOT,
+        env=vcr.env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        start_new_session=True,
+    )
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+
+    resumed = [m["data"] for m in vcr.lines(work / "metrics.jsonl") if m.get("step") == 2]
+    assert resumed and resumed[-1]["conduit/ahead_restored_groups"] == len(rows.prompts())
+    # in flight at the checkpoint, journaled after it: put back finished, not generated again
+    assert resumed[-1]["conduit/ahead_journal_groups"] >= 1
+    # the final lineage: step 1 from the first run, steps 2 and 3 from the resumed one
+    dumps = {d["step"]: d["samples"] for d in vcr.lines(work / "samples.jsonl")}
+    assert sorted(dumps) == [1, 2, 3]
+    steps_of: dict[tuple, set[int]] = collections.defaultdict(set)
+    trained: dict[tuple, list[list[int]]] = collections.defaultdict(list)
+    for step, samples in dumps.items():
+        assert len(samples) == BATCH * N, (step, len(samples))
+        for s in samples:
+            steps_of[tuple(s["prompt"])].add(step)
+            trained[tuple(s["prompt"])].append(s["response"])
+    assert all(len(v) == 1 for v in steps_of.values()), "a prompt was trained in two steps"
+    assert all(len(r) == N for r in trained.values()), "a prompt was trained twice in a step"
+    assert len(trained) == STEPS * BATCH
+    # the groups finished before the checkpoint were trained as they were (their responses kept)
+    for prompt, responses in finished_before.items():
+        assert len(responses) == N
+        assert responses_checksum(trained[prompt]) == responses_checksum(responses)
+    # the bound held for every group the resumed run trained
+    lines = [json.loads(x) for x in (work / "groups.jsonl").read_text().splitlines()]
+    assert lines and max(x["staleness"] for x in lines) <= 1
