@@ -293,3 +293,18 @@ def test_a_disk_field_larger_than_the_free_space_is_refused_whole(tmp_path, monk
     small = {"x": to_wire(column_of("x", torch.ones(2, 8, dtype=torch.int32)))}
     s.put(np.arange(2), small)  # the store still works
     assert int(from_wire(s.get(np.arange(2), ["x"])["x"]).data.values.sum()) == 16
+
+
+def test_a_transfer_queue_checkpoint_is_refused_not_saved_without_rows():
+    """TransferQueue takes NotImplementedError as "data kept elsewhere" and saves metadata alone; the
+    backend refuses instead, naming what to use."""
+    import asyncio
+
+    from conduit_verl.tq_store.backend import ConduitStorageManager
+
+    manager = ConduitStorageManager.__new__(ConduitStorageManager)  # the refusal needs no actors
+    with pytest.raises(StorageBackendError, match="max_staleness=k") as e:
+        asyncio.run(manager.save_checkpoint("/tmp/ck"))
+    assert not isinstance(e.value, NotImplementedError)
+    with pytest.raises(StorageBackendError, match="no rows in TransferQueue's checkpoint"):
+        asyncio.run(manager.load_checkpoint("/tmp/ck"))

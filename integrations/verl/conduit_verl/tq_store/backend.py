@@ -410,6 +410,24 @@ class ConduitStorageManager(StorageManager):
             )
         )
 
+    async def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Refused with a clear error. TransferQueue would take a ``NotImplementedError`` as "this backend
+        keeps its data elsewhere", save the controller's metadata alone, and a resume would then find
+        rows marked finished with no data behind them."""
+        raise StorageBackendError(
+            "Conduit's TransferQueue backend does not save its rows in TransferQueue's checkpoint "
+            f"({checkpoint_dir}); a resume would find finished samples without data. Under verl's async "
+            "trainers with trainer.save_freq > 0 use SimpleStorage, or trainer mode conduit with "
+            "+trainer.v1.conduit.max_staleness=k (its checkpoint keeps the rows in Conduit's own format)"
+        )
+
+    async def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Refused: this backend never wrote rows into a TransferQueue checkpoint (``save_checkpoint``)."""
+        raise StorageBackendError(
+            f"Conduit's TransferQueue backend has no rows in TransferQueue's checkpoint {checkpoint_dir}; "
+            "it was saved by another backend, or without its storage"
+        )
+
     def close(self) -> None:
         for port in getattr(self, "_ports", []):  # also when __init__ failed early (TQ's __del__)
             port.close()
