@@ -6,19 +6,15 @@
 # TP / PP / CP: the actor's tensor / pipeline / context parallel sizes (data-parallel ranks = GPUs / (TP*PP*CP);
 #   Conduit's pieces split over those ranks; the TP/PP/CP peers of one rank read the same samples).
 # MODE=sync gives verl's own trainer; BATCH, MINI, LOGGER, G_ING override the defaults.
-# TQ_BACKEND: Conduit (default) or SimpleStorage; TQ_PLACEMENT="old_log_probs=pinned,..." puts fields on
-#   tiers (shm default, host, disk, pinned, cuda); TQ_BUDGETS="shm=8000000000" caps a tier's bytes.
+# TQ_BACKEND: Conduit (default) or SimpleStorage; Conduit only: TQ_PLACEMENT="old_log_probs=pinned,..." puts
+#   fields on tiers (shm default, host, disk, pinned, cuda); TQ_BUDGETS="shm=8000000000" caps a tier's bytes.
 set -euo pipefail
 MODEL=${1:?model path}; TRAIN=${2:?train parquet}; VAL=${3:?val parquet}; shift 3
-NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
+source "$(dirname "${BASH_SOURCE[0]}")/verl_common.sh"  # NGPU, TQ_* checked; DATA, ACTOR, TRAINER
 : "${TP:=2}" "${PP:=1}" "${CP:=1}"
-: "${TQ_BACKEND:=Conduit}" "${TQ_PLACEMENT:=}" "${TQ_BUDGETS:=}"
 if (( NGPU % (TP * PP * CP) )); then
   echo "NGPU=$NGPU is not a multiple of TP*PP*CP=$((TP * PP * CP))" >&2; exit 2
 fi
-TQ=(transfer_queue.backend.storage_backend="$TQ_BACKEND")
-for kv in ${TQ_PLACEMENT//,/ }; do TQ+=("+transfer_queue.backend.Conduit.placement.$kv"); done
-for kv in ${TQ_BUDGETS//,/ }; do TQ+=("+transfer_queue.backend.Conduit.budgets.$kv"); done
 MG=(
   actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$TP"
   actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$PP"
@@ -29,22 +25,14 @@ MG=(
 )
 python -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer \
   algorithm.adv_estimator=grpo \
-  data.train_files="['$TRAIN']" data.val_files="['$VAL']" \
-  data.train_batch_size=${BATCH:-256} data.max_prompt_length=512 data.max_response_length=1024 \
-  actor_rollout_ref.model.path="$MODEL" \
+  "${DATA[@]}" \
   "${MG[@]}" \
-  actor_rollout_ref.actor.optim.lr=1e-6 \
-  actor_rollout_ref.actor.ppo_mini_batch_size=${MINI:-64} \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+  "${ACTOR[@]}" \
   actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001 \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=8 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
   actor_rollout_ref.rollout.tensor_model_parallel_size="$TP" \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
-  trainer.v1.trainer_mode=${MODE:-conduit} \
-  "${TQ[@]}" \
-  +trainer.v1.conduit.g_ing=${G_ING:-auto} \
-  trainer.n_gpus_per_node="$NGPU" trainer.nnodes=1 \
-  trainer.logger="[${LOGGER:-console}]" trainer.total_epochs=1 \
+  "${TRAINER[@]}" \
   "$@"
