@@ -163,12 +163,31 @@ class HFGenerationServer:
         video_data: Any = None,
         **_kwargs: Any,
     ) -> Any:
-        """verl's server ``generate`` contract: token ids in, ``TokenOutput`` out."""
+        """verl's server ``generate`` contract: token ids in (``_respond``), ``TokenOutput`` out."""
         from verl.workers.rollout.replica import TokenOutput
 
         params = dict(sampling_params)
-        want_logprobs = bool(params.pop("logprobs", False))
-        ids = list(prompt_ids)
+        tokens, log_probs, steps, version = await self._respond(list(prompt_ids), params, request_id)
+        stop = "completed" if tokens and tokens[-1] == self.eos_token_id else "length"
+        return TokenOutput(
+            token_ids=tokens,
+            log_probs=log_probs if params.get("logprobs") else None,
+            stop_reason=stop,
+            extra_fields={"global_steps": steps, "weight_version": version},
+        )
+
+    def _next_seed(self, ids: list[int]) -> int:
+        """A request's sampling seed (``request_seed``): its prompt's next occurrence at this version."""
+        key = (self.weight_version, tuple(ids))
+        occurrence = self._occurrences.get(key, 0)
+        self._occurrences[key] = occurrence + 1
+        return request_seed(self.seed, self.weight_version, ids, occurrence)
+
+    async def _respond(
+        self, ids: list[int], params: dict[str, Any], request_id: str
+    ) -> tuple[list[int], list[float], int | None, int]:
+        """One request generated alone, once the test switches had their say: its tokens, their
+        log-probs, and the ``global_steps`` and weight version they were generated at."""
         self._requests += 1
         if self._requests == self._hang_at:
             print(
@@ -192,21 +211,12 @@ class HFGenerationServer:
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
         async with self._lock:
-            k = (self.weight_version, tuple(ids))
-            occurrence = self._occurrences.get(k, 0)
-            self._occurrences[k] = occurrence + 1
-            torch.manual_seed(request_seed(self.seed, self.weight_version, ids, occurrence))
+            torch.manual_seed(self._next_seed(ids))
             t0 = time.time()
             tokens, log_probs = await asyncio.to_thread(self._generate_sync, ids, params)
             steps = self.global_steps
             self._log_event(t0, time.time(), len(tokens))
-        stop = "completed" if tokens and tokens[-1] == self.eos_token_id else "length"
-        return TokenOutput(
-            token_ids=tokens,
-            log_probs=log_probs if want_logprobs else None,
-            stop_reason=stop,
-            extra_fields={"global_steps": steps, "weight_version": self.weight_version},
-        )
+        return tokens, log_probs, steps, self.weight_version
 
     def _log_event(self, t0: float, t1: float, length: int) -> None:
         log_gen_event(self._gen_log, self.weight_version, t0, t1, length)

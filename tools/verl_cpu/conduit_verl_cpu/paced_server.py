@@ -1,20 +1,20 @@
 """The paced generation server: real tokens from the tiny model, released at modelled times.
 
-``PacedGenerationServer`` is the ``HFGenerationServer`` with another ``generate``. A request draws
-its response length from its sampling seed and its prompt's (``pace.PaceModel.draw_length``), registers with the
-``Pacer`` as it arrives, and joins the next *wave*: a training step's requests (``wave`` of them,
-the harness sets prompts × n; or, for other requests, those that arrive together: no new one for
-``GATHER_S``) are generated in one batch (``batch_sampler.sample_batch``), in the order of their
-seeds, each finishing after its own length's steps. The sampler is batch-invariant (every prompt
-padded to the server's prompt length, every linear layer computed row by row): a request's tokens and
-log-probs are those it would get alone, so neither a wave's composition nor its order can flip a
-near-tie between two tokens from one run to another (sync vs conduit, a short wave, a resumed step).
-Requests are sampled by seed (``hf_server.request_seed``: rollout seed, weight version, prompt, k-th
-request of that prompt), so a prompt's responses are the same in every run; which of them go to which
-GRPO group is not when one prompt text appears twice in a step (the server cannot tell the two groups'
-requests apart; they take the seeds in arrival order). The response is then held until its modelled
-finish and released; the server sleeps meanwhile, leaving the cores to the rest of the pipeline, as
-separate rollout GPUs would.
+``PacedGenerationServer`` is the ``HFGenerationServer`` with another ``_respond`` (what ``generate``
+awaits). A request draws its response length from its sampling seed and its prompt's
+(``pace.PaceModel.draw_length``), registers with the ``Pacer`` as it arrives, and joins the next *wave*:
+a training step's requests (``wave`` of them, the harness sets prompts × n; or, for other requests,
+those that arrive together: no new one for ``GATHER_S``) are generated in one batch
+(``batch_sampler.sample_batch``), in the order of their seeds, each finishing after its own length's
+steps. The sampler is batch-invariant (every prompt padded to the server's prompt length, every linear
+layer computed row by row): a request's tokens and log-probs are those it would get alone, so neither a
+wave's composition nor its order can flip a near-tie between two tokens from one run to another (sync vs
+conduit, a short wave, a resumed step). Requests are sampled by seed (``hf_server.request_seed``:
+rollout seed, weight version, prompt, k-th request of that prompt), so a prompt's responses are the same
+in every run; which of them go to which GRPO group is not when one prompt text appears twice in a step
+(the server cannot tell the two groups' requests apart; they take the seeds in arrival order). The
+response is then held until its modelled finish and released; the server sleeps meanwhile, leaving the
+cores to the rest of the pipeline, as separate rollout GPUs would.
 A response whose real tokens come later than its modelled finish is released when they come; the
 generation log records that lateness (``late_s``), so a run can tell whether the model held.
 
@@ -53,28 +53,16 @@ class PacedGenerationServer(HFGenerationServer):
         self._pending: list[tuple[Request, float, asyncio.Future]] = []
         self._waves: asyncio.Task | None = None
 
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any],
-        request_id: str,
-        image_data: Any = None,
-        video_data: Any = None,
-        **_kwargs: Any,
-    ) -> Any:
-        """verl's server ``generate``: token ids in, ``TokenOutput`` out, at the modelled time."""
-        from verl.workers.rollout.replica import TokenOutput
-
+    async def _respond(
+        self, ids: list[int], params: dict[str, Any], request_id: str
+    ) -> tuple[list[int], list[float], int | None, int]:
+        """One request generated in its wave and released at the modelled time (``generate`` makes
+        the ``TokenOutput``)."""
         from conduit.errors import ConfigError
 
-        params = dict(sampling_params)
         if float(params.get("top_p", 1.0) or 1.0) < 1.0 or int(params.get("top_k", -1) or -1) > 0:
             raise ConfigError(f"paced rollout samples the full distribution; got top_p/top_k in {params}")
-        ids = list(prompt_ids)
-        key = (self.weight_version, tuple(ids))
-        occurrence = self._occurrences.get(key, 0)
-        self._occurrences[key] = occurrence + 1
-        seed = request_seed(self.seed, self.weight_version, ids, occurrence)
+        seed = self._next_seed(ids)
         cap = int(params.get("max_tokens", params.get("max_new_tokens", self.response_length)))
         prompt_seed = request_seed(self.seed, self.weight_version, ids, -1)  # common to the group
         length = min(self.pace.draw_length(seed, prompt_seed), max(1, min(cap, self.response_length)))
@@ -88,13 +76,7 @@ class PacedGenerationServer(HFGenerationServer):
         released = await self.pacer.release(ticket)
         late_s = released - self.pacer.finish_at(ticket)  # > 0: the real tokens came after the model's time
         self._log(t0, time.time(), version, length, self.pacer.model_finish_s(ticket), late_s)
-        stop = "completed" if tokens and tokens[-1] == self.eos_token_id else "length"
-        return TokenOutput(
-            token_ids=tokens,
-            log_probs=log_probs if params.get("logprobs") else None,
-            stop_reason=stop,
-            extra_fields={"global_steps": steps, "weight_version": version},
-        )
+        return tokens, log_probs, steps, version
 
     async def _run_waves(self) -> None:
         """Gather the requests that arrive together and generate them as one batch, until none wait."""
