@@ -88,60 +88,47 @@ def sample_batch(
     prompt longer than it widens the batch, and then that batch's requests are not guaranteed the
     tokens they would get in another batch)."""
     with row_invariant_linears(model):
-        _sample(model, requests, temperature, eos_id, pad_id, cap, on_done, width)
-
-
-def _sample(
-    model: Any,
-    requests: list[Request],
-    temperature: float,
-    eos_id: int,
-    pad_id: int,
-    cap: int,
-    on_done: Callable[[int, list[int], list[float]], None],
-    width: int,
-) -> None:
-    b, steps = len(requests), max(r.length for r in requests)
-    width = max(width, *(len(r.prompt_ids) for r in requests))
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    for i, r in enumerate(requests):  # left padding
-        ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        mask[i, width - len(r.prompt_ids) :] = 1
-    pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-    lengths = torch.tensor([r.length for r in requests])
-    end_eos = lengths < cap  # at the cap: truncated, no EOS
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1]
-    sampled = temperature > 0
-    noise = torch.stack([gumbel_noise(r.seed, steps, logits.shape[-1]) for r in requests])
-    rows = torch.arange(b)  # the requests still generating, in batch order
-    tokens = torch.empty((b, steps), dtype=torch.long)
-    logps = torch.empty((b, steps))
-    for s in range(steps):
-        scaled = logits.float() / (temperature if sampled else 1.0)
-        logp = torch.log_softmax(scaled, dim=-1)
-        score = scaled + noise[rows, s] if sampled else scaled.clone()
-        score[lengths[rows] - 1 > s, eos_id] = float("-inf")  # EOS held back until the drawn length
-        tok = score.argmax(-1)
-        last = lengths[rows] - 1 == s
-        tok = torch.where(last & end_eos[rows], torch.full_like(tok, eos_id), tok)
-        tokens[rows, s], logps[rows, s] = tok, logp.gather(1, tok[:, None])[:, 0]
-        for i in rows[last].tolist():
-            on_done(i, tokens[i, : s + 1].tolist(), logps[i, : s + 1].tolist())
-        keep = (~last).nonzero()[:, 0]
-        if len(keep) == 0:
-            break
-        if len(keep) < len(rows):
-            rows, tok, mask, pos = rows[keep], tok[keep], mask[keep], pos[keep]
-            cache.batch_select_indices(keep)
-        mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
-        pos = pos[:, -1:] + 1
-        out = model(
-            input_ids=tok[:, None],
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-        )
+        b, steps = len(requests), max(r.length for r in requests)
+        width = max(width, *(len(r.prompt_ids) for r in requests))
+        ids = torch.full((b, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((b, width), dtype=torch.long)
+        for i, r in enumerate(requests):  # left padding
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            mask[i, width - len(r.prompt_ids) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        lengths = torch.tensor([r.length for r in requests])
+        end_eos = lengths < cap  # at the cap: truncated, no EOS
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1]
+        sampled = temperature > 0
+        noise = torch.stack([gumbel_noise(r.seed, steps, logits.shape[-1]) for r in requests])
+        rows = torch.arange(b)  # the requests still generating, in batch order
+        tokens = torch.empty((b, steps), dtype=torch.long)
+        logps = torch.empty((b, steps))
+        for s in range(steps):
+            scaled = logits.float() / (temperature if sampled else 1.0)
+            logp = torch.log_softmax(scaled, dim=-1)
+            score = scaled + noise[rows, s] if sampled else scaled.clone()
+            score[lengths[rows] - 1 > s, eos_id] = float("-inf")  # EOS held back until the drawn length
+            tok = score.argmax(-1)
+            last = lengths[rows] - 1 == s
+            tok = torch.where(last & end_eos[rows], torch.full_like(tok, eos_id), tok)
+            tokens[rows, s], logps[rows, s] = tok, logp.gather(1, tok[:, None])[:, 0]
+            for i in rows[last].tolist():
+                on_done(i, tokens[i, : s + 1].tolist(), logps[i, : s + 1].tolist())
+            keep = (~last).nonzero()[:, 0]
+            if len(keep) == 0:
+                break
+            if len(keep) < len(rows):
+                rows, tok, mask, pos = rows[keep], tok[keep], mask[keep], pos[keep]
+                cache.batch_select_indices(keep)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+            pos = pos[:, -1:] + 1
+            out = model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1]
