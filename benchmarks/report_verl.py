@@ -63,6 +63,11 @@ def pair_cell(r: dict[str, Any], x: str, y: str, refusals: Refusals) -> str:
     return cell
 
 
+def _errors(prefix: str, d: dict[str, Any], end: str = "") -> list[str]:
+    """The line ``{prefix}: errors in a, b{end}`` when ``d`` records errors; none otherwise."""
+    return [f"{prefix}: errors in {', '.join(map(str, d['errors']))}{end}"] if d.get("errors") else []
+
+
 def _per_round(rows: list[dict[str, Any]], key: str) -> str:
     by = {r.get("round"): r.get(key) for r in rows if r.get(key) is not None}
     return ", ".join(num(by[k], 3) for k in sorted(by, key=str)) or DASH
@@ -133,8 +138,7 @@ def iteration(docs: list[tuple[str, Doc]]) -> list[str]:
             f"- {label}: verl_sync_tuned's poll period {num(sw.get('chosen'), 3)} s "
             f"(rule: {sw.get('rule', DASH)}; sweep resolved the order: {num(resolved)}).",
         ]
-        if d.get("errors"):
-            out.append(f"- {label}: errors in {', '.join(map(str, d['errors']))}.")
+        out += _errors(f"- {label}", d, ".")
         out += [f"- {label}: {line.removeprefix('- ')}" for line in targets(d.get("targets"))]
     return out
 
@@ -207,8 +211,7 @@ def autotune_verl(d: Doc) -> list[str]:
         )
         t = e.get("targets") or {}
         verdicts.append(f"median {p.get('median')}: " + ", ".join(f"{k} {verdict(v)}" for k, v in t.items()))
-        if p.get("errors"):
-            verdicts.append(f"median {p.get('median')}: errors in {', '.join(map(str, p['errors']))}")
+        verdicts += _errors(f"median {p.get('median')}", p)
     head = [
         "median tokens",
         "τ tail / rest",
@@ -449,8 +452,7 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
                 f"{num(rc.get('iterations'))} iterations per seed: {per or DASH}; conduit_k1 within "
                 f"verl_colocate_async's seed-to-seed spread: {verdict(rc.get('k1_within_spread'))}."
             )
-        if d.get("errors"):
-            lines.append(f"- {label}: errors in {', '.join(map(str, d['errors']))}.")
+        lines += _errors(f"- {label}", d, ".")
     head = [
         "algo",
         "system",
