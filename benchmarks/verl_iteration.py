@@ -51,6 +51,7 @@ from verl_runs import (  # noqa: E402
     machine,
     plan_size,
     reward_runs,
+    run_method,
     run_systems,
     split_system,
     sweep,
@@ -282,9 +283,7 @@ def main() -> int:
 def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
     """How the rows were made (goes into the JSON)."""
     out = {
-        "order": f"{rounds} round(s); in each, the systems run one after another (each start ~35-75 s), "
-        "verl's and Conduit's alternating, every other round reversed (rows' round, position); same "
-        "seed/data; iteration 1 of each run is warm-up and dropped",
+        **run_method(rounds, steps),
         "iterations": "every system's medians and ratios over all its measured iterations (the same "
         "rule for every system); targets use these",
         "conduit_stream": f"conduit with g_ing={args.stream_g_ing} fixed (always streams)",
@@ -299,8 +298,6 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
         "work": "each row's work counters (responses, response tokens of its iteration); a ratio is "
         "refused (refused/...) when two systems did different work",
         "steps_per_system_per_round": steps,
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "machine_load": "2 shared cores; other jobs may run concurrently (noisy)",
     }
     if args.rollout == "paced":
         out["paced"] = (

@@ -198,6 +198,18 @@ def plan_size(args: argparse.Namespace) -> tuple[int, int]:
     return args.steps or (4 if args.quick else 14), args.rounds or (1 if args.quick else 2)
 
 
+def run_method(rounds: int, steps: int) -> dict[str, Any]:
+    """What every benchmark built on ``run_systems`` says of how its rows were made (its result's
+    ``method``): the order of the runs, the command line and the machine's load."""
+    return {
+        "order": f"{rounds} round(s) of {steps} measured iterations per system (+1 warm-up, dropped); in "
+        "each round the systems run one after another, verl's and Conduit's alternating, every other round "
+        "reversed (verl_runs.round_order; rows' round, position); same seed and data",
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "machine_load": "2 shared cores; other jobs may run concurrently (noisy)",
+    }
+
+
 def add_run_flags(p: argparse.ArgumentParser, timeout: int, paced: str = "") -> None:
     """The flags of a benchmark built on these runs: the paced rollout's model (``--tail``, ``--R``;
     ``paced`` starts their help), ``--seed``, ``--timeout`` (seconds per run) and its scratch directory

@@ -63,6 +63,7 @@ from verl_runs import (  # noqa: E402
     harness_args,
     machine,
     plan_size,
+    run_method,
     run_systems,
     split_system,
     table,
@@ -535,9 +536,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
 def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
     """How the rows were made (goes into the JSON)."""
     out = {
-        "order": f"{rounds} round(s) of {steps} measured iterations per system (+1 warm-up, dropped); in "
-        "each round the systems run one after another, verl's and Conduit's alternating, every other round "
-        "reversed (verl_runs.round_order); same seed and data",
+        **run_method(rounds, steps),
         "systems": "conduit_k<k>: trainer mode conduit, +trainer.v1.conduit.max_staleness=k, "
         f"g_ing={args.g_ing}, a group log per run; verl_colocate_async / verl_separate_async: verl's async "
         "trainers (one batch generated ahead; no bound: the harness sets "
@@ -564,8 +563,6 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
         f"where refused); backend: <base>+tq_conduit / <base> wall <= 1/{TARGET_BACKEND_SPEEDUP}, else "
         "backend_<base>_storage_share = SimpleStorage's TQ put+get seconds per iteration (summed over "
         "processes) / its median wall: what any backend could save at most",
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "machine_load": "2 shared cores; other jobs may run concurrently (noisy)",
         "shape": f"{args.batch_size} prompts x n={args.n}, responses up to {args.response_length} tokens",
     }
     if args.rollout == "paced":
