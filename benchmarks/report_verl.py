@@ -431,7 +431,7 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
                 "storage backend"
                 if r.get(f"backend/wall/{x}_over_{y}") is not None or r.get(f"refused/backend/{x}_over_{y}")
                 else (
-                    "equal staleness"
+                    "Conduit no staler"
                     if x.startswith("conduit_k") and not x.startswith("conduit_k0")
                     else "on-policy"
                 )

@@ -29,9 +29,10 @@ Staleness sources: Conduit's rows from the group log (per group; the step's ``co
 metrics where no log is there); verl's rows from verl's own ``training/off_policy/
 trajectory_staleness_worst/{mean,max}`` per step, so a verl system's ``staleness_median`` is the median
 of per-step means (no per-group source exists for verl's trainers). ``conduit_k1 / verl_colocate_async``
-(and every other conduit_k>=1 over each verl async system) is computed only at equal measured
-staleness: the same median of per-step means (the statistic both sides have) and the same maximum;
-otherwise ``refused/...`` says what differed. The backend ratio (``backend/...``) is
+(and every other conduit_k>=1 over each verl async system) is computed only where Conduit trained no
+staler data: its median of per-step means (the statistic both sides have) and its maximum each at most
+the verl system's (fresher data can only have cost Conduit time); otherwise ``refused/...`` says which
+was staler, and ``staleness/...`` gives both measurements beside every computed ratio. The backend ratio (``backend/...``) is
 ``verl_analysis.ratios``' rule; ``conduit_k0 / verl_sync_tuned`` too (both on-policy).
 
 ``--reward-steps N --seeds S`` (off by default) also runs ``conduit_k1`` and ``verl_colocate_async`` for
@@ -275,9 +276,10 @@ def summarize(rows: list[dict[str, Any]], systems: list[str]) -> list[dict[str, 
 
 
 def staleness_differs(summary: dict[str, dict[str, Any]], a: str, b: str) -> str | None:
-    """Why ``a`` and ``b`` did not train at equal measured staleness, or None. Compared: the median
-    (over every group where both have a group log, else the median of per-step means, the statistic
-    verl reports) and the maximum, to 3 decimals."""
+    """Why ``a`` (a conduit system) cannot be compared with ``b``: it trained staler data than ``b``
+    on the median (over every group where both have a group log, else the median of per-step means,
+    the statistic verl reports) or the maximum, to 3 decimals; or None. ``a`` at equal or lower
+    staleness is compared: fresher data can only have cost ``a`` time, never saved it."""
     sa, sb = summary.get(a), summary.get(b)
     for name, s in ((a, sa), (b, sb)):
         if s is None or s.get("staleness_max") is None:
@@ -287,21 +289,32 @@ def staleness_differs(summary: dict[str, dict[str, Any]], a: str, b: str) -> str
         sb.get("staleness_source")
     ).startswith("group_log")
     median_key = "staleness_median" if per_group else "staleness_median_of_step_means"
-    differ = []
+    staler = []
     for key in (median_key, "staleness_max"):
         va, vb = sa.get(key), sb.get(key)
         if va is None or vb is None:
             return f"{key} not measured for {a if va is None else b}"
-        if round(float(va), 3) != round(float(vb), 3):
-            differ.append(f"{key} {a} {va:g}, {b} {vb:g}")
-    return "staleness differs: " + "; ".join(differ) if differ else None
+        if round(float(va), 3) > round(float(vb), 3):
+            staler.append(f"{key} {a} {va:g}, {b} {vb:g}")
+    return f"staleness differs: {a} trained staler data: " + "; ".join(staler) if staler else None
+
+
+def staleness_compared(summary: dict[str, dict[str, Any]], a: str, b: str) -> str:
+    """How ``a``'s measured staleness stood to ``b``'s where their ratio is computed."""
+    sa, sb = summary[a], summary[b]
+    parts = [
+        f"{key} {sa.get(key)!s} vs {sb.get(key)!s}"
+        for key in ("staleness_median_of_step_means", "staleness_max")
+        if sa.get(key) is not None and sb.get(key) is not None
+    ]
+    return "; ".join(parts)
 
 
 def staleness_ratios(
     rows: list[dict[str, Any]], summary: dict[str, dict[str, Any]], pairs: list[tuple[str, str]]
 ) -> dict[str, Any]:
-    """``a`` ÷ ``b`` (medians of wall and exposed time) for each pair, only at equal measured staleness
-    (``refused/<a>_over_<b>``: why not). ``work/<a>_vs_<b>``: where the generated work differed
+    """``a`` ÷ ``b`` (medians of wall and exposed time) for each pair, only where ``a`` trained no staler
+    data than ``b`` (``refused/<a>_over_<b>``: why not; ``staleness/<a>_vs_<b>``: both measurements). ``work/<a>_vs_<b>``: where the generated work differed
     (``verl_analysis.work_differs``; in async modes it depends on when in-flight requests are
     aborted and resumed) or ``"equal"``; reported, not a refusal."""
     out: dict[str, Any] = {}
@@ -316,13 +329,14 @@ def staleness_ratios(
             if x is not None and y:
                 out[f"{key.removesuffix('_s')}/{a}_over_{b}"] = round(x / y, 3)
         out[f"work/{a}_vs_{b}"] = work_differs(rows, a, b) or "equal"
+        out[f"staleness/{a}_vs_{b}"] = staleness_compared(summary, a, b)
     return out
 
 
 def all_ratios(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> dict[str, Any]:
     """``verl_analysis.ratios`` on the on-policy comparison (``conduit_k0`` ÷ ``verl_sync_tuned``) and
     the backend rule (every ``+tq_conduit`` system ÷ its trainer on SimpleStorage); then every
-    ``conduit_k>=1`` ÷ every verl async system at equal measured staleness; medians of every system."""
+    ``conduit_k>=1`` ÷ every verl async system where Conduit trained no staler data; medians of every system."""
     systems = [s["system"] for s in summary]
     on_policy = [r for r in rows if not (r["system"].startswith("conduit") and (r["max_staleness"] or 0) > 0)]
     baselines = [s for s in systems if split_system(s)[0] == "verl_sync_tuned"]
@@ -339,7 +353,7 @@ def all_ratios(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> dic
 
 def targets(ratio: dict[str, Any], summary: list[dict[str, Any]]) -> dict[str, Any]:
     """Issue 30's targets from the measured ratios: conduit k=1 ≤ 0.9× ``verl_colocate_async`` end to
-    end and ≤ 0.5× exposed at equal measured staleness (None where refused: the reason beside);
+    end and ≤ 0.5× exposed where k = 1 trained no staler data (None where refused: the reason beside);
     Conduit's backend under each verl async trainer ≥ 1.1× faster (wall ratio ≤ 1/1.1), else the
     storage time per iteration that bounds what a backend could save (for the note)."""
     head = f"{HEADLINE[0]}_over_{HEADLINE[1]}"
@@ -547,9 +561,10 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
         "(staleness_median over groups); verl: verl's training/off_policy/trajectory_staleness_worst/"
         "{mean,max} per step, so its staleness_median is the median of per-step means (no per-group "
         "source exists for verl's trainers). staleness_max: the largest lag any measured step trained",
-        "equal_staleness": "conduit_k>=1 / a verl async system only where both trained at the same measured "
-        "staleness: the median of per-step means (or, both with group logs, over groups) and the maximum, "
-        "to 3 decimals; otherwise refused/... gives both values",
+        "equal_staleness": "conduit_k>=1 / a verl async system only where Conduit trained no staler data: "
+        "its median of per-step means (or, both with group logs, over groups) and its maximum each at most "
+        "the other's, to 3 decimals (fresher data can only cost Conduit time); otherwise refused/... "
+        "gives both values; staleness/<a>_vs_<b> gives both beside every computed ratio",
         "work": "work: responses and response tokens the rollout generated per weight version "
         "(gen_events); in async modes this depends on when in-flight requests are aborted and resumed, "
         "so it is reported (work/<a>_vs_<b>) and not a refusal for the staleness ratios; the backend "

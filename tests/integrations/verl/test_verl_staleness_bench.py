@@ -259,6 +259,21 @@ def test_the_ratio_is_refused_at_unequal_staleness(tmp_path: Path, monkeypatch) 
     by = {s["system"]: s for s in summary}
     assert vs.staleness_differs(by, "conduit_k1", "conduit_k1") is None
     assert vs.staleness_differs(by, "conduit_k1", "verl_missing") == "no measured staleness for verl_missing"
+    assert "conduit_k1 trained staler data" in why
+
+
+def test_the_ratio_is_computed_where_conduit_trained_fresher_data(tmp_path: Path, monkeypatch) -> None:
+    """verl's unbounded async trainer reached lag 2 in a step; k = 1 never did: compared, both shown."""
+    systems = ["verl_colocate_async", "conduit_k1"]
+    ahead = {1: [0] * 4, 2: [1] * 4, 3: [2] * 4, 4: [1] * 4}
+    lags = {"verl_colocate_async": ahead, "conduit_k1": K1}
+    walls = {"verl_colocate_async": 10.0, "conduit_k1": 8.0}
+    _, summary, ratio, _ = _bench(tmp_path, monkeypatch, systems, lags, walls)
+    assert "refused/conduit_k1_over_verl_colocate_async" not in ratio
+    assert ratio["wall/conduit_k1_over_verl_colocate_async"] == pytest.approx(0.8, abs=1e-3)
+    assert "staleness_max 1" in ratio["staleness/conduit_k1_vs_verl_colocate_async"]
+    by = {s["system"]: s for s in summary}
+    assert vs.staleness_differs(by, "verl_colocate_async", "conduit_k1")  # the other way round: staler
 
 
 def _blank(x: Any) -> Any:
@@ -288,8 +303,8 @@ def test_the_renderer_shows_rows_ratios_refusals_and_survives_blank_values(
     page = "\n".join(report_verl.staleness({"verl_staleness_grpo.json": doc, "verl_staleness_ppo.json": {}}))
     assert "| GRPO | conduit_k1 | Conduit | 1 | 1.00 / 1.00 | group_log" in page
     assert "| GRPO | verl_colocate_async | SimpleStorage | none |" in page
-    assert "conduit_k1 ÷ verl_colocate_async | equal staleness | 1.000 / " in page
-    assert "conduit_k2 ÷ verl_colocate_async | equal staleness | refused [1]" in page
+    assert "conduit_k1 ÷ verl_colocate_async | Conduit no staler | 1.000 / " in page
+    assert "conduit_k2 ÷ verl_colocate_async | Conduit no staler | refused [1]" in page
     assert "- [1] refused: staleness differs" in page
     assert "storage backend" in page and "k1_wall<=0.9x" in page and "reward" in page
     blank = "\n".join(report_verl.staleness({"verl_staleness_grpo.json": _blank(doc)}))
