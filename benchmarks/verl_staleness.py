@@ -328,7 +328,7 @@ def staleness_ratios(
             x, y = median(rows, a, key), median(rows, b, key)
             if x is not None and y:
                 out[f"{key.removesuffix('_s')}/{a}_over_{b}"] = round(x / y, 3)
-        out[f"work/{a}_vs_{b}"] = work_differs(rows, a, b) or "equal"
+        out[f"work/{a}_vs_{b}"] = work_differs(rows, a, b, open_last=True) or "equal"
         out[f"staleness/{a}_vs_{b}"] = staleness_compared(summary, a, b)
     return out
 
@@ -568,7 +568,8 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
         "work": "work: responses and response tokens the rollout generated per weight version "
         "(gen_events); in async modes this depends on when in-flight requests are aborted and resumed, "
         "so it is reported (work/<a>_vs_<b>) and not a refusal for the staleness ratios; the backend "
-        "and on-policy ratios refuse on it (verl_analysis.ratios). prompts_trained: Conduit's trained "
+        "and on-policy ratios refuse on it (verl_analysis.ratios), except, for trainers that generate ahead, "
+        "on the last iteration (its version's responses are generated during a step the run never reaches). prompts_trained: Conduit's trained "
         "groups, verl's train batch size; stale_dropped: conduit/stale_dropped or verl's "
         "training/off_policy/evicted_samples (groups); prompts_generated = trained + dropped",
         "update_weights": "update_weights_s: verl's timing_s/update_weights (the push of new weights to "

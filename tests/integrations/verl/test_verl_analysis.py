@@ -147,6 +147,24 @@ def test_the_control_separates_the_backend_from_the_trainer_mode() -> None:
     assert "refused/backend/verl_sync_tuned+tq_conduit_over_verl_sync_tuned" in found
 
 
+def test_a_trainer_running_ahead_is_not_judged_by_its_last_versions_cut_generation() -> None:
+    from verl_analysis import ratios
+
+    rows = [_timed("verl_colocate_async", it, 10.0) for it in range(2, 6)]
+    rows += [_timed("verl_colocate_async+tq_conduit", it, 9.0) for it in range(2, 6)]
+    rows[-1]["work"] = {"responses": 112, "response_tokens": 7}  # the last version, cut by the run's end
+    found = ratios(rows, [])
+    assert found["backend/wall/verl_colocate_async+tq_conduit_over_verl_colocate_async"] == pytest.approx(0.9)
+    rows[-2]["work"] = {"responses": 127, "response_tokens": 7}  # an earlier iteration: refused
+    found = ratios(rows, [])
+    assert "iteration 4" in found["refused/backend/verl_colocate_async+tq_conduit_over_verl_colocate_async"]
+    # a sync trainer finishes every version inside its step: its last iteration counts
+    sync = [_timed("verl_sync_tuned", it, 10.0) for it in range(2, 6)]
+    sync += [_timed("verl_sync_tuned+tq_conduit", it, 9.0) for it in range(2, 6)]
+    sync[-1]["work"] = {"responses": 112, "response_tokens": 7}
+    assert "refused/backend/verl_sync_tuned+tq_conduit_over_verl_sync_tuned" in ratios(sync, [])
+
+
 def test_the_baseline_gets_the_best_period_of_the_sweep() -> None:
     from verl_analysis import choose_poll
 
