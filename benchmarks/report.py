@@ -139,6 +139,13 @@ SECTIONS: tuple[Section, ...] = (
         ("verl_iteration_vllm_grpo.png",),
     ),
     Section(
+        "verl_staleness",
+        "verl under bounded staleness: Conduit's max_staleness=k and verl's async trainers",
+        ("verl_staleness_grpo.json",),
+        verl.staleness,
+        ("verl_staleness_grpo.png", "verl_staleness_grpo_reward.png"),
+    ),
+    Section(
         "tq_backends",
         "TransferQueue storage backends",
         ("tq_backends.json",),
