@@ -40,6 +40,14 @@ import verl_crash_resume as vcr  # noqa: E402  (the benchmark's harness command,
 SHAPE = SimpleNamespace(pace_scale=6, batch_size=BATCH, n=N, seed=0)
 
 
+def _resume(command: list[str]) -> None:
+    """Run ``command`` again (the resume) to the end; fail with its output's tail if it fails."""
+    second = subprocess.run(
+        command, cwd=ROOT, env=vcr.env(), capture_output=True, text=True, timeout=900, start_new_session=True
+    )
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+
+
 def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
     work = tmp_path / "run"
     root = journal_root(work / "ckpt")
@@ -75,16 +83,7 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
     assert len(kept) >= journaled
     events_before = len(vcr.lines(work / "gen_events.jsonl"))
 
-    second = subprocess.run(
-        vcr.command(work, STEP, SHAPE, "on"),
-        cwd=ROOT,
-        env=vcr.env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        start_new_session=True,
-    )
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    _resume(vcr.command(work, STEP, SHAPE, "on"))
 
     (metrics,) = [m["data"] for m in vcr.lines(work / "metrics.jsonl") if m.get("step") == STEP]
     assert metrics["conduit/journal_restored_groups"] == len(kept)
@@ -177,16 +176,7 @@ def test_sigkill_while_running_ahead_then_resume_trains_every_prompt_once(tmp_pa
         if sample is not None and "responses" in sample:
             finished_before[tuple(sample["prompts"].tolist())].append(sample["responses"].tolist())
 
-    second = subprocess.run(
-        _command(work),
-        cwd=ROOT,
-        env=vcr.env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        start_new_session=True,
-    )
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    _resume(_command(work))
 
     resumed = [m["data"] for m in vcr.lines(work / "metrics.jsonl") if m.get("step") == 2]
     assert resumed and resumed[-1]["conduit/ahead_restored_groups"] == len(rows.prompts())
