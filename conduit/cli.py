@@ -41,12 +41,17 @@ def _table(rows: Sequence[Sequence[str]], right: tuple[int, ...]) -> list[str]:
     return out
 
 
+def _standing_for(topo: Topology) -> str:
+    n = topo.node_count or len(topo.nodes)
+    return f" written, standing for {n} ({topo.gpu_count} GPUs)" if n > len(topo.nodes) else ""
+
+
 def format_table(topo: Topology) -> str:
     """The topology as two text tables: tiers with capacity, links with GB/s and µs."""
     order = {t.name: i for i, t in enumerate(topo.tiers)}
     lines = [
         f"topology: {topo.source}",
-        f"{len(topo.nodes)} node(s), {len(topo.tiers)} tiers, {len(topo.links)} links",
+        f"{len(topo.nodes)} node(s){_standing_for(topo)}, {len(topo.tiers)} tiers, {len(topo.links)} links",
         "",
     ]
     tiers = [(t.name, t.kind, t.node, t.device or "-", format_bytes(t.capacity_bytes)) for t in topo.tiers]

@@ -99,11 +99,17 @@ class Link:
 
 @dataclass(frozen=True)
 class Topology:
-    """Tiers (unique names) and directed links between them; ``source`` says where it came from."""
+    """Tiers (unique names) and directed links between them; ``source`` says where it came from.
+
+    ``node_count`` (default: the nodes written out) describes a larger cluster of identical nodes
+    compactly: the written nodes (at least two, all of one shape) stand for all ``node_count`` of them,
+    every node like each written one and every pair of nodes linked like two written ones.
+    """
 
     tiers: tuple[Tier, ...]
     links: tuple[Link, ...]
     source: str = "in memory"
+    node_count: int | None = None
     _tiers: dict[str, Tier] = field(init=False, repr=False, compare=False)
     _links: dict[tuple[str, str], Link] = field(init=False, repr=False, compare=False)
 
@@ -128,6 +134,42 @@ class Topology:
             links[(lk.src, lk.dst)] = lk
         object.__setattr__(self, "_tiers", tiers)
         object.__setattr__(self, "_links", links)
+        self._check_node_count()
+
+    def _check_node_count(self) -> None:
+        written, n = self.nodes, self.node_count
+        if n is None:
+            object.__setattr__(self, "node_count", len(written))
+            return
+        _field(
+            "topology",
+            "node_count",
+            n,
+            isinstance(n, int) and not isinstance(n, bool) and n >= len(written),
+            f"an integer >= the {len(written)} node(s) written out",
+        )
+        if n == len(written):
+            return
+        _need(len(written) >= 2, f"node_count = {n} needs two written nodes to show how nodes are linked")
+        shapes = {node: self._shape(node) for node in written}
+        first = written[0]
+        for node, shape in shapes.items():
+            _need(
+                shape == shapes[first],
+                f"node_count = {n} needs identical written nodes; {node!r} differs from {first!r} "
+                "(tier names after the node, kinds, capacities, devices)",
+            )
+
+    def _shape(self, node: str) -> tuple[tuple[str, str, int, str | None], ...]:
+        return tuple(
+            (t.name.split("/", 1)[-1], t.kind, t.capacity_bytes, t.device) for t in self.tiers_on(node)
+        )
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs (hbm tiers) in the whole cluster: per written node times ``node_count``."""
+        written = sum(t.kind == "hbm" for t in self.tiers)
+        return written * (self.node_count or len(self.nodes)) // len(self.nodes)
 
     def without(self, kind: str) -> Topology:
         """This topology less its tiers of ``kind`` (and their links); itself if it has none or only those."""
@@ -136,7 +178,7 @@ class Topology:
             return self
         names = {t.name for t in keep}
         links = tuple(lk for lk in self.links if lk.src in names and lk.dst in names)
-        return Topology(keep, links, self.source)
+        return Topology(keep, links, self.source, self.node_count)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -175,7 +217,14 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         tiers = [{k: v for k, v in asdict(t).items() if v is not None} for t in self.tiers]
-        return {"source": self.source, "tiers": tiers, "links": [asdict(lk) for lk in self.links]}
+        out: dict[str, Any] = {
+            "source": self.source,
+            "tiers": tiers,
+            "links": [asdict(lk) for lk in self.links],
+        }
+        if self.node_count != len(self.nodes):
+            out["node_count"] = self.node_count
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str | None = None) -> Topology:
@@ -183,8 +232,11 @@ class Topology:
         forms: a tier's ``copy_gb_per_s``/``copy_latency_us`` is its self link; a link's ``src``/``dst``
         may be lists of names or glob patterns, with ``both_ways`` and ``scope``)."""
         _need(isinstance(data, Mapping), f"a topology must be a table, got {type(data).__name__}")
-        unknown = set(data) - {"source", "description", "tiers", "links"}
-        _need(not unknown, f"unknown top-level key(s) {sorted(unknown)}; expected tiers, links, description")
+        unknown = set(data) - {"source", "description", "tiers", "links", "node_count"}
+        _need(
+            not unknown,
+            f"unknown top-level key(s) {sorted(unknown)}; expected tiers, links, description, node_count",
+        )
         raw_tiers: Any = data.get("tiers")
         _need(isinstance(raw_tiers, list) and bool(raw_tiers), "'tiers' must be a non-empty array of tables")
         raw_links = data.get("links", [])
@@ -198,7 +250,10 @@ class Topology:
         for i, raw in enumerate(raw_links):
             links.extend(_links_from(raw, f"links[{i}]", tiers))
         return cls(
-            tuple(tiers), tuple(links), source if source is not None else str(data.get("source", "described"))
+            tuple(tiers),
+            tuple(links),
+            source if source is not None else str(data.get("source", "described")),
+            data.get("node_count"),
         )
 
     @classmethod

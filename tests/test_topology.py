@@ -16,7 +16,7 @@ from conduit.errors import ConfigError
 from conduit.topology import Link, Tier, Topology, load
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "topologies"
-FILES = ["h200x8.toml", "gpu8_nonuniform.toml", "cluster4.toml"]
+FILES = ["h200x8.toml", "gpu8_nonuniform.toml", "cluster4.toml", "cluster128_h100.toml"]
 
 
 def two_tiers() -> tuple[Tier, Tier]:
@@ -171,6 +171,53 @@ def test_cluster4_network_is_much_slower_than_inside_a_node():
     assert len(cross) == 4 * 3 * 6 * 6 and max(lk.gb_per_s for lk in cross) == 50
     inside = t.transfer_seconds("node1/cuda:0", "node1/cuda:1", 1e9)
     assert t.transfer_seconds("node0/cuda:0", "node1/cuda:0", 1e9) > 5 * inside
+
+
+def test_cluster128_stands_for_1024_h100_with_one_nic_per_gpu():
+    t = load(EXAMPLES / "cluster128_h100.toml")
+    assert t.nodes == ("node0", "node1") and t.node_count == 128 and t.gpu_count == 1024
+    assert t.tier("node1/cuda:7").capacity_bytes == 80_000_000_000
+    assert t.link("node0/cuda:3", "node1/cuda:5").gb_per_s == 50  # type: ignore[union-attr]
+    assert t.link("node0/host", "node1/host").gb_per_s == 50  # type: ignore[union-attr]
+    again = Topology.from_dict(json.loads(json.dumps(t.to_dict())))
+    assert again == t and again.node_count == 128
+
+
+TWO_NODES = """
+node_count = 4
+tiers = [
+  { name = "a/host", kind = "host", capacity_bytes = 1000 },
+  { name = "b/host", kind = "host", capacity_bytes = 1000 },
+]
+[[links]]
+src = "*/host"
+dst = "*/host"
+gb_per_s = 1
+latency_us = 1
+"""
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("node_count = 4", "node_count = 1"), r"node_count must be an integer >= the 2 node\(s\)"),
+        (("node_count = 4", "node_count = 4.5"), "node_count must be an integer"),
+        (("capacity_bytes = 1000 },\n]", "capacity_bytes = 999 },\n]"), "'b' differs from 'a'"),
+        (('  { name = "b/host", kind = "host", capacity_bytes = 1000 },\n', ""), "needs two written nodes"),
+    ],
+)
+def test_node_count_is_checked(tmp_path, edit, message):
+    text = TWO_NODES.replace(*edit)
+    assert text != TWO_NODES
+    with pytest.raises(ConfigError, match=message):
+        load(write(tmp_path, text))
+
+
+def test_node_count_defaults_to_the_written_nodes(tmp_path):
+    t = load(write(tmp_path, TWO_NODES.replace("node_count = 4", "")))
+    assert t.node_count == 2 and t.gpu_count == 0 and "node_count" not in t.to_dict()
+    four = load(write(tmp_path, TWO_NODES))
+    assert four.node_count == 4 and four.without("disk") is four
 
 
 # ------------------------------------------------------------------------------------------- discovery
