@@ -268,6 +268,9 @@ def test_a_paced_conduit_run_tells_auto_the_rollout_has_its_own_hardware(tmp_pat
     hardware = "+trainer.v1.conduit.rollout_hardware"
     assert hardware in knobs("--trainer-mode", "conduit", "--rollout", "paced")
     assert hardware not in knobs("--trainer-mode", "conduit", "--rollout", "hf")  # shares the cores
+    # vLLM on a core of its own (--core-split, the default) is separate hardware; unsplit, it shares
+    assert hardware in knobs("--trainer-mode", "conduit", "--rollout", "vllm")
+    assert hardware not in knobs("--trainer-mode", "conduit", "--rollout", "vllm", "--core-split", "none")
     assert knobs("--trainer-mode", "sync", "--rollout", "paced") == []
     assert knobs("--trainer-mode", "conduit", "--rollout", "paced", "+trainer.v1.conduit.overlap=sync") == []
     # a user's own setting is left alone

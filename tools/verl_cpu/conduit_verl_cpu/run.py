@@ -225,8 +225,9 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
 
 def streaming_overrides(args: argparse.Namespace, work: Path) -> list[str]:
     """For a conduit-mode run that streams: ``trainer.v1.conduit.tuner_cache``, and
-    ``rollout_hardware=separate`` with the paced rollout (it models inference servers of their own);
-    none for verl's modes, ``overlap=sync``, or a knob the extra overrides set."""
+    ``rollout_hardware=separate`` with the paced rollout (it models inference servers of their own) and
+    with vLLM on cores of its own (``--core-split``: the trainer's cores never run generation); none for
+    verl's modes, ``overlap=sync``, or a knob the extra overrides set."""
     extra = " ".join(args.extra)
     if args.trainer_mode != "conduit" or "overlap=sync" in extra:
         return []
@@ -235,7 +236,8 @@ def streaming_overrides(args: argparse.Namespace, work: Path) -> list[str]:
         out.append(
             f"+trainer.v1.conduit.tuner_cache={Path(args.tuner_cache or work / 'tuner_cache').resolve()}"
         )
-    if args.rollout == "paced" and "rollout_hardware" not in extra:
+    separate = args.rollout == "paced" or (args.rollout == "vllm" and args.core_split is not None)
+    if separate and "rollout_hardware" not in extra:
         out.append("+trainer.v1.conduit.rollout_hardware=separate")
     return out
 
