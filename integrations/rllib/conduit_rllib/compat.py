@@ -519,6 +519,38 @@ def chunk_arrays(ep: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _getter_chunk_arrays(ep)
 
 
+# -- frame stacking ---------------------------------------------------------------------------------
+
+FrameStacking = _import(
+    "ray.rllib.connectors.common.frame_stacking", "FrameStacking", "dqn.py: frame stacks built at delivery"
+)
+INPUT_ENV_SINGLE_SPACES = _import("ray.rllib.env", "INPUT_ENV_SINGLE_SPACES", "dqn.py: the env's frame space")
+
+
+@_seam(
+    "learner connector pieces (build_learner_connector, FrameStacking.num_frames)",
+    "dqn.py: a FrameStacking learner piece makes the replay store frames once and stack at delivery",
+)
+def _check_frame_stacking() -> str | None:
+    if not callable(getattr(AlgorithmConfig, "build_learner_connector", None)):
+        return "AlgorithmConfig method `build_learner_connector` not found"
+    if not _assigns(FrameStacking.__init__, "num_frames"):
+        return "FrameStacking attribute `num_frames` not found"
+    return None
+
+
+def learner_frame_stack(config: Any, algo: Any) -> int | None:
+    """``num_frames`` of the ``FrameStacking`` piece in ``config``'s learner connector (``None``: none).
+
+    The pipeline is built as RLlib's learners build it, on the env's single-agent spaces.
+    """
+    spaces = _read(algo, "spaces", "Algorithm attribute `spaces` not found") or {}
+    obs_space, act_space = spaces.get(INPUT_ENV_SINGLE_SPACES, (None, None))
+    pipeline = config.build_learner_connector(obs_space, act_space)
+    frames = [p.num_frames for p in getattr(pipeline, "connectors", []) if isinstance(p, FrameStacking)]
+    return int(frames[0]) if frames else None
+
+
 # -- the check --------------------------------------------------------------------------------------
 
 

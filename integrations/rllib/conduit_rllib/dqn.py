@@ -24,6 +24,7 @@ from conduit_rllib.compat import (
     TIMERS,
     DQNConfig,
     calculate_rr_weights,
+    learner_frame_stack,
     pop_td_errors,
 )
 from conduit_rllib.replay import ConduitReplay
@@ -61,6 +62,7 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
             device=self._learner_device(),
             num_learners=self.config.num_learners,
             seed=self._conduit_seed(),
+            frame_stack=learner_frame_stack(self.config, self),
         )
         self._start_conduit(replay)
 

@@ -27,3 +27,11 @@ class ReplayConfigError(RLlibIntegrationError):
 
 class RLlibVersionError(RLlibIntegrationError):
     """The installed RLlib lacks something conduit_rllib relies on (the message names it and the version)."""
+
+
+class FrameFormatError(RLlibIntegrationError):
+    """A frame that frame-once storage cannot store exactly (wrong dtype, shape or values; the message says)."""
+
+
+class FramesEvictedError(RLlibIntegrationError):
+    """A sampled transition's frame was overwritten in the frame store (its capacity is too small)."""

@@ -84,7 +84,7 @@ class TransitionPacker:
         added = 0
         segs = self._segs
         for ep in chunks:
-            obs, act, rew = chunk_arrays(ep)
+            obs, act, rew = self._arrays(ep)
             seg = segs.get(ep.id_)
             if seg is None or seg.done:
                 seg = segs[ep.id_] = _Segment(obs, act, rew)
@@ -99,6 +99,10 @@ class TransitionPacker:
             added += len(act)
         self.staged += added
         return added
+
+    def _arrays(self, ep: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(observations, actions, rewards)`` of a chunk (``FramePacker`` stores frames, returns references)."""
+        return chunk_arrays(ep)
 
     def pack(self, chunks: Iterable[Any] = ()) -> ColumnBatch | None:
         """Stage ``chunks``, then everything staged as one batch of step rows (``None``: nothing to emit)."""

@@ -9,11 +9,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit import BufferConfig, Column, ColumnBatch, Conduit, Delivery, Metrics, SchedulerConfig, Schema
+from conduit import (
+    BufferConfig,
+    Column,
+    ColumnBatch,
+    Conduit,
+    Delivery,
+    Metrics,
+    Operator,
+    SchedulerConfig,
+    Schema,
+)
 from conduit.costmodel import OperatorCost
 from conduit_rllib.common import ModuleConduits
 from conduit_rllib.dqn_tuning import DQNTuning, probe_costs
 from conduit_rllib.fragments import TransitionPacker, by_module
+from conduit_rllib.frame_packer import FramePacker, frame_capacity
+from conduit_rllib.frames import frame_stack_operator
 from conduit_rllib.nstep import nstep_operator
 from conduit_rllib.settings import ConduitSettings
 from conduit_rllib.train_batch import LearnerInput, learner_input, to_sample_batch
@@ -51,6 +63,8 @@ class ConduitReplay(ModuleConduits):
     Args:
         buffer: capacity, sampler, alpha, beta.
         n_step, gamma: DQN's n-step target settings, applied once per transition at ingestion.
+        frame_stack: RLlib's ``FrameStacking(num_frames=...)`` learner piece, if the config has one: each
+            frame is then stored once (``frames.py``) and stacks are built at delivery.
         settings, device, num_learners, seed: as :class:`~conduit_rllib.common.ModuleConduits`.
     """
 
@@ -63,11 +77,13 @@ class ConduitReplay(ModuleConduits):
         device: torch.device | str,
         num_learners: int,
         seed: int | None,
+        frame_stack: int | None = None,
     ) -> None:
         super().__init__(settings, device, num_learners, seed)
+        self.frame_stack = frame_stack
         self.buffer_config = dataclasses.replace(buffer, pins=settings.pins) if settings.pins else buffer
         self.n_step, self.gamma = n_step, gamma
-        self.packers: dict[str, TransitionPacker] = {}
+        self.packers: dict[str, TransitionPacker] = {}  # FramePacker under frame_stack
         self.obs_specs: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
         self._ones: dict[tuple[str, int], torch.Tensor] = {}
         self.tuning = DQNTuning(settings) if settings.overlap == "auto" else None
@@ -91,6 +107,7 @@ class ConduitReplay(ModuleConduits):
                 self.buffer_config,
                 self.settings.scheduler(algo="dqn"),
                 ingest=[nstep_operator(self.n_step, self.gamma)],
+                deliver=self._deliver_ops(mid),
                 device=self.device,
                 ranks=self.ranks,
                 stored_schema=transition_schema(obs_dtype, obs_shape),
@@ -99,6 +116,20 @@ class ConduitReplay(ModuleConduits):
             )
             self.conduits[mid] = c
         return c
+
+    def _new_packer(self) -> TransitionPacker:
+        if self.frame_stack is None:
+            return TransitionPacker(self.n_step)
+        capacity = frame_capacity(self.buffer_config.capacity, self.n_step, self.frame_stack)
+        return FramePacker(self.n_step, self.frame_stack, capacity)
+
+    def _deliver_ops(self, mid: str) -> list[Operator]:
+        """Frame stacking (frame-once storage: ``obs`` / ``new_obs`` are frame references), else none."""
+        packer = self.packers.get(mid)
+        if not isinstance(packer, FramePacker):
+            return []
+        assert packer.store is not None  # built with the first chunk, before the first put
+        return [frame_stack_operator(packer.store)]
 
     def add(self, episodes: list[Any], version: int) -> int:
         """Stage every module's steps from ``episodes``; put them once ``stage_steps`` are staged.
@@ -111,7 +142,7 @@ class ConduitReplay(ModuleConduits):
             for mid, chunks in by_module(episodes).items():
                 packer = self.packers.get(mid)
                 if packer is None:
-                    packer = self.packers[mid] = TransitionPacker(self.n_step)
+                    packer = self.packers[mid] = self._new_packer()
                 steps += packer.stage(chunks)
                 if packer.staged >= self.stage_steps:
                     self._put(mid, packer, version)
@@ -236,6 +267,7 @@ class ConduitReplay(ModuleConduits):
             dataclasses.replace(self.buffer_config, capacity=4096, capacity_bytes=None, journal=None),
             SchedulerConfig("sync", depth=max(2, g_del), g_del=g_del),
             ingest=[nstep_operator(self.n_step, self.gamma)],
+            deliver=self._deliver_ops(mid),
             device=self.device,
             ranks=self.ranks,
             stored_schema=transition_schema(dtype, shape),
@@ -261,7 +293,7 @@ class ConduitReplay(ModuleConduits):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        for mid, ps in state["packers"].items():  # first: a Conduit's delivery reads its packer's frames
+            self.packers.setdefault(mid, self._new_packer()).load_state_dict(ps)
         for mid, (dtype, shape) in state["obs_specs"].items():
             self._conduit(mid, dtype, shape).load_state_dict(state["conduits"][mid])
-        for mid, ps in state["packers"].items():
-            self.packers.setdefault(mid, TransitionPacker(self.n_step)).load_state_dict(ps)

@@ -1,0 +1,205 @@
+"""Frame-once storage for frame-stacked observations (Atari): each frame stored once, as uint8.
+
+RLlib's frame stacking (``FrameStacking`` in RLlib's ``connectors/common/frame_stacking.py``, as the
+env-to-module and the learner connector) keeps single frames ``[H, W, 1]`` in the episodes and builds
+the stacked observation ``[H, W, F]`` (oldest frame first) from the last ``F`` observations; before
+the episode's first observation it pads with ``fill=0.0`` in the frame's dtype
+(``InfiniteLookbackBuffer.get(..., fill=0.0)``). Conduit stores each frame once in a
+:class:`FrameStore` (a core ``RingStorage`` of uint8 frames, addressed by a global frame id) and
+each observation is kept as ``F`` frame references (ids, ``-1`` before the episode's first frame), from
+which the same stacks are built at delivery with one gather (:meth:`FrameStore.stacks`).
+
+Frames from RLlib's Atari wrappers (``wrap_atari_for_new_api_stack``) are float32 ``u / 128 - 1`` for
+integer ``u`` in 0..255 (``NormalizedImageEnv``); :class:`FrameCodec` stores ``u`` and decodes it
+bit-exactly. uint8 frames are stored as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from conduit import Column, ColumnBatch, Operator, Schema
+from conduit.buffer.gather_kernels import gather_rows
+from conduit.buffer.storage import RingStorage
+from conduit_rllib.errors import FrameFormatError, FramesEvictedError
+
+NORMALIZED_SCALE = 128.0  # RLlib's NormalizedImageEnv: x = u / 128 - 1
+
+
+@dataclass(frozen=True)
+class FrameCodec:
+    """How a frame's values map to the uint8 code stored: ``x = u / 128 - 1`` (``normalized``) or ``x = u``."""
+
+    normalized: bool
+
+    @staticmethod
+    def of(frames: np.ndarray) -> FrameCodec:
+        """The codec for frames of ``frames.dtype`` (uint8, or RLlib's normalized float32).
+
+        Raises:
+            FrameFormatError: any other dtype.
+        """
+        if frames.dtype == np.uint8:
+            return FrameCodec(normalized=False)
+        if frames.dtype == np.float32:
+            return FrameCodec(normalized=True)
+        raise FrameFormatError(
+            f"frames of dtype {frames.dtype} cannot be stored once as uint8: frame-once storage takes uint8 "
+            "frames or RLlib's normalized float32 frames (u / 128 - 1, wrap_atari_for_new_api_stack)"
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype delivered (the frames' own)."""
+        return torch.float32 if self.normalized else torch.uint8
+
+    @property
+    def fill_code(self) -> int:
+        """The code of RLlib's padding value 0.0."""
+        return int(NORMALIZED_SCALE) if self.normalized else 0
+
+    def encode(self, frames: np.ndarray) -> np.ndarray:
+        """uint8 codes of ``frames`` (vectorised); refuses frames the codes cannot give back exactly.
+
+        Raises:
+            FrameFormatError: a dtype other than the codec's, or float frames that are not ``u / 128 - 1``.
+        """
+        want = np.float32 if self.normalized else np.uint8
+        if frames.dtype != want:
+            raise FrameFormatError(
+                f"frames of dtype {frames.dtype} where earlier frames were {np.dtype(want)}: one module's "
+                "frames must keep one dtype"
+            )
+        if not self.normalized:
+            return frames
+        codes = np.rint((frames + np.float32(1.0)) * np.float32(NORMALIZED_SCALE))
+        ok = (codes >= 0) & (codes <= 255)
+        u = np.where(ok, codes, 0).astype(np.uint8)
+        if not (ok.all() and np.array_equal(self.decode_np(u), frames)):
+            raise FrameFormatError(
+                "float32 frames that are not u / 128 - 1 for integer u in 0..255 (RLlib's "
+                "NormalizedImageEnv) cannot be stored once as uint8 without changing them; use RLlib's "
+                "Atari wrappers or uint8 frames"
+            )
+        return u
+
+    def decode_np(self, codes: np.ndarray) -> np.ndarray:
+        if not self.normalized:
+            return codes
+        return codes.astype(np.float32) / np.float32(NORMALIZED_SCALE) - np.float32(1.0)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """The frames of uint8 ``codes`` (bit-identical to what was encoded)."""
+        if not self.normalized:
+            return codes
+        return codes.to(torch.float32).div_(NORMALIZED_SCALE).sub_(1.0)
+
+
+def frame_shape(frames: np.ndarray, what: str) -> tuple[int, int]:
+    """``(H, W)`` of frames ``[T, H, W, 1]`` (RLlib's frame stacking stacks along a last axis of 1).
+
+    Raises:
+        FrameFormatError: any other shape, naming ``what``.
+    """
+    if frames.ndim != 4 or frames.shape[-1] != 1:
+        raise FrameFormatError(
+            f"{what}: observations of shape {tuple(frames.shape[1:])}; frame-once storage takes single "
+            "frames of shape (H, W, 1), as RLlib's FrameStacking connectors do"
+        )
+    return int(frames.shape[1]), int(frames.shape[2])
+
+
+class FrameStore:
+    """``capacity`` uint8 frames ``[H, W]`` in a ring, each with a global id (0, 1, 2, ... in append order).
+
+    A frame overwritten by a newer one is detected by its slot's generation (``id + 1``): reading it
+    raises :class:`FramesEvictedError` instead of delivering another frame.
+    """
+
+    def __init__(self, height: int, width: int, capacity: int, codec: FrameCodec) -> None:
+        self.shape = (height, width)
+        self.codec = codec
+        self.capacity = capacity
+        self.storage = RingStorage(Schema([Column("frame", torch.uint8, self.shape)]), capacity)
+        self.appended = 0  # frames ever appended: the next frame's id
+
+    def append(self, frames: np.ndarray) -> int:
+        """Store ``frames`` ``[T, H, W, 1]`` (encoded); returns the id of the first (ids are consecutive).
+
+        Raises:
+            FrameFormatError: a shape other than the store's, a dtype other than the codec's, or values
+                the codec cannot store exactly.
+        """
+        if frames.ndim != 4 or tuple(frames.shape[1:]) != (*self.shape, 1):
+            raise FrameFormatError(
+                f"a frame of shape {tuple(frames.shape[1:])} where this module's frames are {(*self.shape, 1)}"
+            )
+        n = len(frames)
+        if n > self.capacity:
+            raise FrameFormatError(f"{n} frames in one append exceed the frame store's {self.capacity}")
+        codes = torch.from_numpy(np.ascontiguousarray(self.codec.encode(frames)).reshape(n, *self.shape))
+        first = self.appended
+        slots = torch.arange(first, first + n, dtype=torch.int64) % self.capacity
+        self.storage.write(
+            slots, ColumnBatch.trusted({"frame": codes}, n), version=0, first_generation=first + 1
+        )
+        self.appended = first + n
+        return first
+
+    def stacks(self, refs: torch.Tensor) -> torch.Tensor:
+        """Stacked frames ``[B, H, W, F]`` of frame references ``refs`` ``[B, F]`` (oldest first), decoded;
+        a reference ``-1`` (before the episode's first frame) gives the codec's padding (RLlib's
+        ``fill=0.0``). One gather for the whole batch.
+
+        Raises:
+            FramesEvictedError: a frame referenced was overwritten (the frame store is too small).
+        """
+        b, f = refs.shape
+        flat = refs.reshape(-1)
+        pad = flat < 0
+        ids = flat.clamp(min=0)
+        slots = ids % self.capacity
+        gen = self.storage.generation.index_select(0, slots)
+        stale = (gen != ids + 1) & ~pad
+        if bool(stale.any()):
+            raise FramesEvictedError(
+                f"{int(stale.sum())} frame(s) of a sampled transition were overwritten in the frame store "
+                f"({self.capacity} frames, {self.appended} appended): its capacity is too small for this "
+                "run's episodes"
+            )
+        frames = gather_rows(self.storage.data["frame"], slots)
+        frames.masked_fill_(pad.reshape(-1, 1, 1), self.codec.fill_code)
+        return self.codec.decode(frames.reshape(b, f, *self.shape).permute(0, 2, 3, 1).contiguous())
+
+    def nbytes(self) -> int:
+        """Bytes the frames and their slots' bookkeeping occupy."""
+        return sum(t.nbytes for t in self.storage.data.values()) + self.storage.meta.nbytes
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {**self.storage.state_dict(), "appended": torch.tensor(self.appended)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        state = dict(state)
+        self.appended = int(state.pop("appended"))
+        self.storage.load_state_dict(state)
+
+
+def frame_stack_operator(store: FrameStore) -> Operator:
+    """The delivery operator: ``obs`` / ``new_obs`` frame references ``[B, F]`` become RLlib's stacked
+    observations ``[B, H, W, F]``."""
+
+    def stack(batch: ColumnBatch) -> ColumnBatch:
+        cols = dict(batch.columns)
+        for name in ("obs", "new_obs"):
+            ref = cols[name]
+            assert isinstance(ref, torch.Tensor)
+            cols[name] = store.stacks(ref)
+        return ColumnBatch.trusted(cols, batch.size)
+
+    return Operator("frame_stack", stack)
+
+
+__all__ = ["FrameCodec", "FrameStore", "frame_shape", "frame_stack_operator"]

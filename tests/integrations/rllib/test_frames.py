@@ -1,0 +1,109 @@
+"""Frame-once storage's own logic on hand-made frames: codes, padding, references, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conduit_rllib.errors import FrameFormatError, FramesEvictedError
+from conduit_rllib.frame_packer import FramePacker
+from conduit_rllib.frames import FrameCodec, FrameStore
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+from conduit.errors import ConduitError
+
+
+def _frames(codes: np.ndarray) -> np.ndarray:
+    """RLlib's normalized float32 frames ``[T, 2, 3, 1]`` with every pixel of frame t = codes[t] / 128 - 1."""
+    c = np.asarray(codes, np.float32).reshape(-1, 1, 1, 1)
+    return np.broadcast_to(c / np.float32(128.0) - np.float32(1.0), (len(c), 2, 3, 1)).copy()
+
+
+def _chunk(obs: np.ndarray, done: bool, ep: SingleAgentEpisode | None = None):
+    """A finalized chunk with observations ``obs`` (continuing ``ep`` when given)."""
+    if ep is None:
+        ep = SingleAgentEpisode()
+        ep.add_env_reset(observation=obs[0])
+        obs = obs[1:]
+    for t, o in enumerate(obs):
+        last = done and t == len(obs) - 1
+        ep.add_env_step(o, 0, 1.0, terminated=last)
+    nxt = None if done else ep.cut()
+    return ep.to_numpy(), nxt
+
+
+def test_codec_round_trip_is_exact():
+    u = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    x = u.astype(np.float32) / 128.0 - 1.0  # NormalizedImageEnv's arithmetic
+    codec = FrameCodec.of(x)
+    assert codec.normalized and codec.fill_code == 128
+    codes = codec.encode(x)
+    assert codes.dtype == np.uint8 and np.array_equal(codes, u)
+    assert torch.equal(codec.decode(torch.from_numpy(codes)), torch.from_numpy(x))
+    assert float(codec.decode(torch.tensor([codec.fill_code], dtype=torch.uint8))) == 0.0  # RLlib's fill
+
+
+def test_stacks_pad_before_the_episode_start_and_follow_references():
+    store = FrameStore(2, 3, capacity=16, codec=FrameCodec(normalized=True))
+    assert store.append(_frames([10, 11, 12])) == 0
+    assert store.append(_frames([20, 21])) == 3
+    refs = torch.tensor([[-1, -1, -1, 0], [-1, 0, 1, 2], [0, 1, 2, 4], [-1, -1, 3, 4]])
+    out = store.stacks(refs)
+    assert out.shape == (4, 2, 3, 4) and out.dtype == torch.float32
+    want = np.array([[128, 128, 128, 10], [128, 10, 11, 12], [10, 11, 12, 21], [128, 128, 20, 21]])
+    assert torch.equal(out[:, 1, 2, :], torch.from_numpy(want / np.float32(128.0) - np.float32(1.0)))
+
+
+def test_packer_references_cross_chunks_never_episodes():
+    packer = FramePacker(n_step=1, num_frames=3, capacity=64)
+    c1, rest = _chunk(_frames([1, 2, 3]), done=False)
+    c2, _ = _chunk(_frames([4, 5]), done=True, ep=rest)
+    c3, _ = _chunk(_frames([7, 8]), done=True)  # a new episode: padded again
+    packer.stage([c1])
+    packer.stage([c2, c3])
+    batch = packer.pack()
+    assert batch is not None
+    stacks = packer.store.stacks(batch["obs"])[:, 0, 0, :]
+    codes = torch.round((stacks + 1) * 128).to(torch.int64)
+    assert codes.tolist() == [[128, 128, 1], [128, 1, 2], [1, 2, 3], [2, 3, 4], [128, 128, 7]]
+    assert packer.store.appended == 5 + 2  # each observation once
+
+
+def test_wrong_dtype_is_refused_by_name():
+    with pytest.raises(FrameFormatError, match="int16"):
+        FrameCodec.of(np.zeros((1, 2, 3, 1), np.int16))
+    codec = FrameCodec.of(np.zeros((1, 2, 3, 1), np.uint8))
+    with pytest.raises(FrameFormatError, match="float32.*earlier frames were uint8"):
+        codec.encode(np.zeros((1, 2, 3, 1), np.float32))
+
+
+def test_float_frames_off_the_uint8_grid_are_refused():
+    x = _frames([3, 4])
+    x[1, 0, 0, 0] += 1e-3
+    with pytest.raises(FrameFormatError, match="u / 128 - 1"):
+        FrameCodec.of(x).encode(x)
+    with pytest.raises(FrameFormatError, match="u / 128 - 1"):
+        FrameCodec.of(x).encode(np.full((1, 2, 3, 1), 1.5, np.float32))  # code 320 > 255
+
+
+def test_wrong_shape_is_refused_by_name():
+    packer = FramePacker(n_step=1, num_frames=4, capacity=64)
+    chunk, _ = _chunk(np.zeros((3, 4), np.float32), done=True)  # CartPole-like vectors
+    with pytest.raises(FrameFormatError, match=r"shape \(4,\).*\(H, W, 1\)"):
+        packer.stage([chunk])
+    store = FrameStore(2, 3, capacity=8, codec=FrameCodec(normalized=True))
+    with pytest.raises(FrameFormatError, match=r"\(2, 3, 3\) where this module's frames are \(2, 3, 1\)"):
+        store.append(np.zeros((1, 2, 3, 3), np.float32))
+
+
+def test_overwritten_frames_raise_instead_of_delivering_others():
+    store = FrameStore(2, 3, capacity=4, codec=FrameCodec(normalized=True))
+    store.append(_frames(range(3)))
+    store.append(_frames(range(3, 6)))  # ids 0..5: 0 and 1 overwritten by 4 and 5
+    assert store.stacks(torch.tensor([[-1, 2, 3, 5]])).shape == (1, 2, 3, 4)
+    with pytest.raises(FramesEvictedError, match="frame store"):
+        store.stacks(torch.tensor([[0, 1, 2, 3]]))
+
+
+def test_frame_errors_are_conduit_errors():
+    assert issubclass(FrameFormatError, ConduitError) and issubclass(FramesEvictedError, ConduitError)
