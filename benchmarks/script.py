@@ -39,9 +39,9 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
-    """Lay ``fig`` out, write it to ``path`` and close it."""
-    fig.tight_layout()
+def save_figure(fig: Any, path: Path, dpi: int = 110, rect: tuple[float, ...] | None = None) -> None:
+    """Lay ``fig`` out (inside ``rect``, figure fractions, if given), write it to ``path`` and close it."""
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
 

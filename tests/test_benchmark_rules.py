@@ -18,6 +18,11 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH / "peers"))
 sys.path.insert(1, str(BENCH))
 
+import tq_analysis as tqa  # noqa: E402
+import tq_backends  # noqa: E402
+import tq_phase  # noqa: E402
+import tq_report  # noqa: E402
+import tq_worker  # noqa: E402
 from analysis import compute_ratios, evaluate_targets  # noqa: E402
 from harness import Cell, Measured, make_row, work_record  # noqa: E402
 
@@ -108,55 +113,49 @@ def test_full_run_times_more_rounds() -> None:
 
 
 def _tq_rows() -> list[dict]:
-    import tq_backends as tqb
-
     mib = 2**20
     rows = []
     for units, put_s, get_s in ((1, 0.30, 0.20), (2, 0.20, 0.25), (4, 0.25, 0.10)):
         for op, secs in (("put", put_s), ("get", get_s)):
-            rows.append(tqb.make_row("SimpleStorage", op, 1, 256, 4096, 8 * mib, 2 * mib, [secs] * 3, 0.001,
-                                     units=units))  # fmt: skip
+            rows.append(tq_phase.make_row("SimpleStorage", op, 1, 256, 4096, 8 * mib, 2 * mib, [secs] * 3,
+                                          0.001, units=units))  # fmt: skip
     paths = {"put": {"bytes_put": 8 * mib, "bytes_put_direct": 8 * mib}, "get": None}
     for op in ("put", "get"):
-        rows.append(tqb.make_row("Conduit", op, 1, 256, 4096, 8 * mib, 2 * mib, [0.02] * 3, 0.001,
-                                 paths=paths[op]))  # fmt: skip
-    tqb.mark_best_units(rows)
+        rows.append(tq_phase.make_row("Conduit", op, 1, 256, 4096, 8 * mib, 2 * mib, [0.02] * 3, 0.001,
+                                      paths=paths[op]))  # fmt: skip
+    tqa.mark_best_units(rows)
     return rows
 
 
 def test_simplestorage_rows_carry_storage_units_and_the_best_is_compared() -> None:
-    import tq_backends as tqb
-
-    assert tqb.SIMPLE_UNITS == (1, 2, 4)
-    assert tqb.tq_config("SimpleStorage", 4)["backend"]["SimpleStorage"]["num_data_storage_units"] == 4
-    assert tqb.ray_cpus(4, 1) >= 5 and tqb.ray_cpus(1, 1) == 3  # controller + one CPU per unit
-    assert tqb.ray_cpus(4, 3) == 3 and tqb.ray_cpus(2, 3) == 2  # 4 units on 3 nodes: two share one
-    assert tqb.parse_label(tqb.worker_label("SimpleStorage", 4)) == ("SimpleStorage", 4)
-    assert tqb.parse_label("Conduit") == ("Conduit", None)
+    assert tq_backends.SIMPLE_UNITS == (1, 2, 4)
+    assert tq_worker.tq_config("SimpleStorage", 4)["backend"]["SimpleStorage"]["num_data_storage_units"] == 4
+    assert tq_worker.ray_cpus(4, 1) >= 5 and tq_worker.ray_cpus(1, 1) == 3  # controller + one CPU per unit
+    assert tq_worker.ray_cpus(4, 3) == 3 and tq_worker.ray_cpus(2, 3) == 2  # 4 units, 3 nodes: 2 share one
+    assert tq_worker.parse_label(tq_worker.worker_label("SimpleStorage", 4)) == ("SimpleStorage", 4)
+    assert tq_worker.parse_label("Conduit") == ("Conduit", None)
     rows = _tq_rows()
     simple = [r for r in rows if r["system"] == "SimpleStorage"]
     assert sorted({r["storage_units"] for r in simple}) == [1, 2, 4]
     best = {r["op"]: r["storage_units"] for r in simple if r["best_of_units"]}
     assert best == {"put": 2, "get": 4}  # one best row per op: the fastest unit count
-    ratios = {r["op"]: r for r in tqb.compute_ratios(rows)}
+    ratios = {r["op"]: r for r in tqa.compute_ratios(rows)}
     assert ratios["put"]["simplestorage_units"] == 2
     assert ratios["put"]["conduit_over_simplestorage"] == pytest.approx(10.0)  # 0.20 s / 0.02 s
     assert ratios["get"]["simplestorage_units"] == 4
     assert ratios["get"]["conduit_over_simplestorage"] == pytest.approx(5.0)  # 0.10 s / 0.02 s
-    targets = tqb.evaluate_targets(rows)
+    targets = tqa.evaluate_targets(rows)
     (cell,) = targets["same_node_get_vs_simplestorage"]["cells"]
     assert cell["simplestorage_units"] == 4 and cell["ratio"] == pytest.approx(5.0)
-    summary = {(s["op"], s["storage_units"]): s for s in tqb.units_summary(rows)}
+    summary = {(s["op"], s["storage_units"]): s for s in tqa.units_summary(rows)}
     assert summary[("get", 4)]["best_in_cells"] == 1 and summary[("get", 1)]["best_in_cells"] == 0
 
 
 def test_no_copies_per_byte_from_a_table() -> None:
-    import tq_backends as tqb
-
-    assert not hasattr(tqb, "CONDUIT_COPIES")
+    assert not any(hasattr(m, "CONDUIT_COPIES") for m in (tqa, tq_backends, tq_phase, tq_report))
     rows = _tq_rows()
     assert all("copies_per_byte" not in r for r in rows)
-    table = tqb.format_table(rows, list(tqb.SYSTEMS))
+    table = tq_report.format_table(rows, list(tq_backends.SYSTEMS))
     assert "copies" not in table and "Simple u=4" in table and "mapped %" in table
     put = next(r for r in rows if r["system"] == "Conduit" and r["op"] == "put")
     assert put["conduit_path_bytes"]["bytes_put_direct"] == 8 * 2**20
@@ -167,7 +166,7 @@ def test_no_copies_per_byte_from_a_table() -> None:
         [{"node": "a", "bytes_get_mapped": 300, "bytes_get_copied": 100},
          {"node": "b", "bytes_get_mapped": 0, "bytes_get_copied": 100}],
     ]  # fmt: skip
-    got = tqb.conduit_path_bytes("get", two_rounds)
+    got = tq_phase.conduit_path_bytes("get", two_rounds)
     assert got == {"bytes_get_mapped": 300, "bytes_get_copied": 200, "storage_actors": 2, "mapped_share": 0.6}
 
 

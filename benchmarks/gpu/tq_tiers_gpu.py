@@ -41,13 +41,13 @@ import provenance  # noqa: E402
 from conduit_verl.tq_store.columns import column_of, from_wire, to_wire  # noqa: E402
 from conduit_verl.tq_store.fields import gather_tokens  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
-from tq_backends import make_arrays, make_batch, payload_bytes  # noqa: E402
+from tq_batch import make_arrays, make_batch, payload_bytes  # noqa: E402
 
 FIELDS = ("input_ids", "responses", "response_mask", "old_log_probs", "rm_scores")
 
 
 def grpo_batch(samples: int, tokens: int, seed: int) -> dict[str, Any]:
-    """The batch of ``tq_backends.py`` in wire form (what a storage actor receives) and its flat
+    """The batch of ``tq_batch.py`` in wire form (what a storage actor receives) and its flat
     values, for checking."""
     arrays = make_arrays(samples, tokens, seed)
     td = make_batch(arrays)
