@@ -9,6 +9,8 @@ Example:
 
 from conduit_rllib.enable import enable
 from conduit_rllib.errors import (
+    FrameFormatError,
+    FramesEvictedError,
     OldAPIStackError,
     ReplayConfigError,
     RLlibIntegrationError,
@@ -36,6 +38,8 @@ __all__ = [
     "ConduitDQN",
     "ConduitPPO",
     "ConduitSettings",
+    "FrameFormatError",
+    "FramesEvictedError",
     "OldAPIStackError",
     "RLlibIntegrationError",
     "RLlibVersionError",

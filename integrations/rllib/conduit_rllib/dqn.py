@@ -6,6 +6,7 @@ the learner update, target-network updates and weight sync are RLlib's own calls
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -29,6 +30,8 @@ from conduit_rllib.compat import (
 )
 from conduit_rllib.replay import ConduitReplay
 from conduit_rllib.validate import check_dqn_config
+
+log = logging.getLogger(__name__)
 
 
 def buffer_config(config: DQNConfig) -> BufferConfig:
@@ -54,6 +57,17 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
         check_dqn_config(config)
         super().setup(config)
         self._check_spaces(discrete_actions=True)
+        frame_stack = learner_frame_stack(self.config, self)
+        if frame_stack is not None and self.config.episode_lookback_horizon < frame_stack - 1:
+            log.warning(
+                "frame stacking over %d frames with episode_lookback_horizon=%d: RLlib's env-to-module "
+                "stacks zero-fill the frames older than the lookback at every fragment boundary, while "
+                "Conduit trains on the episode's true stacks; set "
+                "config.env_runners(episode_lookback_horizon=%d) to act on the same stacks",
+                frame_stack,
+                self.config.episode_lookback_horizon,
+                frame_stack - 1,
+            )
         self._replay = replay = ConduitReplay(
             self._conduit_settings(),
             buffer_config(self.config),
@@ -62,7 +76,7 @@ class ConduitDQN(ConduitAlgorithmMixin, DQN):
             device=self._learner_device(),
             num_learners=self.config.num_learners,
             seed=self._conduit_seed(),
-            frame_stack=learner_frame_stack(self.config, self),
+            frame_stack=frame_stack,
         )
         self._start_conduit(replay)
 

@@ -116,7 +116,9 @@ class FrameStore:
     """``capacity`` uint8 frames ``[H, W]`` in a ring, each with a global id (0, 1, 2, ... in append order).
 
     A frame overwritten by a newer one is detected by its slot's generation (``id + 1``): reading it
-    raises :class:`FramesEvictedError` instead of delivering another frame.
+    raises :class:`FramesEvictedError` instead of delivering another frame. An append clears its
+    slots' generations before it writes their frames and a read checks them after it copied the frames,
+    so a delivery thread reading while frames are appended never delivers a half-overwritten frame.
     """
 
     def __init__(self, height: int, width: int, capacity: int, codec: FrameCodec) -> None:
@@ -143,6 +145,7 @@ class FrameStore:
         codes = torch.from_numpy(np.ascontiguousarray(self.codec.encode(frames)).reshape(n, *self.shape))
         first = self.appended
         slots = torch.arange(first, first + n, dtype=torch.int64) % self.capacity
+        self.storage.generation.index_fill_(0, slots, 0)  # invalid while being overwritten
         self.storage.write(
             slots, ColumnBatch.trusted({"frame": codes}, n), version=0, first_generation=first + 1
         )
@@ -162,7 +165,8 @@ class FrameStore:
         pad = flat < 0
         ids = flat.clamp(min=0)
         slots = ids % self.capacity
-        gen = self.storage.generation.index_select(0, slots)
+        frames = gather_rows(self.storage.data["frame"], slots)
+        gen = self.storage.generation.index_select(0, slots)  # after the copy (see the class docstring)
         stale = (gen != ids + 1) & ~pad
         if bool(stale.any()):
             raise FramesEvictedError(
@@ -170,7 +174,6 @@ class FrameStore:
                 f"({self.capacity} frames, {self.appended} appended): its capacity is too small for this "
                 "run's episodes"
             )
-        frames = gather_rows(self.storage.data["frame"], slots)
         frames.masked_fill_(pad.reshape(-1, 1, 1), self.codec.fill_code)
         return self.codec.decode(frames.reshape(b, f, *self.shape).permute(0, 2, 3, 1).contiguous())
 
