@@ -1,0 +1,267 @@
+"""Past one machine: GRPO's data path from 8 to 1,024 GPUs, modelled (issue 32).
+
+    python benchmarks/scaling.py --model [--quick] [--calibration FILE] [--out FILE]
+
+``--model``: strong scaling of one 7B GRPO iteration (the global batch fixed) on the described cluster
+``topologies/cluster128_h100.toml`` (8 to 1,024 H100s, whole nodes), simulated by
+``scaling_model.py`` for Conduit's stores and for TransferQueue's SimpleStorage, both behind
+TransferQueue's controller. Every row is ``kind: "modelled"``: iteration time, the data path's time
+(the iteration less the same iteration with a free data path) and its share. Where each design's data
+path stops shrinking as GPUs double is named, with what removes most of it there (each cost term made
+free in turn). The constants come from ``--calibration`` (a JSON ``Calibration`` dict; default: the
+fit to ``benchmarks/results/tq_backends.json``), and the per-call validation table compares the model
+with those measured calls (in sample: the same calls the constants were fitted to). Target: Conduit's
+data path <= 5% of the iteration at every scale.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(1, str(HERE))
+
+import numpy as np  # noqa: E402
+import provenance  # noqa: E402
+import script  # noqa: E402
+import simpy  # noqa: E402
+from scaling_config import FIELDS, TOPOLOGY, Calibration, Cluster, Compute, Workload  # noqa: E402
+from scaling_model import DESIGNS, RESOURCES, simulate  # noqa: E402
+from scaling_validate import call_validation  # noqa: E402
+
+from conduit.topology import load  # noqa: E402
+
+TARGET_SHARE = 0.05
+MEASURED_CALLS = HERE / "results" / "tq_backends.json"
+
+
+def gpu_counts(topo_gpus: int, per_node: int, quick: bool) -> list[int]:
+    """8, 16, ... up to the cluster's GPUs (log scale); ``quick``: 8, 64 and 1,024 only."""
+    out, g = [], per_node
+    while g <= topo_gpus:
+        out.append(g)
+        g *= 2
+    return [x for x in out if x in (out[0], 64, out[-1])] if quick else out
+
+
+def without(cal: Calibration, term: str) -> Calibration:
+    """``cal`` with one cost term made free: the controller, the store calls' per-call or per-sample
+    cost, or the bytes (per byte and remote per byte; the NIC is left as it is)."""
+    if term == "controller":
+        return replace(cal, controller={k: 0.0 for k in cal.controller})
+    key = {"per_call": "a", "per_sample": "b", "per_byte": "per_byte"}[term]
+    stores = json.loads(json.dumps(cal.stores))
+    for ops in stores.values():
+        for op in ("put", "get"):
+            ops[op][key] = 0.0
+        if term == "per_byte":
+            ops["remote_per_byte"] = {}
+    return replace(cal, stores=stores)
+
+
+TERMS = ("controller", "per_call", "per_sample", "per_byte")
+
+
+def explain(
+    system: str, cluster: Cluster, w: Workload, c: Compute, cal: Calibration, base: float
+) -> dict[str, Any]:
+    """At one scale, what the data path's ``base`` seconds are made of, each as ``base`` less the data
+    path without it: by cost term (the term made free), by serial resource (made unbounded: nobody
+    queues for it), by caller (its calls made free), and the completion poll (a free channel instead)."""
+    design = DESIGNS[system]
+
+    def less(d: Any = design, k: Calibration = cal, **kw: Any) -> float:
+        return round(base - simulate(d, cluster, w, c, k, **kw)["data_path_s"], 3)
+
+    terms = {t: less(k=without(cal, t)) for t in TERMS}
+    if design.completion == "poll":
+        terms["completion_poll"] = less(
+            d=replace(design, completion="channel"), k=replace(cal, channel_s=0.0)
+        )
+    queueing = {r: less(relieve=frozenset({r})) for r in RESOURCES}
+    callers = {k: less(free_calls=frozenset({k})) for k in ("driver", "agents", "ranks")}
+    return {
+        "gpus": cluster.gpus,
+        "data_path_s": round(base, 3),
+        "by_cost_term": terms,
+        "by_queueing_at": queueing,
+        "by_caller": callers,
+        "largest_cost_term": max(terms, key=terms.__getitem__),
+        "largest_queueing_at": max(queueing, key=queueing.__getitem__),
+        "largest_caller": max(callers, key=callers.__getitem__),
+    }
+
+
+def saturation(rows: list[dict[str, Any]], system: str) -> dict[str, Any]:
+    """Where ``system``'s data path stops shrinking as GPUs grow, and where its share passes the target."""
+    mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["gpus"])
+    at = next(
+        (a["gpus"] for a, b in zip(mine, mine[1:], strict=False) if b["data_path_s"] >= a["data_path_s"]),
+        None,
+    )
+    return {
+        "saturates_at_gpus": at,
+        "rule": "the smallest scale from which more GPUs do not shrink the data path's seconds",
+        "share_over_target_from_gpus": next(
+            (r["gpus"] for r in mine if r["data_path_share"] > TARGET_SHARE), None
+        ),
+    }
+
+
+def run_model(args: Any) -> dict[str, Any]:
+    topo = load(TOPOLOGY)
+    w, c = Workload(), Compute()
+    cal = (
+        Calibration.from_dict(json.loads(args.calibration.read_text())) if args.calibration else Calibration()
+    )
+    per_node = Cluster.from_topology(topo, topo.gpu_count).gpus_per_node
+    rows = []
+    for gpus in gpu_counts(topo.gpu_count, per_node, args.quick):
+        cluster = Cluster.from_topology(topo, gpus)
+        for system, design in DESIGNS.items():
+            t = time.perf_counter()
+            r = simulate(design, cluster, w, c, cal, seed=args.seed)
+            rows.append(
+                {
+                    "kind": "modelled",
+                    "system": system,
+                    "nodes": cluster.nodes,
+                    "gpus": gpus,
+                    "predicted_s": round(r.pop("iteration_s"), 3),
+                    "data_path_s": round(r.pop("data_path_s"), 3),
+                    "data_path_share": round(r.pop("data_path_share"), 4),
+                    **r,
+                }
+            )
+            print(
+                f"{gpus:5d} GPUs {system:17s} iteration {rows[-1]['predicted_s']:8.1f} s  data path "
+                f"{rows[-1]['data_path_s']:6.2f} s ({rows[-1]['data_path_share']:.1%})  [{time.perf_counter() - t:.1f} s]",
+                flush=True,
+            )
+    sat = {s: saturation(rows, s) for s in DESIGNS}
+    for s, info in sat.items():
+        scales = sorted({info["saturates_at_gpus"] or rows[0]["gpus"], max(r["gpus"] for r in rows)})
+        base = {r["gpus"]: r["data_path_s"] for r in rows if r["system"] == s}
+        info["explained"] = [explain(s, Cluster.from_topology(topo, g), w, c, cal, base[g]) for g in scales]
+        e = info["explained"][0]
+        caller, queue = e["largest_caller"], e["largest_queueing_at"]
+        who = caller if e["by_caller"][caller] >= e["by_queueing_at"][queue] else f"queueing at {queue}"
+        info["saturated_by"] = f"{who} ({e['largest_cost_term']} cost) at {e['gpus']} GPUs"
+    return {
+        "rows": rows,
+        "saturation": sat,
+        "workload": w,
+        "compute": c,
+        "calibration": cal,
+        "topology": topo,
+    }
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    conduit = [r for r in rows if r["system"] == "conduit"]
+    worst = max(conduit, key=lambda r: r["data_path_share"])
+    work = {(r["gpus"], r["system"]): r["work"] for r in rows}
+    equal = all(work[(g, "conduit")] == work[(g, "tq_simplestorage")] for g, _ in work)
+    ratios = {
+        str(r["gpus"]): round(r["predicted_s"] / t["predicted_s"], 3) if equal else None
+        for r in conduit
+        for t in rows
+        if t["system"] == "tq_simplestorage" and t["gpus"] == r["gpus"]
+    }
+    return {
+        "target": f"Conduit's data path <= {TARGET_SHARE:.0%} of the iteration at every scale (modelled)",
+        "met": worst["data_path_share"] <= TARGET_SHARE,
+        "conduit_worst_share": worst["data_path_share"],
+        "conduit_worst_at_gpus": worst["gpus"],
+        "conduit_over_tq_iteration": ratios,
+        "work_equal": equal,
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    plt = script.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for system, style in (("conduit", "D-"), ("tq_simplestorage", "o-")):
+        mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["gpus"])
+        g = [r["gpus"] for r in mine]
+        a.plot(g, [r["predicted_s"] for r in mine], style, label=f"{system} (modelled)")
+        b.plot(g, [100 * r["data_path_share"] for r in mine], style, label=f"{system} (modelled)")
+    first = min((r for r in rows if r["system"] == "conduit"), key=lambda r: r["gpus"])
+    g = sorted({r["gpus"] for r in rows})
+    a.plot(g, [first["free_iteration_s"] * first["gpus"] / x for x in g], "k:", label="linear scaling")
+    b.axhline(100 * TARGET_SHARE, color="k", ls="--", lw=0.8, label="target 5%")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs (H100, 8 per node)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    a.set_yscale("log")
+    a.set_ylabel("iteration time, s (modelled)")
+    b.set_ylabel("data path share of the iteration, % (modelled)")
+    fig.suptitle("scaling.py --model: 7B GRPO, strong scaling, every point modelled (SimPy)", fontsize=9)
+    script.save_figure(fig, path, dpi=120)
+
+
+def main() -> int:
+    p = script.parser(__doc__, quick="three scales (8, 64, 1,024 GPUs)")
+    p.add_argument("--model", action="store_true", help="run the modelled strong-scaling sweep")
+    p.add_argument("--calibration", type=Path, help="a JSON Calibration dict (default: the built-in fit)")
+    p.add_argument("--seed", type=int, default=0, help="the response-length draw")
+    args = p.parse_args()
+    if not args.model:
+        p.error("nothing to do: pass --model (the measured runs, --measure, are not built yet)")
+    prov = provenance.start()
+    t = time.perf_counter()
+    m = run_model(args)
+    rows, w, cal = m["rows"], m["workload"], m["calibration"]
+    prompt, response = w.lengths(args.seed)
+    measured = json.loads(MEASURED_CALLS.read_text())["rows"] if MEASURED_CALLS.exists() else []
+    nic = Cluster.from_topology(m["topology"], 16).nic_bytes_per_s
+    record = {
+        "kind": "modelled",
+        "model": f"SimPy {simpy.__version__} discrete-event; each call's service time conduit.costmodel.OperatorCost",
+        "workload": {
+            **asdict(w),
+            "responses": w.responses,
+            "response_tokens": {
+                q: float(np.percentile(response, v)) for q, v in (("p50", 50), ("p99", 99), ("max", 100))
+            },
+            "response_tokens_mean": float(response.mean()),
+            "prompt_tokens_mean": float(prompt.mean()),
+            "bytes_per_token": {k: {"bytes": b, "span": s} for k, (b, s) in FIELDS.items()},
+            "agent_loop_workers": 8,
+        },
+        "compute": asdict(m["compute"]),
+        "topology": {
+            "source": str(m["topology"].source),
+            "node_count": m["topology"].node_count,
+            "gpus": m["topology"].gpu_count,
+        },
+        "designs": {k: asdict(v) for k, v in DESIGNS.items()},
+        "calibration": cal.to_dict(),
+        "rows": rows,
+        "saturation": m["saturation"],
+        "summary": summary(rows),
+        "validation": {
+            "per_call": call_validation(measured, cal, nic),
+            "per_call_source": f"{MEASURED_CALLS.name}: 1 and 3 Ray nodes on one 2-core machine (in sample: the constants were fitted to these calls)",
+            "per_iteration": [],
+            "per_iteration_note": "needs scaling.py --measure (1-8 Ray nodes); not built yet",
+        },
+        "wall_seconds": round(time.perf_counter() - t, 1),
+        "machine": provenance.finish(prov),
+    }
+    out = script.write_result("scaling", args, record, lambda png: plot(rows, png))
+    print(json.dumps({"summary": record["summary"], "saturation": record["saturation"]}, indent=1))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

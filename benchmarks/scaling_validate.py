@@ -1,0 +1,235 @@
+"""The scaling model against measurements: one call's predicted time, the fit of the store constants,
+and the validation table (predicted vs measured within +-25%).
+
+A measured call is ``{"system", "op", "nodes", "samples", "bytes", "seconds"}`` (the rows of
+``benchmarks/results/tq_backends.json``, or of ``scaling.py --measure`` later); an iteration is
+``{"system", "nodes", "data_path_s"}``. :func:`call_seconds` is the model's time for one call on an
+idle system, the same arithmetic the simulation charges (``scaling_model.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from scaling_config import Calibration
+
+from conduit.costmodel import OperatorCost, Sample
+from conduit.errors import ConfigError
+
+TOLERANCE = 0.25
+#: controller requests of one TransferQueue client call: kv_batch_put = kv_retrieve_meta(create) +
+#: notify_data_update + set_custom_meta; kv_batch_get = kv_retrieve_meta
+REQUESTS = {"put": 3, "get": 1}
+
+
+def controller_seconds(cal: Calibration, op: str, samples: int) -> float:
+    """The controller's service time of one ``op`` call's requests on ``samples`` samples, unqueued."""
+    c = cal.controller
+    return REQUESTS[op] * (c["fixed_s"] + c["per_sample_s"] * samples + cal.rtt_s)
+
+
+def parts(nodes: int, samples: int) -> int:
+    """Stores a call on ``samples`` samples touches when samples go to ``index mod nodes``."""
+    return max(1, min(nodes, samples))
+
+
+def call_seconds(
+    cal: Calibration, system: str, op: str, nodes: int, samples: int, nbytes: float, nic_bytes_per_s: float
+) -> float:
+    """One call on an idle system: its controller requests, then each store's part in turn on the
+    caller (a + b * samples + per_byte * bytes), remote parts (all but the caller's node's) paying the
+    extra per byte and the wire."""
+    k = parts(nodes, samples)
+    remote = nbytes * (k - 1) / k if nodes > 1 else 0.0
+    store = cal.store(system, op)
+    wire = remote / nic_bytes_per_s if remote else 0.0
+    return (
+        controller_seconds(cal, op, samples)
+        + store.seconds(samples, nbytes, calls=k)
+        + remote * cal.remote_per_byte(system, op)
+        + wire
+    )
+
+
+def fit_stores(
+    rows: Iterable[Mapping[str, Any]], cal: Calibration, nic_bytes_per_s: float = float("inf")
+) -> dict[str, dict[str, Any]]:
+    """Store constants per system and op from measured calls, less the controller's share: a, b,
+    per_byte from one-node calls (``OperatorCost.fit``), the remote extra per byte as the median
+    excess of multi-node calls over that, per remote byte (>= 0). Rows of other systems are ignored;
+    SimpleStorage rows only at one storage unit per node."""
+    out: dict[str, dict[str, Any]] = {}
+    rows = [r for r in rows if r.get("system") in ("SimpleStorage", "Conduit")]
+    rows = [r for r in rows if r.get("storage_units") in (None, r.get("nodes"))]
+    for system in sorted({r["system"] for r in rows}):
+        out[system] = {"remote_per_byte": {}}
+        for op in ("put", "get"):
+            mine = [r for r in rows if r["system"] == system and r["op"] == op]
+            local = [
+                Sample(
+                    1,
+                    r["samples"],
+                    r["bytes"],
+                    max(0.0, r["seconds"] - controller_seconds(cal, op, r["samples"])),
+                )
+                for r in mine
+                if r["nodes"] == 1
+            ]
+            if not local:
+                raise ConfigError(f"no one-node {system} {op} measurements to fit")
+            cost = OperatorCost.fit(local)
+            out[system][op] = {"a": cost.a, "b": cost.b, "per_byte": cost.per_byte}
+            excess = []
+            for r in (r for r in mine if r["nodes"] > 1):
+                k = parts(r["nodes"], r["samples"])
+                remote = r["bytes"] * (k - 1) / k
+                rest = controller_seconds(cal, op, r["samples"]) + cost.seconds(
+                    r["samples"], r["bytes"], calls=k
+                )
+                excess.append(max(0.0, (r["seconds"] - rest - remote / nic_bytes_per_s) / remote))
+            out[system]["remote_per_byte"][op] = statistics.median(excess) if excess else 0.0
+    return out
+
+
+def validation_table(
+    predicted: Iterable[Mapping[str, Any]],
+    measured: Iterable[Mapping[str, Any]],
+    tolerance: float = TOLERANCE,
+) -> list[dict[str, Any]]:
+    """Predicted vs measured per matching key (every key but the value columns): one row each with
+    ``ratio`` = predicted / measured and ``within`` (|ratio - 1| <= tolerance). A measured row without
+    a prediction is a row with ``within: None`` (never a silent pass)."""
+    if not 0 < tolerance < 1:
+        raise ConfigError(f"tolerance must be in (0, 1), got {tolerance!r}")
+    value = ("predicted_s", "measured_s")
+
+    def key(r: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+        return tuple(sorted((k, v) for k, v in r.items() if k not in value))
+
+    pred = {key(r): float(r["predicted_s"]) for r in predicted}
+    table = []
+    for m in measured:
+        k, got = key(m), float(m["measured_s"])
+        if got <= 0:
+            raise ConfigError(f"measured_s must be > 0, got {got!r} for {dict(k)}")
+        p = pred.get(k)
+        ratio = None if p is None else p / got
+        table.append(
+            {
+                **dict(k),
+                "predicted_s": p,
+                "measured_s": got,
+                "ratio": None if ratio is None else round(ratio, 3),
+                "within": None if ratio is None else abs(ratio - 1) <= tolerance,
+            }
+        )
+    return table
+
+
+def call_validation(
+    rows: Iterable[Mapping[str, Any]], cal: Calibration, nic_bytes_per_s: float = float("inf")
+) -> list[dict[str, Any]]:
+    """The per-call validation table over measured TransferQueue calls (one store per node)."""
+    measured, predicted = [], []
+    for r in rows:
+        if r.get("system") not in cal.stores or r.get("storage_units") not in (None, r.get("nodes")):
+            continue
+        k = {
+            "system": r["system"],
+            "op": r["op"],
+            "nodes": r["nodes"],
+            "samples": r["samples"],
+            "bytes": r["bytes"],
+        }
+        measured.append({**k, "measured_s": r["seconds"]})
+        s = call_seconds(cal, r["system"], r["op"], r["nodes"], r["samples"], r["bytes"], nic_bytes_per_s)
+        predicted.append({**k, "predicted_s": s})
+    return validation_table(predicted, measured)
+
+
+def probe_controller(fields: int = 8, reps: int = 20) -> dict[str, float]:
+    """TransferQueue's controller's work per request, measured in this process: its request handlers
+    (``kv_retrieve_meta``, ``notify_data_update``, ``kv_list``) on real messages, serialised and
+    deserialised as on the wire, without the sockets. Returns a least-squares fit: ``fixed_s`` (one
+    request), ``per_sample_s`` (a line through the medians per size and kind), ``per_key_s`` (a
+    ``kv_list`` per key in the partition), and the median
+    ``create_one_s`` of a ``kv_retrieve_meta`` that creates one key."""
+    import time
+
+    import numpy as np
+    import torch
+    from transfer_queue.controller import PartitionIndexManager, TransferQueueController
+    from transfer_queue.sampler import SequentialSampler
+    from transfer_queue.utils.zmq_utils import ZMQMessage, ZMQRequestType
+
+    cls = TransferQueueController.__ray_metadata__.modified_class  # the class without Ray's actor
+    c = cls.__new__(cls)  # no sockets, no threads: only the state the handlers read
+    c.sampler, c.controller_id, c.polling_mode, c.tq_config = SequentialSampler(), "probe", False, None
+    c.partitions, c.index_manager, c._metrics = {}, PartitionIndexManager(), None
+    schema = {f"f{i}": {"dtype": torch.int64, "shape": (1024,), "is_nested": False} for i in range(fields)}
+
+    def request(kind: Any, body: dict[str, Any], handler: Any) -> float:
+        t = time.perf_counter()
+        msg = ZMQMessage.deserialize(
+            ZMQMessage.create(request_type=kind, sender_id="p", receiver_id="probe", body=body).serialize()
+        )
+        ZMQMessage.deserialize(handler(msg).serialize())
+        return time.perf_counter() - t
+
+    xs, ys, created, n = [], [], [], 0
+    for s in (1, 8, 64, 256):
+        for _ in range(reps):
+            keys = [f"k{n + i}" for i in range(s)]
+            n += s
+            t = request(
+                ZMQRequestType.KV_RETRIEVE_META,
+                {"keys": keys, "partition_id": "p", "create": True},
+                c._handle_kv_retrieve_meta_request,
+            )
+            gis = [c.partitions["p"].keys_mapping[k] for k in keys]
+            t2 = request(
+                ZMQRequestType.NOTIFY_DATA_UPDATE,
+                {"partition_id": "p", "global_indexes": gis, "field_schema": schema},
+                c._handle_notify_data_update_request,
+            )
+            t3 = request(
+                ZMQRequestType.KV_RETRIEVE_META,
+                {"keys": keys, "partition_id": "p", "create": False},
+                c._handle_kv_retrieve_meta_request,
+            )
+            xs += [s, s]
+            ys += [t2, t3]
+            if s == 1:
+                created.append(t)
+    # the fit is over requests on existing samples (a put's notify, a get's retrieve); creating keys is
+    # reported apart: verl creates one trajectory's key at a time, and that is what the model charges
+    x, y = np.array(xs, float), np.array(ys)
+    sizes = sorted(set(xs))
+    med = [statistics.median(y[(x == v) & (np.arange(len(x)) % 2 == k)]) for v in sizes for k in (0, 1)]
+    per_sample, fixed = np.polyfit(np.repeat(sizes, 2).astype(float), np.array(med), 1)
+    listing = statistics.median(
+        request(ZMQRequestType.KV_LIST, {"partition_id": "p"}, c._handle_kv_list_request) for _ in range(5)
+    )
+    return {
+        "fixed_s": max(0.0, float(fixed)),
+        "per_sample_s": max(0.0, float(per_sample)),
+        "per_key_s": (listing - max(0.0, float(fixed))) / n,
+        "create_one_s": statistics.median(created),
+    }
+
+
+if __name__ == "__main__":  # the defaults' sources: the controller probe and the store fit
+    import json
+    import sys
+    from pathlib import Path
+
+    probe = probe_controller()
+    print("controller (in process, no sockets):", json.dumps(probe))
+    rows = json.loads((Path(__file__).resolve().parent / "results" / "tq_backends.json").read_text())["rows"]
+    print(
+        "stores (tq_backends.json less the controller):",
+        json.dumps(fit_stores(rows, Calibration()), indent=1),
+    )
+    sys.exit(0)

@@ -1,0 +1,167 @@
+"""The scaling model (benchmarks/scaling_*.py, issue 32): deterministic, monotone, a serial controller
+saturates past 1 / service time, the calibration fit recovers its constants, and the validation table
+flags a miss beyond +-25%. Tiny workloads on a tiny cluster: seconds, not minutes."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simpy
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from scaling_config import TOPOLOGY, Calibration, Cluster, Compute, Workload  # noqa: E402
+from scaling_model import DESIGNS, Controller, compute_only_s, simulate  # noqa: E402
+from scaling_validate import call_seconds, call_validation, fit_stores, validation_table  # noqa: E402
+
+from conduit.errors import ConfigError  # noqa: E402
+from conduit.topology import load  # noqa: E402
+
+TINY = Workload(prompts=8, n=4, response_median=300, max_response=2048)
+CLUSTER = Cluster(nodes=2, gpus_per_node=2, nic_bytes_per_s=50e9, nic_latency_s=5e-6)
+COMPUTE = Compute()
+
+
+def run(design: str = "conduit", w: Workload = TINY, cal: Calibration | None = None, seed: int = 0, **kw):
+    return simulate(DESIGNS[design], kw.pop("cluster", CLUSTER), w, COMPUTE, cal or Calibration(), seed, **kw)
+
+
+def test_deterministic_for_a_seed_and_seeds_differ():
+    a, b = run(seed=3), run(seed=3)
+    assert a == b
+    assert not np.array_equal(TINY.lengths(3)[1], TINY.lengths(4)[1])
+    assert run(seed=4)["iteration_s"] != a["iteration_s"]
+
+
+@pytest.mark.parametrize("design", sorted(DESIGNS))
+def test_data_path_is_the_iteration_less_compute(design):
+    r = run(design)
+    assert r["free_iteration_s"] == pytest.approx(compute_only_s(CLUSTER, TINY, COMPUTE))
+    assert r["data_path_s"] == pytest.approx(r["iteration_s"] - r["free_iteration_s"])
+    assert 0 < r["data_path_share"] < 1
+
+
+@pytest.mark.parametrize("design", sorted(DESIGNS))
+def test_more_bytes_is_never_faster(design):
+    cal = Calibration()
+    slow = replace(
+        cal,
+        stores={
+            s: {**v, "put": {**v["put"], "per_byte": 1e-8}, "get": {**v["get"], "per_byte": 1e-8}}
+            for s, v in cal.stores.items()
+        },
+    )
+    base = run(design, cal=cal)
+    assert run(design, cal=slow)["iteration_s"] > base["iteration_s"]
+    longer = replace(TINY, response_median=600)
+    more = run(design, w=longer)
+    assert (
+        more["work"]["bytes_moved"] > base["work"]["bytes_moved"]
+        and more["iteration_s"] >= base["iteration_s"]
+    )
+    thin = replace(CLUSTER, nic_bytes_per_s=1e6)
+    assert run(design, cluster=thin)["iteration_s"] >= base["iteration_s"]
+
+
+def test_designs_do_equal_work_and_conduit_asks_the_controller_less():
+    c, t = run("conduit"), run("tq_simplestorage")
+    assert c["work"] == t["work"]
+    assert (
+        c["controller"]["requests"] < t["controller"]["requests"]
+    )  # one driver put per piece; no kv_list polls
+
+
+def _serve(rate: float, service: float, n: int) -> Controller:
+    env = simpy.Environment()
+    ctrl = Controller(env)
+
+    def client(i: int):
+        yield env.timeout(i / rate)
+        yield from ctrl.serve(service)
+
+    for i in range(n):
+        env.process(client(i))
+    env.run()
+    return ctrl
+
+
+def test_a_serial_controller_saturates_past_one_over_its_service_time():
+    service = 1e-3
+    under = _serve(rate=0.8 / service, service=service, n=2000)
+    assert under.requests == 2000 and under.max_wait_s == pytest.approx(0.0, abs=1e-12)
+    over = _serve(rate=1.25 / service, service=service, n=2000)
+    # past saturation the queue grows without bound: the last request waits n * (s - 1/rate)
+    assert over.max_wait_s == pytest.approx(1999 * (service - service / 1.25), rel=1e-6)
+    assert _serve(rate=1.25 / service, service=service, n=4000).max_wait_s > 1.9 * over.max_wait_s
+    assert over.busy_s == pytest.approx(2000 * service)
+
+
+def test_validation_table_flags_a_miss_beyond_25_percent():
+    key = {"system": "conduit", "op": "put", "nodes": 2}
+    predicted = [{**key, "samples": s, "predicted_s": p} for s, p in ((1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0))]
+    measured = [{**key, "samples": s, "measured_s": m} for s, m in ((1, 1.2), (2, 0.78), (3, 0.81), (5, 1.0))]
+    table = {r["samples"]: r for r in validation_table(predicted, measured)}
+    assert table[1]["within"] is True and table[1]["ratio"] == pytest.approx(0.833, abs=1e-3)
+    assert table[2]["within"] is False  # predicted 1.28x the measured
+    assert table[3]["within"] is True
+    assert table[5]["within"] is None and table[5]["predicted_s"] is None  # no prediction: never a pass
+    with pytest.raises(ConfigError, match="tolerance"):
+        validation_table(predicted, measured, tolerance=1.5)
+    with pytest.raises(ConfigError, match="measured_s must be > 0"):
+        validation_table(predicted, [{**key, "samples": 1, "measured_s": 0.0}])
+
+
+def test_fit_recovers_synthetic_store_constants_and_validates_them():
+    truth = Calibration(
+        stores={
+            "Conduit": {
+                "put": {"a": 2e-3, "b": 5e-5, "per_byte": 3e-10},
+                "get": {"a": 1e-3, "b": 2e-5, "per_byte": 1e-10},
+                "remote_per_byte": {"put": 1e-9, "get": 2e-9},
+            }
+        }
+    )
+    rows = [
+        {"system": "Conduit", "op": op, "nodes": n, "samples": s, "bytes": s * 40_000 * f, "seconds": 0.0}
+        for op in ("put", "get")
+        for n in (1, 3)
+        for s in (64, 256, 1024)
+        for f in (1, 4)
+    ]
+    for r in rows:
+        r["seconds"] = call_seconds(
+            truth, "Conduit", r["op"], r["nodes"], r["samples"], r["bytes"], float("inf")
+        )
+    fitted = fit_stores(rows, truth)["Conduit"]
+    for op in ("put", "get"):
+        for k, v in truth.stores["Conduit"][op].items():
+            assert fitted[op][k] == pytest.approx(v, rel=1e-6)
+        assert fitted["remote_per_byte"][op] == pytest.approx(
+            truth.stores["Conduit"]["remote_per_byte"][op], rel=1e-6
+        )
+    table = call_validation(rows, replace(truth, stores={"Conduit": fitted}))
+    assert len(table) == len(rows) and all(r["within"] for r in table)
+    off = replace(truth, controller={**truth.controller, "fixed_s": 0.05})  # 50 ms per request: a miss
+    assert not all(r["within"] for r in call_validation(rows, off))
+
+
+def test_calibration_and_cluster_reject_bad_input():
+    with pytest.raises(ConfigError, match="controller.fixed_s"):
+        Calibration(controller={"fixed_s": -1.0, "per_sample_s": 0.0, "per_key_s": 0.0})
+    with pytest.raises(ConfigError, match="stores.Conduit.put"):
+        Calibration(stores={"Conduit": {"put": {"a": 1.0}, "get": {"a": 0, "b": 0, "per_byte": 0}}})
+    with pytest.raises(ConfigError, match="unknown key"):
+        Calibration.from_dict({"speed": 1})
+    assert Calibration.from_dict(Calibration().to_dict()) == Calibration()
+    with pytest.raises(ConfigError, match="responses_sigma|prompts"):
+        Workload(prompts=0)
+    topo = load(TOPOLOGY)
+    big = Cluster.from_topology(topo, 1024)
+    assert (big.nodes, big.gpus_per_node, big.nic_bytes_per_s) == (128, 8, 50e9)
+    with pytest.raises(ConfigError, match="12 GPUs is not a whole number"):
+        Cluster.from_topology(topo, 12)
