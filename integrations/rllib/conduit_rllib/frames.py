@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from conduit import Column, ColumnBatch, Operator, Schema
-from conduit.buffer.gather_kernels import gather_rows
 from conduit.buffer.storage import RingStorage
 from conduit_rllib.errors import FrameFormatError, FramesEvictedError
+from conduit_rllib.frame_kernels import stack_frames, warm_stack_frames
 
 NORMALIZED_SCALE = 128.0  # RLlib's NormalizedImageEnv: x = u / 128 - 1
 
@@ -97,6 +97,11 @@ class FrameCodec:
             return codes
         return codes.to(torch.float32).div_(NORMALIZED_SCALE).sub_(1.0)
 
+    def table(self) -> torch.Tensor:
+        """``[257]``: the decoded value of each code, then of the padding (RLlib's 0.0)."""
+        codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
+        return torch.cat([self.decode(codes), self.decode(torch.tensor([self.fill_code], dtype=torch.uint8))])
+
 
 def frame_shape(frames: np.ndarray, what: str) -> tuple[int, int]:
     """``(H, W)`` of frames ``[T, H, W, 1]`` (RLlib's frame stacking stacks along a last axis of 1).
@@ -127,6 +132,8 @@ class FrameStore:
         self.capacity = capacity
         self.storage = RingStorage(Schema([Column("frame", torch.uint8, self.shape)]), capacity)
         self.appended = 0  # frames ever appended: the next frame's id
+        self._table = codec.table()
+        warm_stack_frames(codec.dtype)
 
     def append(self, frames: np.ndarray) -> int:
         """Store ``frames`` ``[T, H, W, 1]`` (encoded); returns the id of the first (ids are consecutive).
@@ -155,7 +162,7 @@ class FrameStore:
     def stacks(self, refs: torch.Tensor) -> torch.Tensor:
         """Stacked frames ``[B, H, W, F]`` of frame references ``refs`` ``[B, F]`` (oldest first), decoded;
         a reference ``-1`` (before the episode's first frame) gives the codec's padding (RLlib's
-        ``fill=0.0``). One gather for the whole batch.
+        ``fill=0.0``). One pass over the output (``frame_kernels.stack_frames``).
 
         Raises:
             FramesEvictedError: a frame referenced was overwritten (the frame store is too small).
@@ -165,7 +172,9 @@ class FrameStore:
         pad = flat < 0
         ids = flat.clamp(min=0)
         slots = ids % self.capacity
-        frames = gather_rows(self.storage.data["frame"], slots)
+        frames = stack_frames(
+            self.storage.data["frame"].view(self.capacity, -1), slots.view(b, f), pad.view(b, f), self._table
+        )
         gen = self.storage.generation.index_select(0, slots)  # after the copy (see the class docstring)
         stale = (gen != ids + 1) & ~pad
         if bool(stale.any()):
@@ -174,8 +183,7 @@ class FrameStore:
                 f"({self.capacity} frames, {self.appended} appended): its capacity is too small for this "
                 "run's episodes"
             )
-        frames.masked_fill_(pad.reshape(-1, 1, 1), self.codec.fill_code)
-        return self.codec.decode(frames.reshape(b, f, *self.shape).permute(0, 2, 3, 1).contiguous())
+        return frames.view(b, *self.shape, f)
 
     def nbytes(self) -> int:
         """Bytes the frames and their slots' bookkeeping occupy."""

@@ -66,7 +66,7 @@ def atari_dqn_config(env: str = "ale_py:ALE/Qbert-v5", seed: int = 0):
     )
 
 
-@pytest.mark.parametrize("overlap", ["sync", "async"])
+@pytest.mark.parametrize("overlap", ["sync", "async", "auto"])
 def test_atari_dqn_trains_with_frames_stored_once(ray_local, overlap):
     import conduit_rllib
 

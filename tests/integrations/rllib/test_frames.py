@@ -107,3 +107,26 @@ def test_overwritten_frames_raise_instead_of_delivering_others():
 
 def test_frame_errors_are_conduit_errors():
     assert issubclass(FrameFormatError, ConduitError) and issubclass(FramesEvictedError, ConduitError)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_stack_kernel_equals_torch_gather_pad_transpose(dtype):
+    from conduit_rllib.frame_kernels import stack_frames
+
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(0, 256, (50, 12), dtype=torch.uint8, generator=g)
+    slots = torch.randint(0, 50, (7, 4), generator=g)
+    pad = torch.rand(7, 4, generator=g) < 0.3
+    table = (torch.arange(257) * 3 % 251).to(dtype)
+    want = table[src[slots].to(torch.int64)]  # [B, F, P]
+    want[pad] = table[256]
+    assert torch.equal(stack_frames(src, slots, pad, table), want.permute(0, 2, 1))
+    with pytest.raises(IndexError, match="out of range"):
+        stack_frames(src, torch.full((1, 4), 50), torch.zeros(1, 4, dtype=torch.bool), table)
+
+
+def test_uint8_frames_are_delivered_as_uint8_padded_with_zero():
+    store = FrameStore(2, 3, capacity=8, codec=FrameCodec.of(np.zeros((1, 2, 3, 1), np.uint8)))
+    store.append(np.full((2, 2, 3, 1), 7, np.uint8))
+    out = store.stacks(torch.tensor([[-1, 0, 1]]))
+    assert out.dtype == torch.uint8 and out[0, 0, 0].tolist() == [0, 7, 7]
