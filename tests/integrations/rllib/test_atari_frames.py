@@ -167,7 +167,7 @@ def _replay(rounds, capacity=10_000):
     )
     for chunks in rounds:
         replay.add(chunks, version=0)
-    assert replay.ready()
+    assert replay.ready() or not rounds
     return replay
 
 
@@ -212,34 +212,40 @@ def test_frames_stored_once_as_uint8(rounds):
     replay.close()
 
 
-def test_state_dict_round_trip_keeps_frames(rounds):
-    """A reconfigure/checkpoint round trip (state_dict → new replay) delivers the same transitions."""
+def _all_rows(replay):
     from conduit_rllib.frames import frame_stack_operator
 
+    c = replay.conduits["default_policy"]
+    stored = c.buffer.storage.read(torch.arange(c.buffer.inserted))
+    return _row_keys(frame_stack_operator(replay.packers["default_policy"].store)(stored))
+
+
+def test_state_dict_round_trip_keeps_frames(rounds):
+    """A reconfigure round trip (state_dict → new replay) delivers the same transitions."""
     replay = _replay(rounds)
-    state = replay.state_dict()
-    from conduit_rllib.replay import ConduitReplay
-    from conduit_rllib.settings import ConduitSettings
+    other = _replay([])
+    other.load_state_dict(replay.state_dict())
+    assert _all_rows(other) == _all_rows(replay)
+    replay.close()
+    other.close()
 
-    from conduit import BufferConfig
 
-    other = ConduitReplay(
-        ConduitSettings(overlap="sync"),
-        BufferConfig.prioritized_replay(10_000, alpha=0.6, beta=0.4),
-        n_step=N_STEP,
-        gamma=GAMMA,
-        device="cpu",
-        num_learners=0,
-        seed=0,
-        frame_stack=NUM_FRAMES,
-    )
-    other.load_state_dict(state)
+def test_checkpoint_on_disk_restores_the_same_transitions(rounds, tmp_path):
+    """The plugin's checkpoint path (``save_tree`` / ``load_tree``, as ``save_to_path`` and
+    ``restore_from_path`` call them), taken while episodes run: after the restore, their next chunks
+    give the same transitions as in the replay never saved (frames, references, held-back steps)."""
+    from conduit.persist.tree import load_tree, save_tree
 
-    def all_rows(r):
-        c = r.conduits["default_policy"]
-        stored = c.buffer.storage.read(torch.arange(c.buffer.inserted))
-        return _row_keys(frame_stack_operator(r.packers["default_policy"].store)(stored))
-
-    assert all_rows(other) == all_rows(replay)
+    cut = len(rounds) - 3
+    replay = _replay(rounds[:cut])
+    save_tree(replay.state_dict(), replay.conduits, tmp_path / "ckpt")
+    other = _replay([])
+    other.load_state_dict(load_tree(tmp_path / "ckpt", lambda mid: other.conduits[mid]))
+    assert _all_rows(other) == _all_rows(replay)
+    for r in (replay, other):
+        for chunks in rounds[cut:]:
+            r.add(chunks, version=1)
+        r.flush()
+    assert _all_rows(other) == _all_rows(replay) == _reference(rounds)[0]
     replay.close()
     other.close()
