@@ -127,6 +127,7 @@ def run_model(args: Any) -> dict[str, Any]:
         for system, design in DESIGNS.items():
             t = time.perf_counter()
             r = simulate(design, cluster, w, c, cal, seed=args.seed)
+            r["controller_utilisation"] = r["controller"]["busy_s"] / r["iteration_s"]
             rows.append(
                 {
                     "kind": "modelled",
@@ -136,6 +137,7 @@ def run_model(args: Any) -> dict[str, Any]:
                     "predicted_s": round(r.pop("iteration_s"), 3),
                     "data_path_s": round(r.pop("data_path_s"), 3),
                     "data_path_share": round(r.pop("data_path_share"), 4),
+                    "controller_utilisation": round(r.pop("controller_utilisation"), 4),
                     **r,
                 }
             )
@@ -153,6 +155,19 @@ def run_model(args: Any) -> dict[str, Any]:
         caller, queue = e["largest_caller"], e["largest_queueing_at"]
         who = caller if e["by_caller"][caller] >= e["by_queueing_at"][queue] else f"queueing at {queue}"
         info["saturated_by"] = f"{who} ({e['largest_cost_term']} cost) at {e['gpus']} GPUs"
+        e = info["explained"][-1]
+        info["at_largest_scale"] = (
+            f"{e['largest_caller']} calls ({e['largest_cost_term']} cost) at {e['gpus']} GPUs; "
+            f"queueing mostly at the {e['largest_queueing_at']} ({e['by_queueing_at'][e['largest_queueing_at']]} s)"
+        )
+        mine = [r for r in rows if r["system"] == s]
+        top = max(mine, key=lambda r: r["gpus"])
+        info["controller"] = {
+            "utilisation_by_gpus": {str(r["gpus"]): r["controller_utilisation"] for r in mine},
+            "capacity_requests_per_s": round(1 / top["controller"]["mean_service_s"]),
+            "offered_requests_per_s_at_largest": round(top["controller"]["requests"] / top["predicted_s"]),
+            "longest_queue_wait_s_at_largest": round(top["controller"]["max_wait_s"], 3),
+        }
     return {
         "rows": rows,
         "saturation": sat,

@@ -46,6 +46,9 @@ ROLLOUT_FIELDS = (
     "rollout_log_probs",
     "token_level_scores",
 )
+#: controller requests of one TransferQueue client call: kv_batch_put = kv_retrieve_meta(create) +
+#: notify_data_update + set_custom_meta; kv_batch_get = kv_retrieve_meta
+REQUESTS = {"put": 3, "get": 1}
 LOGPROB_READS = ("input_ids", "attention_mask", "position_ids", "responses")
 ADVANTAGE_READS = ("token_level_scores", "response_mask")
 UPDATE_READS = (*LOGPROB_READS, "response_mask", "old_log_probs", "ref_log_prob", "advantages")

@@ -1,6 +1,10 @@
 """A discrete-event model (SimPy) of one GRPO iteration on a cluster, for two data-path designs.
 
-Shared resources are SimPy ``Resource``s of capacity 1, so contention and queueing come out of the
+Why SimPy and not the core cost model's equations alone: those give one call's time and a steady
+pipeline's, but what decides a cluster's data path is waiting: every rank asking the one controller at
+once, responses finishing in a long tail, many puts converging on one store or one NIC. A schedule
+of events gives that waiting without a queueing formula per case. Shared resources are SimPy
+``Resource``s of capacity 1, so contention and queueing come out of the
 schedule rather than from a formula: TransferQueue's controller (one process, one thread: every
 request of every client in turn), one store per node, one NIC per node for the stores' host traffic
 (send and receive apart), and each calling process (the driver, each agent-loop worker, each training
@@ -36,6 +40,7 @@ import simpy
 from scaling_config import (
     ADVANTAGE_READS,
     LOGPROB_READS,
+    REQUESTS,
     ROLLOUT_FIELDS,
     UPDATE_READS,
     Calibration,
@@ -43,7 +48,6 @@ from scaling_config import (
     Compute,
     Workload,
 )
-from scaling_validate import REQUESTS
 
 Proc = Generator[Any, Any, Any]
 #: serial resources; ``relieve`` makes some unbounded (nobody queues; each use still costs its time)

@@ -3,7 +3,7 @@ and the validation table (predicted vs measured within +-25%).
 
 A measured call is ``{"system", "op", "nodes", "samples", "bytes", "seconds"}`` (the rows of
 ``benchmarks/results/tq_backends.json``, or of ``scaling.py --measure`` later); an iteration is
-``{"system", "nodes", "data_path_s"}``. :func:`call_seconds` is the model's time for one call on an
+``{"system", "nodes", "gpus_per_node", "data_path_s"}`` (:func:`iteration_validation`). :func:`call_seconds` is the model's time for one call on an
 idle system, the same arithmetic the simulation charges (``scaling_model.py``).
 """
 
@@ -13,15 +13,13 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scaling_config import Calibration
+from scaling_config import REQUESTS, Calibration, Cluster, Compute, Workload
+from scaling_model import DESIGNS, simulate
 
 from conduit.costmodel import OperatorCost, Sample
 from conduit.errors import ConfigError
 
 TOLERANCE = 0.25
-#: controller requests of one TransferQueue client call: kv_batch_put = kv_retrieve_meta(create) +
-#: notify_data_update + set_custom_meta; kv_batch_get = kv_retrieve_meta
-REQUESTS = {"put": 3, "get": 1}
 
 
 def controller_seconds(cal: Calibration, op: str, samples: int) -> float:
@@ -147,6 +145,29 @@ def call_validation(
         s = call_seconds(cal, r["system"], r["op"], r["nodes"], r["samples"], r["bytes"], nic_bytes_per_s)
         predicted.append({**k, "predicted_s": s})
     return validation_table(predicted, measured)
+
+
+def iteration_validation(
+    measured: Iterable[Mapping[str, Any]],
+    cal: Calibration,
+    workload: Workload,
+    compute: Compute,
+    nic_bytes_per_s: float,
+) -> list[dict[str, Any]]:
+    """The per-iteration validation table: each measured iteration's data-path seconds (``system`` a
+    design name, ``nodes`` x ``gpus_per_node`` workers, ``workload`` the measured run's shape, NICs at
+    ``nic_bytes_per_s``: loopback on one machine) against the model's for the same configuration."""
+    measured = list(measured)
+    predicted = []
+    for m in measured:
+        cluster = Cluster(m["nodes"], m["gpus_per_node"], nic_bytes_per_s, 0.0, "measured configuration")
+        got = simulate(DESIGNS[m["system"]], cluster, workload, compute, cal)["data_path_s"]
+        predicted.append({k: m[k] for k in ("system", "nodes", "gpus_per_node")} | {"predicted_s": got})
+    rows = [
+        {k: m[k] for k in ("system", "nodes", "gpus_per_node")} | {"measured_s": m["data_path_s"]}
+        for m in measured
+    ]
+    return validation_table(predicted, rows)
 
 
 def probe_controller(fields: int = 8, reps: int = 20) -> dict[str, float]:

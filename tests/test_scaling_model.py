@@ -17,7 +17,13 @@ sys.path.insert(0, str(BENCH))
 
 from scaling_config import TOPOLOGY, Calibration, Cluster, Compute, Workload  # noqa: E402
 from scaling_model import DESIGNS, Controller, compute_only_s, simulate  # noqa: E402
-from scaling_validate import call_seconds, call_validation, fit_stores, validation_table  # noqa: E402
+from scaling_validate import (  # noqa: E402
+    call_seconds,
+    call_validation,
+    fit_stores,
+    iteration_validation,
+    validation_table,
+)
 
 from conduit.errors import ConfigError  # noqa: E402
 from conduit.topology import load  # noqa: E402
@@ -148,6 +154,17 @@ def test_fit_recovers_synthetic_store_constants_and_validates_them():
     assert len(table) == len(rows) and all(r["within"] for r in table)
     off = replace(truth, controller={**truth.controller, "fixed_s": 0.05})  # 50 ms per request: a miss
     assert not all(r["within"] for r in call_validation(rows, off))
+
+
+def test_iteration_validation_compares_the_model_with_measured_iterations():
+    model = run("tq_simplestorage", cluster=replace(CLUSTER, nic_bytes_per_s=5e9))["data_path_s"]
+    measured = [
+        {"system": "tq_simplestorage", "nodes": 2, "gpus_per_node": 2, "data_path_s": model * 1.1},
+        {"system": "tq_simplestorage", "nodes": 2, "gpus_per_node": 2, "data_path_s": model / 1.5},
+    ]
+    table = iteration_validation(measured, Calibration(), TINY, COMPUTE, 5e9)
+    assert [r["within"] for r in table] == [True, False]
+    assert table[1]["ratio"] == pytest.approx(1.5, abs=1e-3)
 
 
 def test_calibration_and_cluster_reject_bad_input():
