@@ -1,0 +1,164 @@
+"""Atari DQN replay at 100k and 1M transitions (issue 31) — a sketch: only Conduit's buffer cells so far.
+
+    python benchmarks/rllib_atari.py [--quick] [--capacity N ...] [--dim 64|84] [--out FILE]
+
+Measured now, per capacity, for Conduit's frame-once replay (``ConduitReplay`` with RLlib's
+``FrameStacking(num_frames=4)``: each frame stored once as uint8, stacks built at delivery): the insert
+rate (env steps per second through ``add``: frame encoding, n-step, insert), prioritized sample +
+priority update latency at batch 32 (p50 / p99, the stacked batch built), resident memory (VmRSS) and
+the bytes the frames and the transition rows take. The episodes are Atari-shaped stand-ins, not ALE:
+normalized float32 frames ``u / 128 - 1`` of random codes (what ``wrap_atari_for_new_api_stack``
+yields), life-length episodes, fragments of 4 steps as RLlib's Atari DQN example samples them; a buffer
+cell measures the buffer, so no env runs. Every row carries its work (transitions inserted, samples,
+priority updates).
+
+Not written yet (the issue's other rows and cells): native RLlib (its DQN cannot run its own
+``FrameStackingLearner``: the prioritized episode buffer samples 1-step episodes without lookback, on
+which ``FrameStacking`` fails; native stacks with the env wrapper instead, float32 ``[64, 64, 4]`` per
+step), TorchRL's ``LazyMemmapStorage`` + ``PrioritizedSampler`` in its own venv
+(``notes/torchrl-baseline.md``), the disk tier under a memory budget, iteration wall / exposed time on
+ALE, learning curves. ``--quick`` (capacity 20k) writes to /tmp unless ``--out`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+import script  # noqa: E402
+
+BATCH, N_STEP, NUM_FRAMES, FRAGMENT, MEAN_LIFE = 32, 3, 4, 4, 60
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (VmRSS)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def fragments(steps: int, dim: int, seed: int):
+    """Lists of episode chunks (``FRAGMENT`` steps each, episodes of geometric length) covering ``steps``."""
+    import gymnasium as gym
+    from conduit_rllib.compat import SingleAgentEpisode
+
+    rng = np.random.default_rng(seed)
+    space = gym.spaces.Box(-1.0, 1.0, (dim, dim, 1), np.float32)
+    done = 0
+    while done < steps:
+        length = int(rng.geometric(1 / MEAN_LIFE))
+        frames = rng.integers(0, 256, (length + 1, dim, dim, 1), dtype=np.uint8)
+        obs = frames.astype(np.float32) / np.float32(128) - np.float32(1)
+        ep_id = f"ep{seed}-{done}"
+        for t0 in range(0, length, FRAGMENT):
+            t1 = min(length, t0 + FRAGMENT)
+            chunk = SingleAgentEpisode(
+                id_=ep_id,
+                observations=list(obs[t0 : t1 + 1]),
+                actions=list(rng.integers(0, 6, t1 - t0)),
+                rewards=list((rng.random(t1 - t0) < 0.05).astype(np.float32)),
+                terminated=t1 == length,
+                observation_space=space,
+                t_started=t0,
+                len_lookback_buffer=0,
+            )
+            yield [chunk.to_numpy()]
+        done += length
+
+
+def conduit_cell(capacity: int, dim: int, rounds: int) -> dict:
+    """Fill a frame-once replay to ``capacity`` transitions, then time prioritized sample + update."""
+    import torch
+    from conduit_rllib.replay import ConduitReplay
+    from conduit_rllib.settings import ConduitSettings
+
+    from conduit import BufferConfig
+
+    torch.set_num_threads(1)
+    rss0 = rss_bytes()
+    replay = ConduitReplay(
+        ConduitSettings(overlap="sync"),
+        BufferConfig.prioritized_replay(capacity, alpha=0.5, beta=0.4),
+        n_step=N_STEP,
+        gamma=0.99,
+        device="cpu",
+        num_learners=0,
+        seed=0,
+        frame_stack=NUM_FRAMES,
+    )
+    add_s, steps, timed = 0.0, 0, 0
+    for i, chunks in enumerate(fragments(capacity, dim, seed=0)):
+        t0 = time.perf_counter()
+        n = replay.add(chunks, version=0)
+        if i > 0:  # the first add builds the stores and loads their kernels
+            add_s += time.perf_counter() - t0
+            timed += n
+        steps += n
+    replay.flush()
+    c = replay.conduits["default_policy"]
+    store = replay.packers["default_policy"].store
+    rng = np.random.default_rng(1)
+    lat = []
+    for i in range(rounds + 50):
+        t0 = time.perf_counter()
+        train = replay.sample(BATCH)
+        replay.update_priorities(train, {"default_policy": rng.random(BATCH).astype(np.float32)})
+        if i >= 50:  # warm-up rounds not counted
+            lat.append(time.perf_counter() - t0)
+    ms = np.asarray(lat) * 1e3
+    row = {
+        "system": "conduit",
+        "capacity": capacity,
+        "dim": dim,
+        "rss_gib": round((rss_bytes() - rss0) / 2**30, 3),
+        "disk_gib": 0.0,
+        "frames_gib": round(store.nbytes() / 2**30, 3),
+        "rows_gib": round(c.buffer.storage.nbytes / 2**30, 3),
+        "insert_steps_per_s": round(timed / add_s),
+        "sample_update_p50_ms": round(float(np.median(ms)), 3),
+        "sample_update_p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "work": {"env_steps": steps, "inserted": c.buffer.inserted, "samples": rounds, "updates": rounds},
+    }
+    replay.close()
+    return row
+
+
+def plot(rows: list[dict], png: Path) -> None:
+    plt = script.pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
+    caps = [r["capacity"] for r in rows]
+    ax[0].bar([str(c) for c in caps], [r["rss_gib"] for r in rows])
+    ax[0].set_title("resident memory (GiB)")
+    ax[1].bar([str(c) for c in caps], [r["sample_update_p50_ms"] for r in rows], label="p50")
+    ax[1].set_title("prioritized sample + update, batch 32 (ms)")
+    for a in ax:
+        a.set_xlabel("capacity (transitions)")
+    script.save_figure(fig, png)
+
+
+def main() -> None:
+    p = script.parser(__doc__, quick="capacity 20k (a check)", out=None)
+    p.add_argument("--capacity", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--dim", type=int, default=64, choices=[64, 84])
+    p.add_argument("--rounds", type=int, default=2000)
+    args = p.parse_args()
+    if args.quick:
+        args.capacity, args.rounds = [20_000], 300
+        args.out = args.out or Path("/tmp/rllib_atari_quick.json")
+    tok = provenance.start()
+    rows = []
+    for cap in args.capacity:
+        rows.append(conduit_cell(cap, args.dim, args.rounds))
+        print(rows[-1], flush=True)
+    record = {"rows": rows, "machine": provenance.finish(tok), "sketch": True}
+    print(script.write_result("rllib_atari", args, record, lambda png: plot(rows, png)))
+
+
+if __name__ == "__main__":
+    main()
