@@ -38,6 +38,16 @@ from scaling_validate import call_validation  # noqa: E402
 from conduit.topology import load  # noqa: E402
 
 TARGET_SHARE = 0.05
+ASSUMPTIONS = [
+    "constants measured on one 2-core machine over loopback (slower than a cluster node's cores)",
+    "per-call constants fitted to calls of 64-1,024 samples; the per-trajectory puts (1 sample) extrapolate",
+    "Conduit's PutBatcher (queued small puts combined) is not modelled: each trajectory is its own call",
+    "store_share (the store's side of a call) is assumed, 0.5; sensitivity at 0.25 and 0.75 reported",
+    "both designs keep TransferQueue's controller; stores own samples by global index mod nodes",
+    "phases run one after another, the same compute in both; Conduit's pieces do not overlap generation",
+    "rollout: one vLLM replica per GPU (TP=1), round-robin responses, roofline decode steps",
+    "8 agent-loop workers (verl's default) put the trajectories; the driver is one process on node 0",
+]
 MEASURED_CALLS = HERE / "results" / "tq_backends.json"
 
 
@@ -168,9 +178,18 @@ def run_model(args: Any) -> dict[str, Any]:
             "offered_requests_per_s_at_largest": round(top["controller"]["requests"] / top["predicted_s"]),
             "longest_queue_wait_s_at_largest": round(top["controller"]["max_wait_s"], 3),
         }
+    largest = Cluster.from_topology(topo, max(r["gpus"] for r in rows))
+    sensitivity = {
+        f"store_share={x}": {
+            d: round(simulate(DESIGNS[d], largest, w, c, replace(cal, store_share=x))["data_path_share"], 4)
+            for d in DESIGNS
+        }
+        for x in (0.25, 0.75)
+    }
     return {
         "rows": rows,
         "saturation": sat,
+        "sensitivity": {"gpus": largest.gpus, "data_path_share": sensitivity},
         "workload": w,
         "compute": c,
         "calibration": cal,
@@ -262,6 +281,8 @@ def main() -> int:
         "calibration": cal.to_dict(),
         "rows": rows,
         "saturation": m["saturation"],
+        "sensitivity": m["sensitivity"],
+        "assumptions": ASSUMPTIONS,
         "summary": summary(rows),
         "validation": {
             "per_call": call_validation(measured, cal, nic),

@@ -160,7 +160,7 @@ def _default_stores() -> dict[str, dict[str, dict[str, float]]]:
         "Conduit": {
             "put": _cost(1.52e-2, 7.24e-5, 4.36e-11),
             "get": _cost(8.32e-3, 1.28e-5, 8.9e-11),
-            "remote_per_byte": {"put": 1.45e-9, "get": 1.73e-9},
+            "remote_per_byte": {"put": 2.98e-9, "get": 2.75e-9},
         },
     }
 

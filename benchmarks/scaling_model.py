@@ -8,7 +8,7 @@ of events gives that waiting without a queueing formula per case. Shared resourc
 schedule rather than from a formula: TransferQueue's controller (one process, one thread: every
 request of every client in turn), one store per node, one NIC per node for the stores' host traffic
 (send and receive apart), and each calling process (the driver, each agent-loop worker, each training
-rank; a process works through its own calls one at a time). Each call's service time is the core's
+rank; a process does its own side of its calls' parts one at a time, the stores theirs meanwhile). Each call's service time is the core's
 cost-model equation (``OperatorCost``: a + b * samples + per_byte * bytes, constants from the
 ``Calibration``); the wire is bytes / the NIC's rate.
 
@@ -168,7 +168,10 @@ class Iteration:
 
     def call(self, caller: str, node: int, op: str, idx: np.ndarray, per_sample_bytes: np.ndarray) -> Proc:
         """A TransferQueue client call (``put`` / ``get``) from ``caller`` on ``node`` on samples ``idx``:
-        its controller requests, and each owning store's part (samples ``i mod nodes``) in turn."""
+        its controller requests, and one part per owning store (samples ``i mod nodes``), sent as the
+        clients do (``asyncio.gather``): the caller works through its side of each part in turn (its
+        node's store first), and each store serves its side (and the NICs carry a remote part's bytes)
+        while the caller goes on to the next."""
         s = len(idx)
         self.bytes_moved += float(per_sample_bytes.sum())
         if CALLERS[caller.rstrip("0123456789")] in self.free_calls:
@@ -181,26 +184,30 @@ class Iteration:
         nbytes = np.bincount(owner, weights=per_sample_bytes, minlength=self.cl.nodes)
         cost = self.cal.store(self.d.store, op)
         extra = self.cal.remote_per_byte(self.d.store, op)
-        for o in np.flatnonzero(counts):
-            remote = int(o) != node
+        owners = sorted(np.flatnonzero(counts).tolist(), key=lambda o: o != node)
+        parts = []
+        for o in owners:
+            remote = o != node
             svc = cost.seconds(int(counts[o]), float(nbytes[o])) + (
                 extra * float(nbytes[o]) if remote else 0.0
             )
-            on_store = self.cal.store_share * svc
+            mine = (1 - self.cal.store_share) * svc
             with self._caller(caller).request() as me:
                 yield me
-                yield self.env.timeout(svc - on_store)  # the caller's own side of the part
-                with self.stores[o].request() as st:
-                    yield st
-                    yield self.env.timeout(on_store)
-                    self.busy[f"store{o}"] += on_store
-                    if remote and nbytes[o] > 0:
-                        yield from self.wire(
-                            *((node, int(o)) if op == "put" else (int(o), node)), float(nbytes[o])
-                        )
-                self.busy[caller] += svc
+                yield self.env.timeout(mine)  # the caller's own side of the part
+            self.busy[caller] += mine
+            parts.append(self.env.process(self._store_side(o, svc - mine, node, op, float(nbytes[o]))))
+        yield simpy.AllOf(self.env, parts)
         for _ in range(last):
             yield from self.request(s)
+
+    def _store_side(self, o: int, seconds: float, node: int, op: str, nbytes: float) -> Proc:
+        with self.stores[o].request() as st:
+            yield st
+            yield self.env.timeout(seconds)
+            self.busy[f"store{o}"] += seconds
+            if o != node and nbytes > 0:
+                yield from self.wire(*((node, o) if op == "put" else (o, node)), nbytes)
 
     def wire(self, src: int, dst: int, nbytes: float) -> Proc:
         """``nbytes`` from node ``src``'s NIC to node ``dst``'s (each held while the bytes pass)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from scaling_config import REQUESTS, Calibration, Cluster, Compute, Workload
@@ -36,19 +37,20 @@ def parts(nodes: int, samples: int) -> int:
 def call_seconds(
     cal: Calibration, system: str, op: str, nodes: int, samples: int, nbytes: float, nic_bytes_per_s: float
 ) -> float:
-    """One call on an idle system: its controller requests, then each store's part in turn on the
-    caller (a + b * samples + per_byte * bytes), remote parts (all but the caller's node's) paying the
-    extra per byte and the wire."""
+    """One call on an idle system, as the simulation charges it: its controller requests, then ``k``
+    equal parts (one per store; a + b * samples + per_byte * bytes each, remote ones plus the extra
+    per byte), the caller's side (1 - store_share) of each in turn, the caller's own node's first;
+    the call ends with the last part's store side and its wire."""
     k = parts(nodes, samples)
-    remote = nbytes * (k - 1) / k if nodes > 1 else 0.0
-    store = cal.store(system, op)
-    wire = remote / nic_bytes_per_s if remote else 0.0
-    return (
-        controller_seconds(cal, op, samples)
-        + store.seconds(samples, nbytes, calls=k)
-        + remote * cal.remote_per_byte(system, op)
-        + wire
-    )
+    per_part = cal.store(system, op).seconds(samples / k, nbytes / k)
+    if k == 1:
+        return controller_seconds(cal, op, samples) + per_part
+    remote_part = nbytes / k
+    extra = cal.remote_per_byte(system, op) * remote_part
+    share = cal.store_share
+    caller_side = (1 - share) * (k * per_part + (k - 1) * extra)
+    last = share * (per_part + extra) + remote_part / nic_bytes_per_s
+    return controller_seconds(cal, op, samples) + caller_side + last
 
 
 def fit_stores(
@@ -56,7 +58,7 @@ def fit_stores(
 ) -> dict[str, dict[str, Any]]:
     """Store constants per system and op from measured calls, less the controller's share: a, b,
     per_byte from one-node calls (``OperatorCost.fit``), the remote extra per byte as the median
-    excess of multi-node calls over that, per remote byte (>= 0). Rows of other systems are ignored;
+    excess of multi-node calls over :func:`call_seconds` without it, per remote byte it weighs (>= 0). Rows of other systems are ignored;
     SimpleStorage rows only at one storage unit per node."""
     out: dict[str, dict[str, Any]] = {}
     rows = [r for r in rows if r.get("system") in ("SimpleStorage", "Conduit")]
@@ -64,7 +66,6 @@ def fit_stores(
     for system in sorted({r["system"] for r in rows}):
         out[system] = {"remote_per_byte": {}}
         for op in ("put", "get"):
-            mine = [r for r in rows if r["system"] == system and r["op"] == op]
             local = [
                 Sample(
                     1,
@@ -72,21 +73,21 @@ def fit_stores(
                     r["bytes"],
                     max(0.0, r["seconds"] - controller_seconds(cal, op, r["samples"])),
                 )
-                for r in mine
-                if r["nodes"] == 1
+                for r in rows
+                if r["system"] == system and r["op"] == op and r["nodes"] == 1
             ]
             if not local:
                 raise ConfigError(f"no one-node {system} {op} measurements to fit")
             cost = OperatorCost.fit(local)
             out[system][op] = {"a": cost.a, "b": cost.b, "per_byte": cost.per_byte}
+        plain = replace(cal, stores={system: {**out[system], "remote_per_byte": {}}})
+        for op in ("put", "get"):
             excess = []
-            for r in (r for r in mine if r["nodes"] > 1):
+            for r in (r for r in rows if r["system"] == system and r["op"] == op and r["nodes"] > 1):
                 k = parts(r["nodes"], r["samples"])
-                remote = r["bytes"] * (k - 1) / k
-                rest = controller_seconds(cal, op, r["samples"]) + cost.seconds(
-                    r["samples"], r["bytes"], calls=k
-                )
-                excess.append(max(0.0, (r["seconds"] - rest - remote / nic_bytes_per_s) / remote))
+                rest = call_seconds(plain, system, op, r["nodes"], r["samples"], r["bytes"], nic_bytes_per_s)
+                weight = r["bytes"] / k * ((1 - cal.store_share) * (k - 1) + cal.store_share)
+                excess.append(max(0.0, (r["seconds"] - rest) / weight))
             out[system]["remote_per_byte"][op] = statistics.median(excess) if excess else 0.0
     return out
 

@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 from scaling_config import TOPOLOGY, Calibration, Cluster, Compute, Workload  # noqa: E402
-from scaling_model import DESIGNS, Controller, compute_only_s, simulate  # noqa: E402
+from scaling_model import DESIGNS, Controller, Iteration, compute_only_s, simulate  # noqa: E402
 from scaling_validate import (  # noqa: E402
     call_seconds,
     call_validation,
@@ -72,6 +72,19 @@ def test_more_bytes_is_never_faster(design):
     )
     thin = replace(CLUSTER, nic_bytes_per_s=1e6)
     assert run(design, cluster=thin)["iteration_s"] >= base["iteration_s"]
+
+
+@pytest.mark.parametrize(
+    "design, op, nodes", [("conduit", "put", 1), ("conduit", "get", 4), ("tq_simplestorage", "put", 3)]
+)
+def test_one_call_on_an_idle_cluster_costs_what_call_seconds_says(design, op, nodes):
+    cluster = Cluster(nodes=nodes, gpus_per_node=1, nic_bytes_per_s=1e9, nic_latency_s=0.0)
+    it = Iteration(DESIGNS[design], cluster, TINY, COMPUTE, Calibration(), seed=0)
+    idx = np.arange(12 * nodes)
+    it.env.process(it.call("driver", 0, op, idx, np.full(len(idx), 1e5)))
+    it.env.run()
+    expected = call_seconds(Calibration(), DESIGNS[design].store, op, nodes, len(idx), 1e5 * len(idx), 1e9)
+    assert it.env.now == pytest.approx(expected, rel=1e-9)
 
 
 def test_designs_do_equal_work_and_conduit_asks_the_controller_less():
