@@ -130,3 +130,89 @@ def test_uint8_frames_are_delivered_as_uint8_padded_with_zero():
     store.append(np.full((2, 2, 3, 1), 7, np.uint8))
     out = store.stacks(torch.tensor([[-1, 0, 1]]))
     assert out.dtype == torch.uint8 and out[0, 0, 0].tolist() == [0, 7, 7]
+
+
+def _interleaved_chunks(rng, steps: int):
+    """Rounds of 4-step chunks of two episodes at a time; frame pixels: 1 + episode % 100, t % 256, t // 256."""
+    import gymnasium as gym
+
+    space = gym.spaces.Box(-1.0, 1.0, (2, 3, 1), np.float32)
+    running: list[list] = []  # [id, number, length, t]
+    made = 0
+    while made < steps:
+        while len(running) < 2:
+            n = len(running) + made
+            running.append([f"ep{n}-{made}", n, int(rng.integers(1, 40)), 0])
+        chunks = []
+        for ep in running:
+            eid, n, length, t0 = ep
+            t1 = min(length, t0 + 4)
+            codes = np.zeros((t1 - t0 + 1, 2, 3, 1), np.uint8)
+            ts = np.arange(t0, t1 + 1)
+            codes[:, 0, 0, 0], codes[:, 0, 1, 0], codes[:, 0, 2, 0] = 1 + n % 100, ts % 256, ts // 256
+            chunk = SingleAgentEpisode(
+                id_=eid,
+                observations=list(codes.astype(np.float32) / np.float32(128) - np.float32(1)),
+                actions=list(rng.integers(0, 3, t1 - t0)),
+                rewards=list(np.ones(t1 - t0, np.float32)),
+                terminated=t1 == length,
+                observation_space=space,
+                t_started=t0,
+                len_lookback_buffer=0,
+            )
+            chunks.append(chunk.to_numpy())
+            ep[3] = t1
+            made += t1 - t0
+        running = [ep for ep in running if ep[3] < ep[2]]
+        yield chunks
+
+
+def _check_stacks(obs: torch.Tensor, new_obs: torch.Tensor, n_step: torch.Tensor) -> None:
+    """Each stack is one episode's frames t-3..t (padding exactly before t = 0); next obs at t + n_step."""
+    for stack, shift in ((obs, torch.zeros_like(n_step)), (new_obs, n_step.to(torch.int64))):
+        codes = torch.round((stack[:, 0] + 1) * 128).to(torch.int64)  # [B, W=3, F]
+        ep, t = codes[:, 0, :], codes[:, 1, :] + 256 * codes[:, 2, :]
+        last_t = t[:, -1]
+        for f in range(3):
+            want_pad = last_t - (3 - f) < 0
+            assert torch.equal(ep[:, f] == 128, want_pad)
+            real = ~want_pad
+            assert torch.equal(ep[real, f], ep[real, -1]) and torch.equal(t[real, f], last_t[real] - (3 - f))
+        if shift.any():
+            assert torch.equal(
+                last_t - shift,
+                torch.round((obs[:, 0, 1, -1] + 1) * 128).to(torch.int64)
+                + 256 * torch.round((obs[:, 0, 2, -1] + 1) * 128).to(torch.int64),
+            )
+
+
+def test_replay_rings_wrap_and_stacks_stay_exact():
+    """Transitions (capacity 64) and frames wrap their rings many times over interleaved episodes;
+    every sampled and every stored transition is still its own episode's frames."""
+    from conduit_rllib.frames import frame_stack_operator
+    from conduit_rllib.replay import ConduitReplay
+    from conduit_rllib.settings import ConduitSettings
+
+    from conduit import BufferConfig
+
+    replay = ConduitReplay(
+        ConduitSettings(overlap="sync"),
+        BufferConfig.prioritized_replay(64, alpha=0.6, beta=0.4),
+        n_step=3,
+        gamma=0.9,
+        device="cpu",
+        num_learners=0,
+        seed=0,
+        frame_stack=4,
+    )
+    for chunks in _interleaved_chunks(np.random.default_rng(0), 1500):
+        replay.add(chunks, version=0)
+    store = replay.packers["default_policy"].store
+    assert store.appended > 2 * store.capacity  # the frame ring wrapped
+    for _ in range(10):
+        sb = replay.sample(32).kwargs["batch"].policy_batches["default_policy"]
+        _check_stacks(sb["obs"], sb["new_obs"], sb["n_step"])
+    c = replay.conduits["default_policy"]
+    stored = frame_stack_operator(store)(c.buffer.storage.read(torch.arange(64)))
+    _check_stacks(stored["obs"], stored["new_obs"], stored["n_step"])
+    replay.close()
