@@ -123,3 +123,13 @@ def explain_unknown_trainer(exc: BaseException) -> BaseException:
         err.__cause__ = exc
         return err
     return exc
+
+
+def row_unit(micro: dict[str, int | None], dp: int = 1) -> int:
+    """The fewest responses an ingestion call may take when it is not whole groups (early rows,
+    ``early_rows.py``): whole inference micro-batches on every data-parallel rank."""
+    unit = 1
+    for size in micro.values():
+        if size:
+            unit = math.lcm(unit, dp * size)
+    return unit

@@ -45,7 +45,9 @@ class ConduitTrainerConfig:
             with generation slows generation too, and ``auto`` counts that loss) or ``separate``
             (the rollout servers have hardware of their own: overlapped ingestion costs generation
             nothing, so ``auto`` streams wherever the ingestion it hides pays, without measuring
-            whole-batch steps).
+            whole-batch steps; and with ``max_staleness=0`` each response's per-sample stages —
+            old and reference log-probs, values — run as soon as it finishes, before its group
+            does: ``early_rows.py``, counted as ``conduit/early_rows``).
         max_staleness: the bound on how old a prompt group may be when it is trained on, in policy
             versions: a group generated (any of its tokens) by weights of version ``v`` may be
             trained on by versions up to ``v + max_staleness`` (the core's FIFO staleness rule,

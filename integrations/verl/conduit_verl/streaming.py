@@ -20,6 +20,7 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -32,6 +33,7 @@ from conduit_verl.checks import check_groups, check_response_lengths
 from conduit_verl.compat import KVBatchMeta, marked_timer
 from conduit_verl.config import ConduitTrainerConfig
 from conduit_verl.delivery import GroupFifo
+from conduit_verl.early_rows import EarlyRows
 from conduit_verl.errors import RolloutTimeoutError
 from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
 from conduit_verl.piece_policy import PiecePolicy
@@ -46,6 +48,8 @@ CHANNEL_TIMEOUT_S = 5.0
 CHANNEL_GRACE_S = 10.0
 #: how often a streaming wait logs the groups it is still waiting for
 WAIT_LOG_S = 30.0
+#: with early rows, how long a wait on the channel lasts before the finished responses are looked at
+IDLE_SLICE_S = 0.1
 
 
 class _Piece:
@@ -67,8 +71,9 @@ def _stage(name: str, method: Any, piece: _Piece, timing_raw: dict) -> Operator:
     return Operator(name, fn)
 
 
-def ingest_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Operator]:
-    """The per-piece stages verl's ``_step_once`` runs between sampling and the updates."""
+def sample_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Operator]:
+    """The stages that need one response each (not its group): a colocated reward, old log-probs,
+    reference log-probs, values."""
 
     def method(fn: Any) -> Any:
         return functools.partial(fn, trainer)
@@ -81,10 +86,66 @@ def ingest_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Oper
         ops.append(_stage("ref", method(compat.compute_ref_log_prob), piece, timing_raw))
     if compat.uses_critic(trainer):
         ops.append(_stage("values", method(compat.compute_values), piece, timing_raw))
-    adv = method(compat.compute_advantage)
-    # GAE: the recursion per piece (per trajectory: exact), the batch whitening after the last piece
-    ops.append(_stage("adv", per_piece(adv) if uses_gae(trainer.config) else adv, piece, timing_raw))
     return ops
+
+
+def advantage_operator(trainer: Any, piece: _Piece, timing_raw: dict) -> Operator:
+    """The group stage: advantages (GAE: the recursion per piece, per trajectory: exact; the batch
+    whitening after the last piece)."""
+    adv = functools.partial(compat.compute_advantage, trainer)
+    return _stage("adv", per_piece(adv) if uses_gae(trainer.config) else adv, piece, timing_raw)
+
+
+def ingest_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Operator]:
+    """The per-piece stages verl's ``_step_once`` runs between sampling and the updates."""
+    return [*sample_operators(trainer, piece, timing_raw), advantage_operator(trainer, piece, timing_raw)]
+
+
+def _rows(meta: KVBatchMeta) -> ColumnBatch:
+    return ColumnBatch({"row": torch.arange(len(meta))})
+
+
+def ingest_piece(trainer: Any, piece: _Piece, timing_raw: dict, m: Metrics) -> int:
+    """Run a group piece's stages (with early rows, the per-sample ones only on its rows not yet
+    done); TransferQueue puts saved."""
+    early: EarlyRows | None = trainer.conduit_early
+    if early is None:
+        with piece_writes(piece.meta) as writes:
+            run_chain(ingest_operators(trainer, piece, timing_raw), _rows(piece.meta), m, "ingest")
+        return writes.puts_saved
+    saved = 0
+    rest = early.rest(piece.meta)
+    if rest is not None:
+        part = _Piece(rest)
+        with piece_writes(rest) as writes:
+            run_chain(sample_operators(trainer, part, timing_raw), _rows(rest), m, "ingest")
+        saved += writes.puts_saved
+        piece.metrics.update(part.metrics)
+    with piece_writes(piece.meta) as writes:
+        run_chain([advantage_operator(trainer, piece, timing_raw)], _rows(piece.meta), m, "ingest")
+    return saved + writes.puts_saved
+
+
+def early_ingestion(
+    trainer: Any, timing_raw: dict, m: Metrics, parts: list[tuple[int, dict[str, Any]]]
+) -> Callable[[KVBatchMeta], None]:
+    """What :class:`EarlyRows` runs on responses whose groups have not finished: the per-sample
+    stages (overlapped with generation), their metrics added to the step's ``parts``."""
+
+    def run(meta: KVBatchMeta) -> None:
+        with m.span("ingest_early"):
+            trainer.conduit_in_piece = True
+            try:
+                meta = compat.balance_batch(trainer, meta, {})
+            finally:
+                trainer.conduit_in_piece = False
+            part = _Piece(meta)
+            with piece_writes(meta) as writes:
+                run_chain(sample_operators(trainer, part, timing_raw), _rows(meta), m, "ingest")
+            m.incr("tq_puts_saved", writes.puts_saved)
+        parts.append((len(meta), part.metrics))
+
+    return run
 
 
 class GroupWait:
@@ -131,6 +192,9 @@ class GroupWait:
         self.log_every_s = log_every_s
         self.poll_s = poll_s
         self.taken = (self._channel_count(0, 0.0) or 0) if channel is not None else 0
+        #: called between slices of a wait on the channel (early rows: ingestion while groups generate)
+        self.idle: Callable[[], object] | None = None
+        self._reread_at = 0.0  # when the channel wait last re-read TransferQueue's metadata
         self.step_first = self.taken
         self.short = False  # the last piece ended the step early (on_timeout="drop")
 
@@ -196,9 +260,15 @@ class GroupWait:
         ``poll_s``; with one, every ``CHANNEL_TIMEOUT_S`` (a lost report, failed groups).
         """
         if self.channel is not None:
-            done = self._channel_count(self.taken + want, min(wait_s, CHANNEL_TIMEOUT_S))
+            slice_s = min(wait_s, CHANNEL_TIMEOUT_S if self.idle is None else IDLE_SLICE_S)
+            done = self._channel_count(self.taken + want, slice_s)
             if done is not None and done - self.taken >= want:
                 return done - self.taken, False
+            if done is not None and self.idle is not None:
+                self.idle()
+                if time.monotonic() - self._reread_at < CHANNEL_TIMEOUT_S:
+                    return done - self.taken, False
+                self._reread_at = time.monotonic()
         else:
             finished = compat.finished_groups(buffer, self.partition_id)
             if finished >= want:
@@ -299,6 +369,12 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     policy: PiecePolicy = trainer.conduit_policy
     ledger: StalenessLedger = trainer.conduit_staleness
     g_ing = policy.begin_step(t0)
+    early: EarlyRows | None = trainer.conduit_early
+    if early is not None:
+        early.begin_step()
+        run_early = early_ingestion(trainer, timing_raw, m, parts)
+        info = {"temperature": conf.actor_rollout_ref.rollout.temperature}
+        waiter.idle = lambda: early.ingest(version, info, run_early)
     with compat.poll_interval(buffer, cfg.stream_poll_s):
         compat.on_sample_begin(trainer)
         while taken < sample_batch_size:
@@ -327,10 +403,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
                     piece.meta = compat.balance_batch(trainer, piece.meta, piece.metrics)
                 finally:
                     trainer.conduit_in_piece = False
-                rows = ColumnBatch({"row": torch.arange(len(piece.meta))})
-                with piece_writes(piece.meta) as writes:
-                    run_chain(ingest_operators(trainer, piece, timing_raw), rows, m, "ingest")
-                m.incr("tq_puts_saved", writes.puts_saved)
+                m.incr("tq_puts_saved", ingest_piece(trainer, piece, timing_raw, m))
                 groups = check_groups(piece.meta.keys, piece.meta.tags, n)
                 fifo.put(piece.meta, groups, version)
             work = [sum(int(piece.meta.tags[r].get("seq_len", 1)) for r in g) for g in groups]
@@ -349,6 +422,10 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     metrics["conduit/g_ing"] = g_ing
     metrics["conduit/streamed"] = float(g_ing < sample_batch_size)
     metrics["conduit/dropped_groups"] = sample_batch_size - taken
+    if early is not None:
+        waiter.idle = None
+        metrics["conduit/early_rows"] = early.rows
+        metrics["conduit/early_calls"] = early.calls
     metrics.update({f"conduit/policy/{k}": v for k, v in policy.report().items()})
     batch = fifo.all_samples()
     batch.extra_info = dict(fifo.pieces[0].extra_info or {})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from omegaconf import DictConfig, open_dict
 
 from conduit import Metrics
 from conduit_verl import compat
-from conduit_verl.checks import check_model_tokenizer, piece_unit
+from conduit_verl.checks import check_model_tokenizer, piece_unit, row_unit
 from conduit_verl.compat import KVBatchMeta, SyncTrainerBase, register_trainer
 from conduit_verl.config import MODE, ConduitTrainerConfig
 from conduit_verl.errors import ConfigError
@@ -151,6 +152,7 @@ class ConduitTrainer(SyncTrainerBase):
         self.conduit_config = ConduitTrainerConfig.from_verl(config)
         self.conduit_metrics = Metrics(trace=False)
         self.conduit_in_piece = False
+        self.conduit_early: Any = None  # EarlyRows: on-policy streaming with the rollout on its own hardware
         self.conduit_journal: Path | None = None
         self.conduit_restore_metrics: dict[str, float] = {}
         self.conduit_journal_started = False
@@ -192,6 +194,11 @@ class ConduitTrainer(SyncTrainerBase):
             else None
         )
         self.conduit_policy = PiecePolicy(cfg.g_ing, groups, unit, tuning, separate_rollout=separate)
+        if separate and cfg.max_staleness == 0:
+            from conduit_verl.early_rows import EarlyRows
+
+            rows = row_unit(_infer_micro_batches(config), _dp_size(config))
+            self.conduit_early = EarlyRows(math.lcm(rows, n * unit), rows)
         from conduit_verl.staleness import StalenessLedger
 
         self.conduit_staleness = StalenessLedger(cfg.max_staleness, cfg.on_stale, cfg.group_log)

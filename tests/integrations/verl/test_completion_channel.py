@@ -94,3 +94,18 @@ def test_long_generation_stays_event_driven(channel, monkeypatch) -> None:
     # no report, but TQ shows two finished groups (a lost report): taken from the TQ re-read
     assert wait.next_piece(_Finished(2), g_ing=1, remaining=4) == 2
     ray.kill(fresh)
+
+
+def test_early_rows_run_between_slices_until_the_groups_finish(channel) -> None:
+    fresh = CompletionChannel.remote()
+    wait = GroupWait(fresh)
+    calls: list[float] = []
+    wait.idle = lambda: calls.append(time.perf_counter())
+    threading.Timer(0.8, lambda: ray.get(fresh.finished.remote("train"))).start()
+    t0 = time.perf_counter()
+    assert wait.next_piece(_Finished(0), g_ing=1, remaining=4) == 1
+    assert time.perf_counter() - t0 < 5.0  # woke on the report, not on a re-read timer
+    # the hook ran all along the wait, one slice apart, and not after the group was ready
+    assert len(calls) >= 4 and all(t < t0 + 0.8 + 2 * streaming.IDLE_SLICE_S for t in calls)
+    wait.took(1)
+    ray.kill(fresh)
