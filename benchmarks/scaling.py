@@ -109,15 +109,13 @@ def explain(
 
 
 def saturation(rows: list[dict[str, Any]], system: str) -> dict[str, Any]:
-    """Where ``system``'s data path stops shrinking as GPUs grow, and where its share passes the target."""
+    """Where ``system``'s data path saturates (the scale of its fewest seconds: past it, more GPUs only
+    add data-path time) and from which scale its share passes the target."""
     mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["gpus"])
-    at = next(
-        (a["gpus"] for a, b in zip(mine, mine[1:], strict=False) if b["data_path_s"] >= a["data_path_s"]),
-        None,
-    )
+    low = min(mine, key=lambda r: (r["data_path_s"], r["gpus"]))
     return {
-        "saturates_at_gpus": at,
-        "rule": "the smallest scale from which more GPUs do not shrink the data path's seconds",
+        "saturates_at_gpus": low["gpus"] if low is not mine[-1] else None,
+        "rule": "the scale of the data path's fewest seconds; past it more GPUs only add data-path time",
         "share_over_target_from_gpus": next(
             (r["gpus"] for r in mine if r["data_path_share"] > TARGET_SHARE), None
         ),

@@ -290,16 +290,18 @@ class Iteration:
         yield self.env.timeout(6 * self.w.params * tokens / (self.c.peak_flops * self.c.mfu_train))
 
     def clear(self) -> Proc:
-        """kv_clear: mark_clearing, one call per store (its per-call cost), clear_meta."""
+        """kv_clear: mark_clearing, one call per store (its per-call cost, split as a call's part), clear_meta."""
         yield from self.request(self.w.responses)
         a = self.cal.store(self.d.store, "get").a
+        mine = (1 - self.cal.store_share) * a
+        parts = []
         for o in range(min(self.cl.nodes, self.w.responses)):
             with self._caller("driver").request() as me:
                 yield me
-                with self.stores[o].request() as st:
-                    yield st
-                    yield self.env.timeout(a)
-            self.busy["driver"] += a
+                yield self.env.timeout(mine)
+            self.busy["driver"] += mine
+            parts.append(self.env.process(self._store_side(o, a - mine, o, "get", 0.0)))
+        yield simpy.AllOf(self.env, parts)
         yield from self.request(self.w.responses)
 
     def _iteration(self) -> Proc:

@@ -195,3 +195,39 @@ def test_calibration_and_cluster_reject_bad_input():
     assert (big.nodes, big.gpus_per_node, big.nic_bytes_per_s) == (128, 8, 50e9)
     with pytest.raises(ConfigError, match="12 GPUs is not a whole number"):
         Cluster.from_topology(topo, 12)
+
+
+def _row(system: str, gpus: int, data: float, total: float = 100.0, work: int = 1) -> dict:
+    return {
+        "system": system,
+        "gpus": gpus,
+        "data_path_s": data,
+        "predicted_s": total,
+        "data_path_share": data / total,
+        "work": {"bytes": work},
+    }
+
+
+def test_saturation_is_the_scale_of_the_fewest_data_path_seconds():
+    import scaling
+
+    rows = [_row("conduit", g, d) for g, d in ((8, 3.0), (16, 4.0), (32, 1.0), (64, 2.0), (128, 6.0))]
+    sat = scaling.saturation(rows, "conduit")
+    assert sat["saturates_at_gpus"] == 32 and sat["share_over_target_from_gpus"] == 128
+    falling = [_row("conduit", g, d) for g, d in ((8, 3.0), (16, 2.0), (32, 1.0))]
+    assert scaling.saturation(falling, "conduit") == {
+        **scaling.saturation(falling, "conduit"),
+        "saturates_at_gpus": None,
+    }
+    assert scaling.saturation(falling, "conduit")["share_over_target_from_gpus"] is None
+
+
+def test_summary_refuses_a_ratio_on_unequal_work():
+    import scaling
+
+    same = [_row("conduit", 8, 1.0, 90.0), _row("tq_simplestorage", 8, 2.0, 100.0)]
+    assert scaling.summary(same)["conduit_over_tq_iteration"] == {"8": 0.9}
+    unequal = [_row("conduit", 8, 1.0, 90.0), _row("tq_simplestorage", 8, 2.0, 100.0, work=2)]
+    s = scaling.summary(unequal)
+    assert s["conduit_over_tq_iteration"] == {"8": None} and s["work_equal"] is False
+    assert s["met"] is True and s["conduit_worst_share"] == pytest.approx(1 / 90)
