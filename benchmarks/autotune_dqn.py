@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cartpole  # noqa: E402
 import provenance  # noqa: E402
 import script  # noqa: E402
-from autotune import kendall, split_halves  # noqa: E402
+from autotune_rank import kendall, split_halves  # noqa: E402
 from rllib_native_timing import WorkCounter  # noqa: E402
 
 LEARNING_STARTS = 64  # env steps sampled before the first update

@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 import script  # noqa: E402
-from autotune import kendall  # noqa: E402
+from autotune_rank import kendall  # noqa: E402
 from verl_analysis import calibration, rows_for_run  # noqa: E402
 from verl_runs import add_run_flags, calibrate, harness_args, machine, run  # noqa: E402
 

@@ -3,7 +3,7 @@
     python benchmarks/granularity.py [--quick] [--device cpu|cuda] [--out FILE]
 
 The workload is ``autotune.py``'s real loop on the core (producer torch work and puts, an ingestion
-operator, gets and consumer torch work; see :class:`autotune.SyntheticLoop`). Three sweeps, median
+operator, gets and consumer torch work; see :class:`autotune_loop.SyntheticLoop`). Three sweeps, median
 seconds per iteration each:
 
 1. ``g_ing`` in 1..16 (async, ``g_del`` 1, depth 2) for several batch and item sizes;
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 import script  # noqa: E402
-from autotune import EVAL_DIMS, FRAG, GETS, PUTS, SyntheticLoop  # noqa: E402
+from autotune_loop import EVAL_DIMS, FRAG, GETS, PUTS, SyntheticLoop  # noqa: E402
 
 from conduit.costmodel import Knobs  # noqa: E402
 

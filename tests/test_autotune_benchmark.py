@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from autotune import PROBE_ITERS, PROBE_WARMUP, Probes, SyntheticLoop, split_halves  # noqa: E402
+from autotune_loop import PROBE_ITERS, PROBE_WARMUP, Probes, SyntheticLoop  # noqa: E402
+from autotune_rank import split_halves  # noqa: E402
 
 from conduit.costmodel import Knobs  # noqa: E402
 from conduit.errors import ClosedError  # noqa: E402
