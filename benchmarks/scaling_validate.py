@@ -242,16 +242,13 @@ def probe_controller(fields: int = 8, reps: int = 20) -> dict[str, float]:
     }
 
 
-if __name__ == "__main__":  # the defaults' sources: the controller probe and the store fit
+if __name__ == "__main__":  # the defaults' sources: the controller probe and the store fit (printed only)
     import json
     import sys
     from pathlib import Path
+    from pprint import pformat
 
-    probe = probe_controller()
-    print("controller (in process, no sockets):", json.dumps(probe))
+    print("controller (in process, no sockets):", pformat(probe_controller()))
     rows = json.loads((Path(__file__).resolve().parent / "results" / "tq_backends.json").read_text())["rows"]
-    print(
-        "stores (tq_backends.json less the controller):",
-        json.dumps(fit_stores(rows, Calibration()), indent=1),
-    )
+    print("stores (tq_backends.json less the controller):", pformat(fit_stores(rows, Calibration())))
     sys.exit(0)
