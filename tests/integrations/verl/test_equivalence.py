@@ -195,3 +195,13 @@ def test_conduit_matches_sync_paced(sync_runs: SyncRuns, tmp_path: Path) -> None
         assert json.loads((work / "summary.json").read_text())["rollout"] == "paced"
         events = [json.loads(x) for x in (work / "gen_events.jsonl").read_text().splitlines()]
         assert events and all(e["model_s"] > 0 for e in events)  # released by the pacer
+
+
+def test_conduit_matches_sync_paced_ppo(sync_runs: SyncRuns, tmp_path: Path) -> None:
+    """Paced rollout, PPO: values computed early per response, GAE per group piece, whitening over the
+    batch: the same values, returns, advantages and losses as verl's sync."""
+    steps = _run_both(sync_runs, tmp_path, "ppo", PACED)
+    for a, b, rs, rc in steps:
+        _same_samples(a, b, {"values": 1e-5, "returns": 1e-5, "adv": 1e-4, "old_log_prob": 1e-4})
+        _same_metrics(rc, rs, (*ACTOR, "critic/vf_loss", "critic/grad_norm"))
+    assert sum(rc.get("conduit/early_rows", 0) for _, _, _, rc in steps) > 0
