@@ -272,3 +272,56 @@ def autotune_dqn(d: Doc) -> list[str]:
     ]
     settings = kv({k: d.get(k) for k in ("learning_steps_per_config", "warmup_steps", "rounds")})
     return [f"- Settings: {settings}.", ""] + table(head, [row])
+
+
+def scaling(d: Doc) -> list[str]:
+    """The modelled strong scaling (and, when present, measured rows): per scale and design."""
+    by: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows_of(d):
+        by[str(r.get("system")), int(r.get("gpus") or 0)] = r
+    systems = sorted({s for s, _ in by})
+    gpus = sorted({g for _, g in by})
+    head = ["GPUs (kind)"]
+    for s in systems:
+        head += [f"{s}: iteration s", f"{s}: data path s (share)"]
+    over = (d.get("summary") or {}).get("conduit_over_tq_iteration") or {}
+    head.append("conduit ÷ tq_simplestorage iteration")
+    rows = []
+    for g in gpus:
+        kind = next((str(by[s, g].get("kind")) for s in systems if (s, g) in by), DASH)
+        cells = [f"{num(g)} ({kind})"]
+        for s in systems:
+            r = by.get((s, g)) or {}
+            cells += [
+                num(r.get("predicted_s"), 1),
+                f"{num(r.get('data_path_s'), 2)} ({pct(r.get('data_path_share'))})",
+            ]
+        cells.append(num(over.get(str(g)), 3))
+        rows.append(cells)
+    summary = d.get("summary") or {}
+    sat = d.get("saturation") or {}
+    out = table(head, rows) + [""]
+    out.append(
+        f"- Target ({summary.get('target', DASH)}): {verdict(summary.get('met'))}; Conduit's worst share "
+        f"{pct(summary.get('conduit_worst_share'))} at {num(summary.get('conduit_worst_at_gpus'))} GPUs."
+    )
+    for s, v in sat.items():
+        if isinstance(v, dict):
+            out.append(f"- {s} saturates at {num(v.get('saturates_at_gpus'))} GPUs ({v.get('rule', '')}).")
+    sens = (d.get("sensitivity") or {}).get("data_path_share") or {}
+    if sens:
+        parts = [f"{k}: " + ", ".join(f"{s} {pct(x)}" for s, x in v.items()) for k, v in sens.items()]
+        out.append(
+            f"- Sensitivity at {num((d.get('sensitivity') or {}).get('gpus'))} GPUs: "
+            + "; ".join(parts)
+            + "."
+        )
+    calls = (d.get("validation") or {}).get("per_call") or []
+    if calls:
+        within = sum(1 for c in calls if c.get("within"))
+        out.append(
+            f"- Validation, per call (in sample: the constants were fitted to these calls): {within} of {len(calls)} within ±25%."
+        )
+    for a in d.get("assumptions") or []:
+        out.append(f"- Assumption: {a}.")
+    return out
