@@ -187,6 +187,13 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "scaling",
+        "Past one machine: GRPO to 1,024 GPUs (modelled)",
+        ("scaling.json",),
+        one(ops.scaling, "scaling.json"),
+        ("scaling.png",),
+    ),
+    Section(
         "placement",
         "Placement: planned tiers and online migration",
         subsections=(
