@@ -105,25 +105,37 @@ def _rows(meta: KVBatchMeta) -> ColumnBatch:
     return ColumnBatch({"row": torch.arange(len(meta))})
 
 
+def _run(
+    trainer: Any, ops: Callable[..., list[Operator]], piece: _Piece, timing_raw: dict, m: Metrics
+) -> int:
+    """The stages ``ops`` makes, run on ``piece`` with its TransferQueue writes in one put; puts saved."""
+    with piece_writes(piece.meta) as writes:
+        run_chain(ops(trainer, piece, timing_raw), _rows(piece.meta), m, "ingest")
+    return writes.puts_saved
+
+
+def _balanced(trainer: Any, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    """verl's balance over the data-parallel ranks, padded only to a multiple of the ranks."""
+    trainer.conduit_in_piece = True
+    try:
+        return compat.balance_batch(trainer, meta, metrics)
+    finally:
+        trainer.conduit_in_piece = False
+
+
 def ingest_piece(trainer: Any, piece: _Piece, timing_raw: dict, m: Metrics) -> int:
     """Run a group piece's stages (with early rows, the per-sample ones only on its rows not yet
     done); TransferQueue puts saved."""
     early: EarlyRows | None = trainer.conduit_early
     if early is None:
-        with piece_writes(piece.meta) as writes:
-            run_chain(ingest_operators(trainer, piece, timing_raw), _rows(piece.meta), m, "ingest")
-        return writes.puts_saved
+        return _run(trainer, ingest_operators, piece, timing_raw, m)
     saved = 0
     rest = early.rest(piece.meta)
     if rest is not None:
         part = _Piece(rest)
-        with piece_writes(rest) as writes:
-            run_chain(sample_operators(trainer, part, timing_raw), _rows(rest), m, "ingest")
-        saved += writes.puts_saved
+        saved += _run(trainer, sample_operators, part, timing_raw, m)
         piece.metrics.update(part.metrics)
-    with piece_writes(piece.meta) as writes:
-        run_chain([advantage_operator(trainer, piece, timing_raw)], _rows(piece.meta), m, "ingest")
-    return saved + writes.puts_saved
+    return saved + _run(trainer, lambda t, p, r: [advantage_operator(t, p, r)], piece, timing_raw, m)
 
 
 def early_ingestion(
@@ -134,16 +146,9 @@ def early_ingestion(
 
     def run(meta: KVBatchMeta) -> None:
         with m.span("ingest_early"):
-            trainer.conduit_in_piece = True
-            try:
-                meta = compat.balance_batch(trainer, meta, {})
-            finally:
-                trainer.conduit_in_piece = False
-            part = _Piece(meta)
-            with piece_writes(meta) as writes:
-                run_chain(sample_operators(trainer, part, timing_raw), _rows(meta), m, "ingest")
-            m.incr("tq_puts_saved", writes.puts_saved)
-        parts.append((len(meta), part.metrics))
+            part = _Piece(_balanced(trainer, meta, {}))
+            m.incr("tq_puts_saved", _run(trainer, sample_operators, part, timing_raw, m))
+        parts.append((len(part.meta), part.metrics))
 
     return run
 
@@ -398,11 +403,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
             piece.metrics.update(off_policy)
             t_piece = time.perf_counter()
             with m.span("ingest_tail" if last else "ingest", exposed=last):
-                trainer.conduit_in_piece = True
-                try:
-                    piece.meta = compat.balance_batch(trainer, piece.meta, piece.metrics)
-                finally:
-                    trainer.conduit_in_piece = False
+                piece.meta = _balanced(trainer, piece.meta, piece.metrics)
                 m.incr("tq_puts_saved", ingest_piece(trainer, piece, timing_raw, m))
                 groups = check_groups(piece.meta.keys, piece.meta.tags, n)
                 fifo.put(piece.meta, groups, version)
