@@ -9,6 +9,7 @@ Example:
 
 from conduit_rllib.enable import enable
 from conduit_rllib.errors import (
+    ActionFormatError,
     FrameFormatError,
     FramesEvictedError,
     OldAPIStackError,
@@ -35,6 +36,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "ActionFormatError",
     "ConduitDQN",
     "ConduitPPO",
     "ConduitSettings",

@@ -21,6 +21,11 @@ class UnsupportedSpaceError(RLlibIntegrationError):
     """An observation or action space that Conduit cannot store as fixed-shape columns."""
 
 
+class ActionFormatError(RLlibIntegrationError):
+    """Actions, log-probabilities or action-distribution inputs that do not fit the module's action space
+    or PPO's loss (the message names the module, the column, what it holds and what was expected)."""
+
+
 class ReplayConfigError(RLlibIntegrationError):
     """A replay or training setting the Conduit path cannot honour (the message names the key)."""
 

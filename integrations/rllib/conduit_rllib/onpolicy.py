@@ -7,34 +7,14 @@ from typing import Any
 
 import torch
 
-from conduit import BufferConfig, Column, ColumnBatch, Conduit, Operator, Schema
+from conduit import BufferConfig, ColumnBatch, Conduit, Operator
 from conduit_rllib.common import ModuleConduits
 from conduit_rllib.fragments import FragmentPacker, by_module
 from conduit_rllib.gae import ValueFn, gae_operator, normalize_advantages
 from conduit_rllib.learner import PreparedMinibatches
+from conduit_rllib.ppo_schema import ppo_schemas
 from conduit_rllib.settings import ConduitSettings
 from conduit_rllib.train_batch import LearnerInput, learner_input, to_sample_batch
-
-
-def _schemas(sample: ColumnBatch) -> tuple[Schema, Schema]:
-    """(put schema, stored schema) from the first packed fragment batch."""
-
-    def col(name: str) -> Column:
-        t = sample[name]
-        return Column(name, t.dtype, tuple(t.shape[1:]))
-
-    put = Schema([col(n) for n in sample.columns])
-    stored = Schema(
-        [
-            col("obs"),
-            col("actions"),
-            col("action_logp"),
-            col("action_dist_inputs"),
-            Column("advantages", torch.float32),
-            Column("value_targets", torch.float32),
-        ]
-    )
-    return put, stored
 
 
 def rllib_minibatches(
@@ -61,7 +41,11 @@ def rllib_minibatches(
 
 
 class ConduitOnPolicy(ModuleConduits):
-    """One FIFO (consume-once) Conduit per module; every iteration's batch is delivered exactly once."""
+    """One FIFO (consume-once) Conduit per module; every iteration's batch is delivered exactly once.
+
+    ``action_spaces`` (``{module_id: space}``): each module's first batch is checked against it
+    (``ppo_schema.check_action_columns``); Discrete and Box actions alike.
+    """
 
     def __init__(
         self,
@@ -73,9 +57,11 @@ class ConduitOnPolicy(ModuleConduits):
         device: torch.device | str,
         num_learners: int,
         seed: int | None,
+        action_spaces: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(settings, device, num_learners, seed)
         self.value_fns = value_fns
+        self.action_spaces = action_spaces or {}  # per module: its first batch is checked against it
         self.gamma, self.lambda_ = gamma, lambda_
         self.capacity = capacity
         self.pending: dict[str, int] = {}
@@ -87,7 +73,7 @@ class ConduitOnPolicy(ModuleConduits):
     def _conduit(self, mid: str, sample: ColumnBatch) -> Conduit:
         c = self.conduits.get(mid)
         if c is None:
-            put, stored = _schemas(sample)
+            put, stored = ppo_schemas(sample, self.action_spaces.get(mid), mid)
             c = Conduit(
                 put,
                 BufferConfig.on_policy(self.capacity, timeout_s=600.0, pins=self.settings.pins),

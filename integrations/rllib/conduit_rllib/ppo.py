@@ -30,6 +30,7 @@ from conduit_rllib.compat import (
     call_first_learner,
     learner_device,
     local_learner,
+    module_spaces,
 )
 from conduit_rllib.onpolicy import ConduitOnPolicy
 from conduit_rllib.validate import check_ppo_config
@@ -84,6 +85,7 @@ class ConduitPPO(ConduitAlgorithmMixin, PPO):
             device=self._learner_device(),
             num_learners=self.config.num_learners,
             seed=self._conduit_seed(),
+            action_spaces={mid: act for mid, (_, act) in module_spaces(self).items()},
         )
         self._start_conduit(onpolicy)
 
