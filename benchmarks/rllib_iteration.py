@@ -31,8 +31,10 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -100,9 +102,18 @@ def make_config(w: Workload, steps_per_iter: int, seed: int):  # noqa: ANN201
 
 
 def run_workload(
-    w: Workload, iters: int, warmup: int, steps: int, overlap: str, timer: PathTimer
+    w: Workload,
+    iters: int,
+    warmup: int,
+    steps: int,
+    overlap: str,
+    timer: PathTimer,
+    make: Callable[[], Any] | None = None,
 ) -> list[dict]:
-    pair = SideBySide(lambda: make_config(w, steps, seed=1), overlap, timer, wrap_conduit=True)
+    """``warmup + iters`` alternating iterations of ``w`` (built by ``make()``, default :func:`make_config`),
+    native then Conduit; one row per measured iteration and system, with its work."""
+    build = make or (lambda: make_config(w, steps, seed=1))
+    pair = SideBySide(build, overlap, timer, wrap_conduit=True)
     probe = rllib_staleness.StalenessProbe(pair.algos["conduit"]) if w.algo == "dqn" else None
     rows = []
     try:

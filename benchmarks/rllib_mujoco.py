@@ -1,0 +1,179 @@
+"""MuJoCo PPO (gymnasium's HalfCheetah-v5), native RLlib vs Conduit at equal gradient updates.
+
+    python benchmarks/rllib_mujoco.py [--quick] [--env HalfCheetah-v5] [--env-runners 2]
+        [--train-batch-size 4000] [--minibatch-size 256] [--num-epochs 10] [--iters 10]
+        [--overlap sync|async] [--out FILE]
+
+Needs the ``mujoco`` extra (``pip install -e ".[mujoco,bench]"``). Native RLlib PPO and RLlib PPO
+through ``conduit_rllib.enable`` (GAE at ingestion, every epoch's minibatches prepared by
+``get_epochs``) alternate iteration by iteration in one process (A B A B, same seed, one warm-up
+pair), each with ``--env-runners`` remote env runners, through ``rllib_iteration.run_workload``:
+the same wrappers time both systems' exposed experience path (native: learner connector, GAE
+included, and minibatch iteration; Conduit: the plugin's add, deliver and prepared minibatches) and
+every row carries its work (env steps sampled, gradient updates, module steps trained).
+HalfCheetah's episodes are 1,000 steps and only truncated, so both sides cut the same episode chunks
+and RLlib's update count is the same for both; a ratio (Conduit ÷ native, medians per iteration) is
+still refused when any counter differs. Targets: exposed ≤ 0.3×, wall ≤ 1.0×. Writes the JSON (with
+provenance: commit, dirty flag, load at start and end) and a PNG beside it. ``--quick`` (1,000 steps,
+2 epochs, 3 iterations) is a smoke run: it writes to /tmp unless ``--out`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+import rllib_iteration  # noqa: E402
+import script  # noqa: E402
+from rllib_native_timing import PathTimer  # noqa: E402
+
+NAME = "rllib_mujoco"
+TARGETS = {"ratio_exposed": 0.3, "ratio_wall": 1.0}  # Conduit ÷ native, at most
+
+
+def make_config(
+    env: str = "HalfCheetah-v5",
+    runners: int = 2,
+    train_batch_size: int = 4000,
+    minibatch_size: int = 256,
+    num_epochs: int = 10,
+    seed: int = 1,
+    hiddens: list[int] | None = None,
+    cpus_per_runner: float = 1.0,
+) -> Any:
+    """RLlib PPO on ``env`` with ``runners`` remote env runners (0: the local one); ``hiddens`` the policy
+    and value MLPs (None: RLlib's default)."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    cfg = (
+        PPOConfig()
+        .environment(env)
+        .env_runners(num_env_runners=runners, num_cpus_per_env_runner=cpus_per_runner)
+        .training(train_batch_size=train_batch_size, minibatch_size=minibatch_size, num_epochs=num_epochs)
+        .debugging(seed=seed)
+    )
+    return cfg if hiddens is None else cfg.rl_module(model_config={"fcnet_hiddens": list(hiddens)})
+
+
+def targets_met(rat: dict[str, Any]) -> dict[str, bool | None]:
+    """Per target: met, missed, or None where the ratio was refused (unequal work)."""
+    return {k: None if rat[k] is None else rat[k] <= limit for k, limit in TARGETS.items()}
+
+
+def plot(rows: list[dict[str, Any]], rat: dict[str, Any], title: str, path: Path) -> None:
+    """Per-iteration wall and exposed time of both systems, and the two ratios against their targets."""
+    plt = script.pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, metric, label in ((axes[0], "wall_s", "iteration wall"), (axes[1], "exposed_s", "exposed path")):
+        for system, color in (("native", "tab:blue"), ("conduit", "tab:orange")):
+            sel = [r for r in rows if r["system"] == system]
+            ax.plot([r["iteration"] for r in sel], [r[metric] for r in sel], "o-", color=color, label=system)
+        ax.set_title(f"{label} (s)", fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    keys = list(TARGETS)
+    vals = [rat[k] if rat[k] is not None else 0.0 for k in keys]
+    ax.bar(range(len(keys)), vals, 0.5, color=["tab:green", "tab:purple"])
+    for i, k in enumerate(keys):
+        ax.hlines(TARGETS[k], i - 0.35, i + 0.35, colors="red", linestyles="--")
+        ax.text(i, vals[i], "refused" if rat[k] is None else f"{vals[i]:.3f}", ha="center", va="bottom")
+    ax.set_xticks(range(len(keys)), ["exposed", "wall"])
+    ax.set_title("median ratio Conduit ÷ native (red: target)", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    script.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    p = script.parser(__doc__, quick="1,000 env steps, 2 epochs, 3 iterations (a smoke run)")
+    p.add_argument("--env", default="HalfCheetah-v5")
+    p.add_argument("--env-runners", type=int, default=2)
+    p.add_argument("--train-batch-size", type=int, default=None, help="env steps per iteration (4000)")
+    p.add_argument("--minibatch-size", type=int, default=256)
+    p.add_argument("--num-epochs", type=int, default=None, help="epochs per iteration (10)")
+    p.add_argument("--iters", type=int, default=None, help="measured iterations per system (10)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--overlap", choices=["sync", "async"], default="async")
+    a = p.parse_args(argv)
+    if a.out is None:  # the canonical file; a smoke run never overwrites results
+        a.out = Path(f"/tmp/{NAME}_quick.json") if a.quick else script.RESULTS / f"{NAME}.json"
+    tb = a.train_batch_size or (1000 if a.quick else 4000)
+    epochs = a.num_epochs or (2 if a.quick else 10)
+    iters = a.iters or (3 if a.quick else 10)
+    prov = provenance.start()
+
+    import ray
+    import torch
+    from conduit_rllib.local_ray import init_local_ray
+
+    torch.set_num_threads(1)
+    init_local_ray(num_cpus=max(2, 2 * a.env_runners), log_to_driver=False)
+    w = rllib_iteration.Workload("ppo", a.env, tb)
+    settings = {
+        "env": a.env,
+        "env_runners": a.env_runners,
+        "train_batch_size": tb,
+        "minibatch_size": a.minibatch_size,
+        "num_epochs": epochs,
+        "model": "RLlib's default (fcnet [256, 256], separate value network)",
+        "seed": a.seed,
+        "overlap": a.overlap,
+        "measured_iterations": iters,
+        "warmup_iterations": 1,
+        "exposed_timing": "benchmark wrappers on both systems (rllib_native_timing.install(conduit=True))",
+    }
+
+    def build() -> Any:
+        return make_config(a.env, a.env_runners, tb, a.minibatch_size, epochs, a.seed)
+
+    try:
+        rows = rllib_iteration.run_workload(
+            w, iters, warmup=1, steps=tb, overlap=a.overlap, timer=PathTimer(), make=build
+        )
+    finally:
+        ray.shutdown()
+    for r in rows:
+        r["env_runners"] = a.env_runners
+    rat = rllib_iteration.ratios(rows)[w.name]
+    machine = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "mujoco": _version("mujoco"),
+        "gymnasium": _version("gymnasium"),
+        **provenance.finish(prov),
+    }
+    record = {
+        "machine": machine,
+        "settings": settings,
+        "rows": rows,
+        "ratios": rat,
+        "targets": TARGETS,
+        "targets_met": targets_met(rat),
+    }
+    title = f"PPO {a.env}, {a.env_runners} env runners, batch {tb}: native RLlib vs Conduit ({a.overlap})"
+    out = script.write_result(NAME, a, record, lambda png: plot(rows, rat, title, png))
+    print("\n" + rllib_iteration.table({w.name: rat}))
+    print(f"targets (Conduit ÷ native at most): {TARGETS}; met: {record['targets_met']}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return out
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    main()
