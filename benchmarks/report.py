@@ -26,8 +26,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report_ops as ops  # noqa: E402
+import report_staleness as stale  # noqa: E402
 import report_tables as core  # noqa: E402
 import report_verl as verl  # noqa: E402
+import report_vllm as vllm  # noqa: E402
 from report_fmt import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,14 +137,14 @@ SECTIONS: tuple[Section, ...] = (
         "verl_vllm",
         "verl on vLLM (CPU build, generation on a core of its own)",
         ("verl_iteration_vllm_grpo.json",),
-        algos("verl_iteration_vllm_grpo.json", render=verl.vllm),
+        algos("verl_iteration_vllm_grpo.json", render=vllm.vllm),
         ("verl_iteration_vllm_grpo.png",),
     ),
     Section(
         "verl_staleness",
         "verl under bounded staleness: Conduit's max_staleness=k and verl's async trainers",
         ("verl_staleness_grpo.json",),
-        verl.staleness,
+        stale.staleness,
         ("verl_staleness_grpo.png", "verl_staleness_grpo_reward.png"),
     ),
     Section(

@@ -26,7 +26,7 @@ ORDER = (
 STEADY = "conduit_steady"
 
 
-def _order(names: set[str]) -> list[str]:
+def in_order(names: set[str]) -> list[str]:
     return [s for s in ORDER if s in names] + sorted(names - set(ORDER))
 
 
@@ -42,7 +42,7 @@ def pairs(ratios: dict[str, Any]) -> tuple[list[str], list[str]]:
                 x, y = rest.split(sep, 1)
                 xs.add(x)
                 ys.add(y)
-    return _order(xs), _order(ys)
+    return in_order(xs), in_order(ys)
 
 
 def pair_cell(r: dict[str, Any], x: str, y: str, refusals: Refusals) -> str:
@@ -63,7 +63,7 @@ def pair_cell(r: dict[str, Any], x: str, y: str, refusals: Refusals) -> str:
     return cell
 
 
-def _errors(prefix: str, d: dict[str, Any], end: str = "") -> list[str]:
+def error_lines(prefix: str, d: dict[str, Any], end: str = "") -> list[str]:
     """The line ``{prefix}: errors in a, b{end}`` when ``d`` records errors; none otherwise."""
     return [f"{prefix}: errors in {', '.join(map(str, d['errors']))}{end}"] if d.get("errors") else []
 
@@ -82,7 +82,7 @@ def system_rows(label: str, d: Doc, baselines: list[str], refusals: Refusals) ->
     }
     xs, _ = pairs(r)
     out = []
-    for s in _order({n for n in names if n}) + ([STEADY] if STEADY in xs else []):
+    for s in in_order({n for n in names if n}) + ([STEADY] if STEADY in xs else []):
         mine = [x for x in rows if x.get("system") == s]
         prof = get(d, "profile", s) or {}
         rep = r.get(f"repeats/{s}")
@@ -127,7 +127,7 @@ def iteration(docs: list[tuple[str, Doc]]) -> list[str]:
     """One table over several runs (GRPO, PPO): per system medians, work, and its ratio to every
     baseline (wall / exposed, losses equal); then each run's poll sweep and targets."""
     refusals = Refusals()
-    baselines = _order({y for _, d in docs for y in pairs(d.get("ratios") or {})[1]})
+    baselines = in_order({y for _, d in docs for y in pairs(d.get("ratios") or {})[1]})
     rows = [row for label, d in docs for row in system_rows(label, d, baselines, refusals)]
     head = HEAD + [f"÷ {y}: wall / exposed" for y in baselines]
     out = table(head, rows) + [""] + refusals.lines()
@@ -138,7 +138,7 @@ def iteration(docs: list[tuple[str, Doc]]) -> list[str]:
             f"- {label}: verl_sync_tuned's poll period {num(sw.get('chosen'), 3)} s "
             f"(rule: {sw.get('rule', DASH)}; sweep resolved the order: {num(resolved)}).",
         ]
-        out += _errors(f"- {label}", d, ".")
+        out += error_lines(f"- {label}", d, ".")
         out += [f"- {label}: {line.removeprefix('- ')}" for line in targets(d.get("targets"))]
     return out
 
@@ -153,7 +153,7 @@ def sweep(d: Doc) -> list[str]:
     """The paced sweep: per (tail, R) point each system's medians, the ratios, ``auto``'s g per step."""
     refusals, rows = Refusals(), []
     points = d.get("sweep_ratios") or {}
-    systems = _order(
+    systems = in_order(
         {k.split("/", 1)[1] for r in points.values() for k in r if k.startswith("median_wall_s/")}
     )
     xs, ys = pairs({k: v for r in points.values() for k, v in r.items()})
@@ -211,7 +211,7 @@ def autotune_verl(d: Doc) -> list[str]:
         )
         t = e.get("targets") or {}
         verdicts.append(f"median {p.get('median')}: " + ", ".join(f"{k} {verdict(v)}" for k, v in t.items()))
-        verdicts += _errors(f"median {p.get('median')}", p)
+        verdicts += error_lines(f"median {p.get('median')}", p)
     head = [
         "median tokens",
         "τ tail / rest",
@@ -324,151 +324,3 @@ def crash_resume(d: Doc) -> list[str]:
         f"{num(lag.get('median_s'), 3)} s, p95 {num(lag.get('p95_s'), 3)} s, max {num(lag.get('max_s'), 3)} s"
     )
     return out
-
-
-def _vllm_engine(rows: list[dict[str, Any]], key: str) -> Any:
-    """The median of vLLM's own per-iteration counter ``key`` over rows that have it (or None)."""
-    vals = sorted(float(v) for x in rows if (v := get(x, "vllm", key)) is not None)
-    return vals[len(vals) // 2] if vals else None
-
-
-def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
-    """``--rollout vllm``: the iteration table, then per run what generation cost (vLLM's own
-    counters, R), how the cores were split and the share of identical responses."""
-    out = iteration(docs)
-    head = [
-        "algo",
-        "system",
-        "cores vLLM : trainer",
-        "gen busy s",
-        "response tokens / s",
-        "ingest s",
-        "R = gen / ingest",
-        "vLLM engine steps",
-        "TTFT s",
-        "inter-token s",
-    ]
-    rows = []
-    for label, d in docs:
-        gen = d.get("generation") or {}
-        for s in _order(set(gen)):
-            g = gen[s]
-            mine = [x for x in d.get("rows") or [] if x.get("system") == s]
-            cores = next((x.get("cores") for x in mine if x.get("cores")), None)
-            split = f"{cores.get('vllm')} : {cores.get('trainer')}" if isinstance(cores, dict) else DASH
-            rows.append(
-                [
-                    label,
-                    s,
-                    split,
-                    num(g.get("gen_busy_s"), 3),
-                    num(g.get("response_tokens_per_s"), 0),
-                    num(g.get("ingest_s"), 3),
-                    num(g.get("R"), 2),
-                    num(_vllm_engine(mine, "engine_steps"), 0),
-                    num(_vllm_engine(mine, "ttft_s"), 4),
-                    num(_vllm_engine(mine, "inter_token_s"), 4),
-                ]
-            )
-    out += ["", *table(head, rows), ""]
-    for label, d in docs:
-        for pair, e in (d.get("equivalence") or {}).items():
-            out.append(
-                f"- {label}: identical responses, {pair.replace('_vs_', ' vs ')}: "
-                f"{num(e.get('identical'), 0)} of {num(e.get('responses'), 0)} "
-                f"({pct(e.get('share_identical'))}; target ≥ 95%: {verdict(e.get('target>=0.95'))})."
-            )
-    return out
-
-
-def _ratio_pairs(r: dict[str, Any]) -> list[tuple[str, str]]:
-    """Every ``(X, Y)`` of a ``wall/X_over_Y``, ``refused/X_over_Y`` or ``backend/...`` key, in order."""
-    out: list[tuple[str, str]] = []
-    for key in r:
-        parts = key.split("/")
-        if parts[0] in ("wall", "refused", "backend") and "_over_" in parts[-1]:
-            x, y = parts[-1].split("_over_", 1)
-            if (x, y) not in out:
-                out.append((x, y))
-    return out
-
-
-def staleness(docs: dict[str, Doc]) -> list[str]:
-    """``verl_staleness.py``'s runs (GRPO, PPO): per system the bound, the measured staleness (median /
-    max and where it came from), work and median wall / exposed / weight-push time; then every ratio
-    the JSON holds (conduit k ÷ verl's async trainers only at equal measured staleness, else the
-    refusal; the storage backend alone; conduit_k0 ÷ verl_sync_tuned), the targets, the reward curves."""
-    refusals = Refusals()
-    rows, pair_rows, lines = [], [], []
-    for name, d in docs.items():
-        if not d:
-            continue
-        label = str(d.get("algo") or get(d, "summary", 0, "algo") or name).upper()
-        for s in d.get("summary") or []:
-            hist = s.get("lag_histogram")
-            rows.append(
-                [
-                    label,
-                    num(s.get("system")),
-                    num(s.get("tq_backend")),
-                    "none"
-                    if s.get("system") and s.get("max_staleness") is None
-                    else num(s.get("max_staleness")),
-                    f"{num(s.get('staleness_median'))} / {num(s.get('staleness_max'))}",
-                    num(s.get("staleness_source")),
-                    ", ".join(f"{k}: {num(v)}" for k, v in hist.items()) if isinstance(hist, dict) else DASH,
-                    f"{num(s.get('iterations'))} ({num(s.get('rounds'))})",
-                    f"{num(s.get('responses'))} / {num(s.get('response_tokens'))}",
-                    f"{num(s.get('prompts_generated'))} / {num(s.get('stale_dropped'))}",
-                    num(s.get("wall_s"), 3),
-                    num(s.get("exposed_s"), 3),
-                    num(s.get("update_weights_s"), 3),
-                ]
-            )
-        r = d.get("ratios") or {}
-        for x, y in _ratio_pairs(r):
-            kind = (
-                "storage backend"
-                if r.get(f"backend/wall/{x}_over_{y}") is not None or r.get(f"refused/backend/{x}_over_{y}")
-                else (
-                    "Conduit no staler"
-                    if x.startswith("conduit_k") and not x.startswith("conduit_k0")
-                    else "on-policy"
-                )
-            )
-            work = r.get(f"work/{x}_vs_{y}")
-            pair_rows.append(
-                [label, f"{x} ÷ {y}", kind, pair_cell(r, x, y, refusals) or DASH, num(work) if work else DASH]
-            )
-        lines += [f"- {label}: {line.removeprefix('- ')}" for line in targets(d.get("targets"))]
-        rc = d.get("reward_curve") or {}
-        if rc:
-            final = rc.get("final_score") or {}
-            per = "; ".join(
-                f"{s} {', '.join(num(v, 3) for v in (f or {}).values()) or DASH}" for s, f in final.items()
-            )
-            lines.append(
-                f"- {label}: reward, mean score of the last {num(rc.get('final_over_last'))} of "
-                f"{num(rc.get('iterations'))} iterations per seed: {per or DASH}; conduit_k1 within "
-                f"verl_colocate_async's seed-to-seed spread: {verdict(rc.get('k1_within_spread'))}."
-            )
-        lines += _errors(f"- {label}", d, ".")
-    head = [
-        "algo",
-        "system",
-        "TQ backend",
-        "bound k",
-        "staleness median / max",
-        "staleness from",
-        "groups by lag",
-        "iterations (rounds)",
-        "responses / response tokens",
-        "prompts generated / dropped stale",
-        "wall s",
-        "exposed s",
-        "update_weights s",
-    ]
-    out = table(head, rows) + [""]
-    if pair_rows:
-        out += table(["algo", "ratio", "compared", "wall / exposed", "generated work"], pair_rows) + [""]
-    return out + refusals.lines() + lines

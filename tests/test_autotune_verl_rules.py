@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from autotune_verl import gaps, grid_view, same_steps, targets  # noqa: E402
+from autotune_verl_analysis import gaps, grid_view, same_steps, targets  # noqa: E402
 
 
 def _view(rests: dict[int, tuple[int, float]], wall: float = 12.0) -> dict:

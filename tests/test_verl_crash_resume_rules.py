@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import verl_crash_analysis as vca  # noqa: E402
 import verl_crash_resume as vcr  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def _trial(t: int, lost: float, kill_s: float = 2.0, **kw: Any) -> dict[str, Any
         "kept_data_equal": True,
     }
     tr.update(kw)
-    tr["degenerate"] = vcr.degenerate(tr)
+    tr["degenerate"] = vca.degenerate(tr)
     return tr
 
 
@@ -88,7 +89,7 @@ def test_both_systems_are_killed_on_one_shared_schedule(
 
 def test_degenerate_trials_are_counted_and_left_out_of_the_medians() -> None:
     skipped = {"trial": 7, "step": 8, "kill_s": 2.0, "skipped": vcr.SKIPPED, "events_at_kill": 0}
-    skipped["degenerate"] = vcr.degenerate(skipped)
+    skipped["degenerate"] = vca.degenerate(skipped)
     trials = [
         _trial(1, 10.0),
         _trial(2, 20.0),
@@ -99,7 +100,7 @@ def test_degenerate_trials_are_counted_and_left_out_of_the_medians() -> None:
         skipped,  # the relaunch after trial 5 began at this step
     ]
     assert [bool(tr["degenerate"]) for tr in trials] == [False] * 3 + [True] * 4
-    s = vcr.summary(trials)
+    s = vca.summary(trials)
     assert (s["trials"], s["clean"], s["degenerate"]) == (7, 3, 4)
     assert s["median_work_lost_s"] == pytest.approx(20.0)  # 25 with the degenerate ones
     assert s["trained_before_kill"] == 2
@@ -123,7 +124,7 @@ def test_the_ratio_is_per_trial_on_pairs_of_equal_work() -> None:
         _trial(5, 2.0, kill_at_s=2.6),  # its kill landed 0.6 s later: unequal work
         _trial(6, 0.0),  # lost nothing: ranks above every finite ratio
     ]
-    r = vcr.paired_ratios(baseline, journal, "work_lost_s")
+    r = vca.paired_ratios(baseline, journal, "work_lost_s")
     assert [p["trial"] for p in r["per_trial"]] == [1, 2, 3, 6]
     assert [p["ratio"] for p in r["per_trial"]] == [pytest.approx(3.0), pytest.approx(2.0), 1.0, None]
     assert r["per_trial"][-1]["journal_lost_nothing"] is True

@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from autotune_verl import (  # noqa: E402
-    SETTLE,
+from autotune_verl import SETTLE, schedule  # noqa: E402
+from autotune_verl_analysis import (  # noqa: E402
     evaluate,
     grid_view,
     read_trace,
     recorded,
     repeatability,
     replay,
-    schedule,
 )
 from conduit_verl.piece_policy import PiecePolicy
 from conduit_verl_cpu import piece_trace

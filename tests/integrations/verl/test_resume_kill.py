@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[3]
 BATCH, N, STEP = 8, 2, 2
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import verl_crash_analysis as vca  # noqa: E402
 import verl_crash_resume as vcr  # noqa: E402  (the benchmark's harness command, env and JSON-lines reader)
 
 # the benchmark's command at this shape (the journal "on" is what "auto" gives with a checkpoint per step)
@@ -65,7 +66,7 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
         journaled = 0
         while time.monotonic() < deadline:
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            if any(m.get("step") == STEP - 1 for m in vcr.lines(work / "metrics.jsonl")):
+            if any(m.get("step") == STEP - 1 for m in vca.lines(work / "metrics.jsonl")):
                 journaled = len(read_step(root, STEP)[0])
                 if 2 <= journaled < BATCH:
                     break
@@ -76,25 +77,25 @@ def test_sigkill_mid_step_then_resume_keeps_the_journaled_groups(tmp_path):
     finally:
         kill_session(proc)
         log.close()
-    assert not any(m.get("step") == STEP for m in vcr.lines(work / "metrics.jsonl")), (
+    assert not any(m.get("step") == STEP for m in vca.lines(work / "metrics.jsonl")), (
         "step 2 was trained before the kill"
     )
     kept, problems = read_step(root, STEP)
     assert len(kept) >= journaled
-    events_before = len(vcr.lines(work / "gen_events.jsonl"))
+    events_before = len(vca.lines(work / "gen_events.jsonl"))
 
     _resume(vcr.command(work, STEP, SHAPE, "on"))
 
-    (metrics,) = [m["data"] for m in vcr.lines(work / "metrics.jsonl") if m.get("step") == STEP]
+    (metrics,) = [m["data"] for m in vca.lines(work / "metrics.jsonl") if m.get("step") == STEP]
     assert metrics["conduit/journal_restored_groups"] == len(kept)
     assert metrics["conduit/journal_generated_groups"] == BATCH - len(kept)
     # the journaled groups were not generated again: only the other groups' requests reached the server
     # (the resumed run trains step 2 only, so every request it sent is one of step 2's)
-    regenerated = vcr.lines(work / "gen_events.jsonl")[events_before:]
+    regenerated = vca.lines(work / "gen_events.jsonl")[events_before:]
     assert len(regenerated) == (BATCH - len(kept)) * N
 
     # every prompt of the step trained exactly once: n samples per prompt, BATCH prompts in all
-    (dump,) = [d["samples"] for d in vcr.lines(work / "samples.jsonl") if d["step"] == STEP]
+    (dump,) = [d["samples"] for d in vca.lines(work / "samples.jsonl") if d["step"] == STEP]
     assert len(dump) == BATCH * N
     per_prompt = collections.Counter(tuple(s["prompt"]) for s in dump)
     assert all(c % N == 0 for c in per_prompt.values()), per_prompt
@@ -154,18 +155,18 @@ def test_sigkill_while_running_ahead_then_resume_trains_every_prompt_once(tmp_pa
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            if any(m.get("step") == 1 for m in vcr.lines(work / "metrics.jsonl")):
+            if any(m.get("step") == 1 for m in vca.lines(work / "metrics.jsonl")):
                 # step 1 is checkpointed; kill once a prompt in flight at the checkpoint has finished since
                 if _journaled_since(work, ahead.read(folder)):
                     break
-                assert not any(m.get("step") == 2 for m in vcr.lines(work / "metrics.jsonl")), "slow the pace"
+                assert not any(m.get("step") == 2 for m in vca.lines(work / "metrics.jsonl")), "slow the pace"
             time.sleep(0.05)
         else:
             pytest.fail("no prompt in flight at the step-1 checkpoint finished during step 2")
     finally:
         kill_session(proc)
         log.close()
-    assert not any(m.get("step") == 2 for m in vcr.lines(work / "metrics.jsonl")), (
+    assert not any(m.get("step") == 2 for m in vca.lines(work / "metrics.jsonl")), (
         "step 2 ended before the kill"
     )
     rows = ahead.read(folder)
@@ -178,12 +179,12 @@ def test_sigkill_while_running_ahead_then_resume_trains_every_prompt_once(tmp_pa
 
     _resume(_command(work))
 
-    resumed = [m["data"] for m in vcr.lines(work / "metrics.jsonl") if m.get("step") == 2]
+    resumed = [m["data"] for m in vca.lines(work / "metrics.jsonl") if m.get("step") == 2]
     assert resumed and resumed[-1]["conduit/ahead_restored_groups"] == len(rows.prompts())
     # in flight at the checkpoint, journaled after it: put back finished, not generated again
     assert resumed[-1]["conduit/ahead_journal_groups"] >= 1
     # the final lineage: step 1 from the first run, steps 2 and 3 from the resumed one
-    dumps = {d["step"]: d["samples"] for d in vcr.lines(work / "samples.jsonl")}
+    dumps = {d["step"]: d["samples"] for d in vca.lines(work / "samples.jsonl")}
     assert sorted(dumps) == [1, 2, 3]
     steps_of: dict[tuple, set[int]] = collections.defaultdict(set)
     trained: dict[tuple, list[list[int]]] = collections.defaultdict(list)

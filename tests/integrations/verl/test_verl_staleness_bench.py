@@ -19,9 +19,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import report_verl  # noqa: E402
+import report_staleness  # noqa: E402
 import verl_runs  # noqa: E402
 import verl_staleness as vs  # noqa: E402
+import verl_staleness_analysis as va  # noqa: E402
 
 ROW_FIELDS = (
     "algo",
@@ -86,8 +87,8 @@ def test_conduit_staleness_comes_from_the_group_log_and_its_last_run(tmp_path: P
     _metrics(tmp_path, {s: _conduit_metrics(v, dropped=2 if s == 3 else 0) for s, v in lags.items()})
     earlier = _groups(tmp_path, {1: [0] * 4, 2: [9] * 4})  # an earlier run in a reused work dir
     (tmp_path / "groups.jsonl").write_text("\n".join(earlier + _groups(tmp_path, lags)) + "\n")
-    assert vs.group_lags(tmp_path / "groups.jsonl") == lags
-    per = vs.step_staleness(tmp_path, "conduit_k1", BATCH)
+    assert va.group_lags(tmp_path / "groups.jsonl") == lags
+    per = va.step_staleness(tmp_path, "conduit_k1", BATCH)
     assert per[2]["staleness_median"] == 1.0 and per[2]["staleness_max"] == 1.0
     assert per[2]["staleness_mean"] == 0.75 and per[2]["staleness_source"] == "group_log"
     assert per[2]["lags"] == [1, 1, 1, 0]
@@ -97,22 +98,22 @@ def test_conduit_staleness_comes_from_the_group_log_and_its_last_run(tmp_path: P
 def test_a_group_log_that_disagrees_with_the_metrics_is_not_used(tmp_path: Path) -> None:
     _metrics(tmp_path, {1: _conduit_metrics([0, 0, 0, 0]), 2: _conduit_metrics([1, 1, 2, 2])})
     (tmp_path / "groups.jsonl").write_text("\n".join(_groups(tmp_path, {1: [0] * 4, 2: [1, 1]})) + "\n")
-    per = vs.step_staleness(tmp_path, "conduit_k2", BATCH)
+    per = va.step_staleness(tmp_path, "conduit_k2", BATCH)
     assert per[1]["staleness_source"] == "group_log"
     assert per[2]["staleness_source"] == "conduit_metrics"  # 2 logged groups, 4 trained: the metrics
     assert per[2]["staleness_max"] == 2.0 and per[2]["lags"] is None
 
 
 def test_verl_staleness_is_verls_per_step_mean_and_max(tmp_path: Path) -> None:
-    worst = vs.VERL_WORST
+    worst = va.VERL_WORST
     _metrics(
         tmp_path,
         {
             1: {f"{worst}/mean": 0.0, f"{worst}/max": 0.0},
-            2: {f"{worst}/mean": 0.75, f"{worst}/max": 1.0, vs.VERL_EVICTED: 3},
+            2: {f"{worst}/mean": 0.75, f"{worst}/max": 1.0, va.VERL_EVICTED: 3},
         },
     )
-    per = vs.step_staleness(tmp_path, "verl_colocate_async+tq_conduit", BATCH)
+    per = va.step_staleness(tmp_path, "verl_colocate_async+tq_conduit", BATCH)
     assert per[2] == {
         "staleness_median": 0.75,  # the step's mean: verl has no per-group source
         "staleness_max": 1.0,
@@ -126,8 +127,8 @@ def test_verl_staleness_is_verls_per_step_mean_and_max(tmp_path: Path) -> None:
 
 
 def test_bounds_and_the_conduit_systems_flags() -> None:
-    assert vs.bound("conduit_k2") == 2 and vs.bound("conduit_k0+tq_simple") == 0
-    assert vs.bound("verl_sync_tuned") == 0 and vs.bound("verl_colocate_async+tq_conduit") is None
+    assert va.bound("conduit_k2") == 2 and va.bound("conduit_k0+tq_simple") == 0
+    assert va.bound("verl_sync_tuned") == 0 and va.bound("verl_colocate_async+tq_conduit") is None
     modes = vs.conduit_modes(["conduit_k1", "verl_colocate_async"], "auto")
     assert modes == {
         "conduit_k1": (
@@ -139,6 +140,52 @@ def test_bounds_and_the_conduit_systems_flags() -> None:
             ],
         )
     }
+
+
+def test_verl_under_its_own_bound_is_the_same_trainer_with_verls_threshold() -> None:
+    """``verl_colocate_async_k1``: verl's trainer, its own threshold = k + 1 versions spanned, dropping."""
+    assert va.bound("verl_colocate_async_k1") == 1 and va.bound("verl_separate_async_k2+tq_conduit") == 2
+    assert va.verl_async("verl_colocate_async_k1") and va.verl_async("verl_separate_async+tq_conduit")
+    assert not va.verl_async("verl_sync_tuned") and not va.verl_async("conduit_k1")
+    modes = vs.conduit_modes(["verl_colocate_async_k1", "verl_separate_async_k2+tq_conduit"], "auto")
+    assert modes == {
+        "verl_colocate_async_k1": (
+            "colocate_async",
+            [
+                "trainer.v1.sampler.max_off_policy_threshold=2",
+                "trainer.v1.sampler.max_off_policy_strategy=drop",
+            ],
+        ),
+        "verl_separate_async_k2": (
+            "separate_async",
+            [
+                "trainer.v1.sampler.max_off_policy_threshold=3",
+                "trainer.v1.sampler.max_off_policy_strategy=drop",
+            ],
+        ),
+    }
+    assert "verl_colocate_async_k1" in vs.SYSTEMS  # the equal-bound baseline runs by default
+    for bad in ("verl_colocate_async_k0", "verl_sync_k1"):
+        with pytest.raises(SystemExit):
+            vs.parse(["--systems", bad])
+
+
+def test_the_equal_bound_ratio_and_its_targets(tmp_path: Path, monkeypatch) -> None:
+    systems = ["verl_colocate_async", "verl_colocate_async_k1", "conduit_k1"]
+    lags = dict.fromkeys(systems, K1)
+    walls = {"verl_colocate_async": 10.0, "verl_colocate_async_k1": 11.0, "conduit_k1": 8.8}
+    rows, summary, ratio, calls = _bench(tmp_path, monkeypatch, systems, lags, walls)
+    assert calls["verl_colocate_async_k1"][:3] == [
+        "colocate_async",
+        "trainer.v1.sampler.max_off_policy_threshold=2",
+        "trainer.v1.sampler.max_off_policy_strategy=drop",
+    ]
+    by = {s["system"]: s for s in summary}
+    assert by["verl_colocate_async_k1"]["max_staleness"] == 1
+    assert ratio["wall/conduit_k1_over_verl_colocate_async_k1"] == pytest.approx(0.8)
+    t = va.targets(ratio, summary)
+    assert t["k1_wall<=0.9x"] is False  # 8.8 / 10
+    assert t["k1_equal_bound_wall<=0.9x"] is True  # 8.8 / 11
 
 
 def test_parse_defaults_and_bad_systems() -> None:
@@ -164,7 +211,7 @@ def _fake_runs(lags_by_system: dict[str, dict[int, list[int]]], walls: dict[str,
             log = next(x.split("=", 1)[1] for x in extra if "group_log=" in x)
             Path(log).write_text("\n".join(_groups(work, lags)) + "\n")
         else:
-            w = vs.VERL_WORST
+            w = va.VERL_WORST
             means = {s: {f"{w}/mean": sum(v) / len(v), f"{w}/max": max(v)} for s, v in lags.items()}
             _metrics(work, means, walls[system])
         (work / "summary.json").write_text(
@@ -190,9 +237,9 @@ def _bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, systems: list[str], 
     }
     result: dict[str, Any] = {"errors": {}}
     rows = verl_runs.run_systems(tmp_path, args, systems, plan, result)
-    vs.annotate(rows, result["work_dirs"], "", BATCH)
-    summary = vs.summarize(rows, systems)
-    ratio = vs.all_ratios(rows, summary)
+    va.annotate(rows, result["work_dirs"], "", BATCH)
+    summary = va.summarize(rows, systems)
+    ratio = va.all_ratios(rows, summary)
     return rows, summary, ratio, calls
 
 
@@ -235,7 +282,7 @@ def test_rows_fields_flags_and_the_ratio_at_equal_staleness(tmp_path: Path, monk
         0.95
     )
     assert "wall/conduit_k0_over_verl_colocate_async" not in ratio  # no k0 / async ratio at all
-    t = vs.targets(ratio, summary)
+    t = va.targets(ratio, summary)
     assert t["k1_wall<=0.9x"] is True and t["k1_exposed<=0.5x"] is False
     # exposed: verl's = gen wait 0.5 + old_log_prob and ref 0.9; conduit's = 0.5 + conduit/exposed_s 0.3
     assert ratio["exposed/conduit_k1_over_verl_colocate_async"] == pytest.approx(0.8 / 1.4, abs=1e-3)
@@ -254,11 +301,11 @@ def test_the_ratio_is_refused_at_unequal_staleness(tmp_path: Path, monkeypatch) 
     assert "staleness differs" in why and "staleness_median_of_step_means" in why and "0.5" in why
     assert "wall/conduit_k1_over_verl_colocate_async" not in ratio
     assert "staleness_max conduit_k2 2" in ratio["refused/conduit_k2_over_verl_colocate_async"]
-    t = vs.targets(ratio, summary)
+    t = va.targets(ratio, summary)
     assert t["k1_wall<=0.9x"] is None and t["k1_exposed<=0.5x"] is None and "differs" in t["k1_refused"]
     by = {s["system"]: s for s in summary}
-    assert vs.staleness_differs(by, "conduit_k1", "conduit_k1") is None
-    assert vs.staleness_differs(by, "conduit_k1", "verl_missing") == "no measured staleness for verl_missing"
+    assert va.staleness_differs(by, "conduit_k1", "conduit_k1") is None
+    assert va.staleness_differs(by, "conduit_k1", "verl_missing") == "no measured staleness for verl_missing"
     assert "conduit_k1 trained staler data" in why
 
 
@@ -273,7 +320,7 @@ def test_the_ratio_is_computed_where_conduit_trained_fresher_data(tmp_path: Path
     assert ratio["wall/conduit_k1_over_verl_colocate_async"] == pytest.approx(0.8, abs=1e-3)
     assert "staleness_max 1" in ratio["staleness/conduit_k1_vs_verl_colocate_async"]
     by = {s["system"]: s for s in summary}
-    assert vs.staleness_differs(by, "verl_colocate_async", "conduit_k1")  # the other way round: staler
+    assert va.staleness_differs(by, "verl_colocate_async", "conduit_k1")  # the other way round: staler
 
 
 def _blank(x: Any) -> Any:
@@ -297,17 +344,19 @@ def test_the_renderer_shows_rows_ratios_refusals_and_survives_blank_values(
         "rows": rows,
         "summary": summary,
         "ratios": ratio,
-        "targets": vs.targets(ratio, summary),
+        "targets": va.targets(ratio, summary),
     }
     doc["reward_curve"] = {"final_over_last": 10, "iterations": 50, "final_score": {"conduit_k1": {"0": 0.4}}}
-    page = "\n".join(report_verl.staleness({"verl_staleness_grpo.json": doc, "verl_staleness_ppo.json": {}}))
+    page = "\n".join(
+        report_staleness.staleness({"verl_staleness_grpo.json": doc, "verl_staleness_ppo.json": {}})
+    )
     assert "| GRPO | conduit_k1 | Conduit | 1 | 1.00 / 1.00 | group_log" in page
     assert "| GRPO | verl_colocate_async | SimpleStorage | none |" in page
     assert "conduit_k1 ÷ verl_colocate_async | Conduit no staler | 1.000 / " in page
     assert "conduit_k2 ÷ verl_colocate_async | Conduit no staler | refused [1]" in page
     assert "- [1] refused: staleness differs" in page
     assert "storage backend" in page and "k1_wall<=0.9x" in page and "reward" in page
-    blank = "\n".join(report_verl.staleness({"verl_staleness_grpo.json": _blank(doc)}))
+    blank = "\n".join(report_staleness.staleness({"verl_staleness_grpo.json": _blank(doc)}))
     assert "| GRPO |" not in blank and "—" in blank  # no algo left: the file's name labels it
 
 

@@ -1,0 +1,102 @@
+"""Staleness renderer for ``report.py``: ``verl_staleness.py``'s runs (Conduit's ``max_staleness=k``
+beside verl's async trainers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from report_fmt import DASH, Refusals, get, num, table, targets, verdict
+from report_verl import Doc, error_lines, pair_cell
+
+
+def _ratio_pairs(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every ``(X, Y)`` of a ``wall/X_over_Y``, ``refused/X_over_Y`` or ``backend/...`` key, in order."""
+    out: list[tuple[str, str]] = []
+    for key in r:
+        parts = key.split("/")
+        if parts[0] in ("wall", "refused", "backend") and "_over_" in parts[-1]:
+            x, y = parts[-1].split("_over_", 1)
+            if (x, y) not in out:
+                out.append((x, y))
+    return out
+
+
+def staleness(docs: dict[str, Doc]) -> list[str]:
+    """``verl_staleness.py``'s runs (GRPO, PPO): per system the bound, the measured staleness (median /
+    max and where it came from), work and median wall / exposed / weight-push time; then every ratio
+    the JSON holds (conduit k ÷ verl's async trainers only at equal measured staleness, else the
+    refusal; the storage backend alone; conduit_k0 ÷ verl_sync_tuned), the targets, the reward curves."""
+    refusals = Refusals()
+    rows, pair_rows, lines = [], [], []
+    for name, d in docs.items():
+        if not d:
+            continue
+        label = str(d.get("algo") or get(d, "summary", 0, "algo") or name).upper()
+        for s in d.get("summary") or []:
+            hist = s.get("lag_histogram")
+            rows.append(
+                [
+                    label,
+                    num(s.get("system")),
+                    num(s.get("tq_backend")),
+                    "none"
+                    if s.get("system") and s.get("max_staleness") is None
+                    else num(s.get("max_staleness")),
+                    f"{num(s.get('staleness_median'))} / {num(s.get('staleness_max'))}",
+                    num(s.get("staleness_source")),
+                    ", ".join(f"{k}: {num(v)}" for k, v in hist.items()) if isinstance(hist, dict) else DASH,
+                    f"{num(s.get('iterations'))} ({num(s.get('rounds'))})",
+                    f"{num(s.get('responses'))} / {num(s.get('response_tokens'))}",
+                    f"{num(s.get('prompts_generated'))} / {num(s.get('stale_dropped'))}",
+                    num(s.get("wall_s"), 3),
+                    num(s.get("exposed_s"), 3),
+                    num(s.get("update_weights_s"), 3),
+                ]
+            )
+        r = d.get("ratios") or {}
+        for x, y in _ratio_pairs(r):
+            kind = (
+                "storage backend"
+                if r.get(f"backend/wall/{x}_over_{y}") is not None or r.get(f"refused/backend/{x}_over_{y}")
+                else (
+                    "Conduit no staler"
+                    if x.startswith("conduit_k") and not x.startswith("conduit_k0")
+                    else "on-policy"
+                )
+            )
+            work = r.get(f"work/{x}_vs_{y}")
+            pair_rows.append(
+                [label, f"{x} ÷ {y}", kind, pair_cell(r, x, y, refusals) or DASH, num(work) if work else DASH]
+            )
+        lines += [f"- {label}: {line.removeprefix('- ')}" for line in targets(d.get("targets"))]
+        rc = d.get("reward_curve") or {}
+        if rc:
+            final = rc.get("final_score") or {}
+            per = "; ".join(
+                f"{s} {', '.join(num(v, 3) for v in (f or {}).values()) or DASH}" for s, f in final.items()
+            )
+            lines.append(
+                f"- {label}: reward, mean score of the last {num(rc.get('final_over_last'))} of "
+                f"{num(rc.get('iterations'))} iterations per seed: {per or DASH}; conduit_k1 within "
+                f"verl_colocate_async's seed-to-seed spread: {verdict(rc.get('k1_within_spread'))}."
+            )
+        lines += error_lines(f"- {label}", d, ".")
+    head = [
+        "algo",
+        "system",
+        "TQ backend",
+        "bound k",
+        "staleness median / max",
+        "staleness from",
+        "groups by lag",
+        "iterations (rounds)",
+        "responses / response tokens",
+        "prompts generated / dropped stale",
+        "wall s",
+        "exposed s",
+        "update_weights s",
+    ]
+    out = table(head, rows) + [""]
+    if pair_rows:
+        out += table(["algo", "ratio", "compared", "wall / exposed", "generated work"], pair_rows) + [""]
+    return out + refusals.lines() + lines

@@ -1,0 +1,86 @@
+"""vLLM renderers for ``report.py``: ``verl_iteration.py --rollout vllm`` (the iteration table, what
+generation cost, the share of identical responses) and its reward curves (``--reward-only``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from report_fmt import DASH, get, num, pct, table, verdict
+from report_verl import Doc, error_lines, in_order, iteration
+
+
+def _vllm_engine(rows: list[dict[str, Any]], key: str) -> Any:
+    """The median of vLLM's own per-iteration counter ``key`` over rows that have it (or None)."""
+    vals = sorted(float(v) for x in rows if (v := get(x, "vllm", key)) is not None)
+    return vals[len(vals) // 2] if vals else None
+
+
+def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
+    """``--rollout vllm``: the iteration table, then per run what generation cost (vLLM's own
+    counters, R), how the cores were split and the share of identical responses."""
+    out = iteration(docs)
+    head = [
+        "algo",
+        "system",
+        "cores vLLM : trainer",
+        "gen busy s",
+        "response tokens / s",
+        "ingest s",
+        "R = gen / ingest",
+        "vLLM engine steps",
+        "TTFT s",
+        "inter-token s",
+    ]
+    rows = []
+    for label, d in docs:
+        gen = d.get("generation") or {}
+        for s in in_order(set(gen)):
+            g = gen[s]
+            mine = [x for x in d.get("rows") or [] if x.get("system") == s]
+            cores = next((x.get("cores") for x in mine if x.get("cores")), None)
+            split = f"{cores.get('vllm')} : {cores.get('trainer')}" if isinstance(cores, dict) else DASH
+            rows.append(
+                [
+                    label,
+                    s,
+                    split,
+                    num(g.get("gen_busy_s"), 3),
+                    num(g.get("response_tokens_per_s"), 0),
+                    num(g.get("ingest_s"), 3),
+                    num(g.get("R"), 2),
+                    num(_vllm_engine(mine, "engine_steps"), 0),
+                    num(_vllm_engine(mine, "ttft_s"), 4),
+                    num(_vllm_engine(mine, "inter_token_s"), 4),
+                ]
+            )
+    out += ["", *table(head, rows), ""]
+    for label, d in docs:
+        for pair, e in (d.get("equivalence") or {}).items():
+            out.append(
+                f"- {label}: identical responses, {pair.replace('_vs_', ' vs ')}: "
+                f"{num(e.get('identical'), 0)} of {num(e.get('responses'), 0)} "
+                f"({pct(e.get('share_identical'))}; target ≥ 95%: {verdict(e.get('target>=0.95'))})."
+            )
+    return out
+
+
+def reward(d: Doc) -> list[str]:
+    """``verl_iteration.py --reward-only``: per system and seed the final score (mean of the last
+    iterations), verl sync's seed-to-seed spread and whether conduit lies within it."""
+    rc = d.get("reward_curve") or {}
+    final = rc.get("final_score") or {}
+    rows = [
+        [str(d.get("algo") or DASH).upper(), system, str(seed), num(score, 4)]
+        for system, per in final.items()
+        for seed, score in (per or {}).items()
+    ]
+    spread = rc.get("verl_sync_spread")
+    lines = [
+        f"- {num(rc.get('iterations'))} iterations per run, lr {num(rc.get('lr'))}, final score = mean of the "
+        f"last {num(rc.get('final_over_last'))}; verl sync's spread over seeds: "
+        f"{' .. '.join(num(x, 4) for x in spread) if spread else DASH}; conduit's mean final score within it: "
+        f"{verdict(rc.get('conduit_within_spread'))}."
+    ]
+    return (
+        table(["algo", "system", "seed", "final score"], rows) + [""] + lines + error_lines("- Runs", d, ".")
+    )
