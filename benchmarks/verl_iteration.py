@@ -101,6 +101,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--reward-steps", type=int, default=0, help="also longer sync and conduit runs for a reward curve"
     )
     p.add_argument("--reward-lr", type=float, default=3e-3, help="learning rate of the reward-curve runs")
+    p.add_argument("--seeds", type=int, default=1, help="--reward-steps: seeds seed..seed+N-1 per system")
+    p.add_argument(
+        "--reward-only",
+        action="store_true",
+        help="only the reward-curve runs (default out: verl_reward[_vllm]_<algo>.json)",
+    )
     p.add_argument("--g-ing", default="auto", help="conduit: prompt groups per ingestion piece (int or auto)")
     p.add_argument("--stream-g-ing", type=int, default=2, help="conduit_stream: fixed groups per piece")
     p.add_argument("--rounds", type=int, default=None, help="rounds of all systems (default 2, quick 1)")
@@ -140,9 +146,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.sweep and not paced:
         p.error("--sweep needs --rollout paced")
     if args.reward_steps and paced:
-        p.error("--reward-steps runs the hf rollout; leave out --rollout paced")
-    if args.reward_steps and args.rollout == "vllm":
-        p.error("--reward-steps runs the hf rollout; leave out --rollout vllm")
+        p.error("--reward-steps runs the hf or vllm rollout (the paced one needs a calibration)")
+    if args.reward_only and not args.reward_steps:
+        p.error("--reward-only needs --reward-steps N")
+    if args.reward_steps and (args.reward_steps < 2 or args.seeds < 1):
+        p.error("--reward-steps needs at least 2 iterations and --seeds >= 1")
     if not args.systems:  # a quick paced run: the headline pair only
         args.systems = (QUICK_PACED_SYSTEMS if args.quick else PACED_SYSTEMS) if paced else DEFAULT_SYSTEMS
         args.systems = VLLM_SYSTEMS if args.rollout == "vllm" else args.systems
@@ -151,8 +159,44 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def reward_only(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """``--reward-only``: the reward-curve runs alone, on this invocation's rollout and shape."""
+    prov = provenance.start()
+    name = "verl_reward" + "_vllm" * (args.rollout == "vllm") + f"_{args.algo}"
+    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    root = Path(args.work or tempfile.mkdtemp(prefix="verl_reward_"))
+    result: dict[str, Any] = {"rows": [], "machine": machine(), "errors": {}, "rollout": args.rollout}
+    result["algo"] = args.algo
+
+    def save(curve: dict[str, Any]) -> None:
+        result["reward_curve"] = curve
+        result["method"] = method_reward(args, curve)
+        result["machine"].update(provenance.finish(prov))
+        out.write_text(json.dumps(result, indent=1))
+
+    save(reward_runs(root, args, out.with_suffix(".png"), result["errors"], harness_args(args), save))
+    return result, out
+
+
+def method_reward(args: argparse.Namespace, curve: dict[str, Any]) -> dict[str, Any]:
+    """How ``--reward-only``'s runs were made (goes into the JSON)."""
+    return {
+        "reward": f"verl sync (poll 0.05 s) and conduit, {args.reward_steps} iterations each, seeds "
+        f"{args.seed}..{args.seed + args.seeds - 1}, lr {args.reward_lr}, the same rollout and shape "
+        f"({' '.join(curve['shape'])}); final score = mean critic/score/mean of the last "
+        f"{curve['final_over_last']} iterations; conduit_within_spread: conduit's mean final score within "
+        "[min, max] of verl sync's seeds. Runs in order: both systems at the first seed, then verl sync's "
+        "other seeds, then conduit's; the file is rewritten after every run, so a series cut short keeps what "
+        "ran (seeds counts the seeds asked for; final_score lists those that ran). Not timed: timing comes "
+        "from verl_iteration's own runs",
+    }
+
+
 def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     """Run every point and system; write the JSON (and PNGs); return the result and its path."""
+    if args.reward_only:
+        return reward_only(args)
     prov = provenance.start()
     paced = args.rollout == "paced"
     steps, rounds = plan_size(args)
@@ -233,7 +277,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         paced_sweep(sweep_ratios, out.with_name(f"{out.stem}_speedup.png"), args.algo)
     if args.reward_steps:
         result["reward_curve"] = reward_runs(
-            root, args, out.with_name(f"{out.stem}_reward.png"), result["errors"]
+            root, args, out.with_name(f"{out.stem}_reward.png"), result["errors"], harness[points[0]]
         )
     result["machine"].update(provenance.finish(prov))  # after the reward runs: the run's real end
     out.write_text(json.dumps(result, indent=1))
@@ -258,6 +302,14 @@ def vllm_figures(result: dict[str, Any], systems: list[str]) -> None:
 def main() -> int:
     args = parse()
     result, out = bench(args)
+    if args.reward_only:
+        rc = result["reward_curve"]
+        print(
+            "reward:",
+            json.dumps({k: rc[k] for k in ("final_score", "verl_sync_spread", "conduit_within_spread")}),
+        )
+        print(f"[bench] wrote {out}")
+        return 0
     paced = args.rollout == "paced"
     note = " (paced: modelled separate rollout hardware, not a GPU measurement)" if paced else ""
     print(f"rollout={args.rollout}{note}")

@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,26 +96,71 @@ def sweep(
     }
 
 
-def reward_runs(root: Path, args: argparse.Namespace, png: Path, errors: dict[str, str]) -> dict[str, Any]:
-    """verl sync and conduit, same seed, ``--reward-steps`` iterations each: mean score per step."""
+#: a run's final score: the mean of its last iterations' mean scores
+REWARD_TAIL = 10
+
+
+#: the reward runs' systems: (name, trainer mode, flags)
+REWARD_SYSTEMS = (("verl_sync", "sync", ["--poll-interval", "0.05"]), ("conduit", "conduit", []))
+
+
+def reward_order(first: int, seeds: int) -> list[tuple[str, int]]:
+    """(system, seed) in run order: both systems at the first seed, then verl sync's other seeds (its
+    spread), then conduit's, so a run cut short still holds a comparison and the baseline's spread."""
+    names = [name for name, _, _ in REWARD_SYSTEMS]
+    later = range(first + 1, first + seeds)
+    return [(n, first) for n in names] + [(n, s) for n in names for s in later]
+
+
+def reward_runs(
+    root: Path,
+    args: argparse.Namespace,
+    png: Path,
+    errors: dict[str, str],
+    harness: list[str],
+    saved: Callable[[dict[str, Any]], None] = lambda _: None,
+) -> dict[str, Any]:
+    """verl sync and conduit, ``--reward-steps`` iterations each for every seed of ``--seeds`` (seed ..
+    seed + seeds - 1), on this invocation's rollout and shape (``harness``), in ``reward_order``: mean
+    score per step, each run's final score, and whether conduit's mean final score lies within verl
+    sync's seed-to-seed spread (min..max over its seeds; needs 2 seeds or more). ``saved`` gets the
+    summary so far after every run (the caller writes it: a long series cut short keeps what ran)."""
     curves: dict[str, list[tuple[int, float]]] = {}
+    final: dict[str, dict[str, float]] = {name: {} for name, _, _ in REWARD_SYSTEMS}
+    flags = {name: (mode, extra) for name, mode, extra in REWARD_SYSTEMS}
     lr = ["--lr", str(args.reward_lr)]
-    for system, mode, extra in (
-        ("verl_sync", "sync", ["--poll-interval", "0.05"]),
-        ("conduit", "conduit", []),
-    ):
-        work = root / f"reward_{system}"
-        rc, tail = run(work, mode, args.reward_steps, args, lr + extra + conduit_knobs(args, system))
+    out: dict[str, Any] = {
+        "lr": args.reward_lr,
+        "seeds": args.seeds,
+        "iterations": args.reward_steps,
+        "shape": harness,
+        "final_over_last": REWARD_TAIL,
+        "final_score": final,
+        "verl_sync_spread": None,
+        "conduit_within_spread": None,
+        "curves": curves,
+    }
+    for system, seed in reward_order(args.seed, args.seeds):
+        a = argparse.Namespace(**{**vars(args), "seed": seed})
+        mode, extra = flags[system]
+        work = root / (f"reward_{system}" + (f"_s{seed}" if args.seeds > 1 else ""))
+        rc, tail = run(work, mode, args.reward_steps, a, lr + harness + extra + conduit_knobs(args, system))
         if rc:
-            errors[f"reward_{system}"] = tail
+            errors[f"reward_{system}_s{seed}"] = tail
             continue
         recs = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
-        curves[system] = [(int(r["step"]), float(r["data"]["critic/score/mean"])) for r in recs]
-    if curves:
-        reward_curve(
-            curves, png, f"verl 0.9.1 CPU {args.algo}, lr {args.reward_lr}: mean score per iteration"
+        pts = [(int(r["step"]), float(r["data"]["critic/score/mean"])) for r in recs]
+        curves[system if args.seeds == 1 else f"{system} seed {seed}"] = pts
+        final[system][str(seed)] = round(statistics.fmean(v for _, v in pts[-REWARD_TAIL:]), 4)
+        title = f"verl 0.9.1 CPU {args.algo} ({args.rollout}), lr {args.reward_lr}: mean score per iteration"
+        reward_curve(curves, png, title)
+        spread, mine = list(final["verl_sync"].values()), list(final["conduit"].values())
+        out["verl_sync_spread"] = [min(spread), max(spread)] if spread else None
+        out["conduit_within_spread"] = (
+            min(spread) <= statistics.fmean(mine) <= max(spread) if len(spread) >= 2 and mine else None
         )
-    return {"lr": args.reward_lr, "curves": curves}
+        saved(out)
+    return out
 
 
 def conduit_knobs(args: argparse.Namespace, system: str) -> list[str]:

@@ -165,7 +165,10 @@ def test_conduit_matches_sync_two_ranks(sync_runs: SyncRuns, tmp_path: Path) -> 
         _same_metrics(rc, rs, ACTOR)
 
 
-#: a short paced rollout: lengths 12 tokens median, p99 4x that, capped at 48; modelled times x 0.2
+#: a short paced rollout: lengths 12 tokens median, p99 4x that, capped at 48; modelled times x 10, so
+#: a step's generation spans ~1 s (median response) to ~4 s (the longest): long enough that finished
+#: responses wait through several of the streaming wait's 0.1-s idle slices before their groups finish
+#: (at x 0.2 the whole generation took ~0.1 s and whether early rows ran depended on timing)
 PACED = (
     "--rollout",
     "paced",
@@ -176,8 +179,15 @@ PACED = (
     "--pace-tail",
     "4",
     "--pace-scale",
-    "0.2",
+    "10",
 )
+
+
+def _early_rows_ran(steps: list[tuple[dict, dict, dict, dict]]) -> None:
+    """Each step ingested responses before their groups finished (the paced rollout has hardware of
+    its own, and the run is on-policy)."""
+    for _, _, _, rc in steps:
+        assert rc.get("conduit/early_rows", 0) >= 1, rc
 
 
 def test_conduit_matches_sync_paced(sync_runs: SyncRuns, tmp_path: Path) -> None:
@@ -189,6 +199,7 @@ def test_conduit_matches_sync_paced(sync_runs: SyncRuns, tmp_path: Path) -> None
         assert len(lengths) > 3, lengths  # the drawn lengths, not a fixed one
         _same_samples(a, b, GRPO_SAMPLES)
         _same_metrics(rc, rs, ACTOR)
+    _early_rows_ran(steps)
     for work in (sync_runs("grpo", PACED), tmp_path / "conduit"):
         assert json.loads((work / "summary.json").read_text())["rollout"] == "paced"
         events = [json.loads(x) for x in (work / "gen_events.jsonl").read_text().splitlines()]
@@ -202,3 +213,4 @@ def test_conduit_matches_sync_paced_ppo(sync_runs: SyncRuns, tmp_path: Path) -> 
     for a, b, rs, rc in steps:
         _same_samples(a, b, {"values": 1e-5, "returns": 1e-5, "adv": 1e-4, "old_log_prob": 1e-4})
         _same_metrics(rc, rs, (*ACTOR, "critic/vf_loss", "critic/grad_norm"))
+    _early_rows_ran(steps)
