@@ -173,7 +173,7 @@ def test_verl_under_its_own_bound_is_the_same_trainer_with_verls_threshold() -> 
 def test_the_equal_bound_ratio_and_its_targets(tmp_path: Path, monkeypatch) -> None:
     systems = ["verl_colocate_async", "verl_colocate_async_k1", "conduit_k1"]
     lags = dict.fromkeys(systems, K1)
-    walls = {"verl_colocate_async": 10.0, "verl_colocate_async_k1": 11.0, "conduit_k1": 8.8}
+    walls = {"verl_colocate_async": 10.0, "verl_colocate_async_k1": 11.0, "conduit_k1": 9.5}
     rows, summary, ratio, calls = _bench(tmp_path, monkeypatch, systems, lags, walls)
     assert calls["verl_colocate_async_k1"][:3] == [
         "colocate_async",
@@ -182,10 +182,10 @@ def test_the_equal_bound_ratio_and_its_targets(tmp_path: Path, monkeypatch) -> N
     ]
     by = {s["system"]: s for s in summary}
     assert by["verl_colocate_async_k1"]["max_staleness"] == 1
-    assert ratio["wall/conduit_k1_over_verl_colocate_async_k1"] == pytest.approx(0.8)
+    assert ratio["wall/conduit_k1_over_verl_colocate_async_k1"] == pytest.approx(0.864)
     t = va.targets(ratio, summary)
-    assert t["k1_wall<=0.9x"] is False  # 8.8 / 10
-    assert t["k1_equal_bound_wall<=0.9x"] is True  # 8.8 / 11
+    assert t["k1_wall<=0.9x"] is False  # 9.5 / 10
+    assert t["k1_equal_bound_wall<=0.9x"] is True  # 9.5 / 11
 
 
 def test_parse_defaults_and_bad_systems() -> None:
