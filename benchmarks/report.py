@@ -136,9 +136,9 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "verl_vllm",
         "verl on vLLM (CPU build, generation on a core of its own)",
-        ("verl_iteration_vllm_grpo.json",),
-        algos("verl_iteration_vllm_grpo.json", render=vllm.vllm),
-        ("verl_iteration_vllm_grpo.png",),
+        ("verl_iteration_vllm_grpo.json", "verl_iteration_vllm_ppo.json"),
+        algos("verl_iteration_vllm_grpo.json", "verl_iteration_vllm_ppo.json", render=vllm.vllm),
+        ("verl_iteration_vllm_grpo.png", "verl_iteration_vllm_ppo.png"),
     ),
     Section(
         "verl_staleness",

@@ -48,8 +48,9 @@ def backend_ran(work: Path, backend: str) -> str:
 
 
 def run(work: Path, mode: str, steps: int, args: argparse.Namespace, extra: list[str]) -> tuple[int, str]:
-    """One CPU-mode training run; returns (exit code, log tail). ``--reuse``: a finished run is read."""
-    if args.reuse and (work / "metrics.jsonl").exists():
+    """One CPU-mode training run; returns (exit code, log tail). ``--reuse``: a finished run (its
+    summary.json written) is read, a run cut short is run again."""
+    if args.reuse and (work / "summary.json").exists():  # written last: a killed run has none
         print(f"[bench] reusing {work}", flush=True)
         return 0, ""
     cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--trainer-mode", mode, "--steps", str(steps)]
