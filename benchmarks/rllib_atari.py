@@ -6,8 +6,10 @@ Measured now, per capacity, for Conduit's frame-once replay (``ConduitReplay`` w
 ``FrameStacking(num_frames=4)``: each frame stored once as uint8, stacks built at delivery): the insert
 rate (env steps per second through ``add``: frame encoding, n-step, insert), prioritized sample +
 priority update latency at batch 32 (p50 / p99, the stacked batch built), resident memory (VmRSS) and
-the bytes the frames and the transition rows take. The episodes are Atari-shaped stand-ins, not ALE:
-normalized float32 frames ``u / 128 - 1`` of random codes (what ``wrap_atari_for_new_api_stack``
+the bytes the frames and the transition rows take; each capacity twice (``--frames``): frames where the
+planner puts them (host on this machine), and frames on the disk tier (a RAM budget that holds only the
+transition rows: ``enable(..., memory_budget=...)``), where ``disk_gib`` is the memmap's size. The
+episodes are Atari-shaped stand-ins, not ALE: normalized float32 frames ``u / 128 - 1`` of random codes (what ``wrap_atari_for_new_api_stack``
 yields), life-length episodes, fragments of 4 steps as RLlib's Atari DQN example samples them; a buffer
 cell measures the buffer, so no env runs. Every row carries its work (transitions inserted, samples,
 priority updates).
@@ -16,13 +18,13 @@ Not written yet (the issue's other rows and cells): native RLlib (its DQN cannot
 ``FrameStackingLearner``: the prioritized episode buffer samples 1-step episodes without lookback, on
 which ``FrameStacking`` fails; native stacks with the env wrapper instead, float32 ``[64, 64, 4]`` per
 step), TorchRL's ``LazyMemmapStorage`` + ``PrioritizedSampler`` in its own venv
-(``notes/torchrl-baseline.md``), the disk tier under a memory budget, iteration wall / exposed time on
-ALE, learning curves. ``--quick`` (capacity 20k) writes to /tmp unless ``--out`` says otherwise.
+(``notes/torchrl-baseline.md``), iteration wall / exposed time on ALE, learning curves. ``--quick`` (capacity 20k) writes to /tmp unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,8 +74,19 @@ def fragments(steps: int, dim: int, seed: int):
         done += length
 
 
-def conduit_cell(capacity: int, dim: int, rounds: int) -> dict:
-    """Fill a frame-once replay to ``capacity`` transitions, then time prioritized sample + update."""
+def frames_on_disk_budget(capacity: int) -> int:
+    """A RAM budget that holds the transition rows (frame references) but not the frames: the planner
+    then puts the frame column on the disk tier (memmap)."""
+    import torch
+    from conduit_rllib.replay import ROW_BOOKKEEPING, transition_schema
+
+    rows = transition_schema(torch.int64, (NUM_FRAMES,)).nbytes_per_item + ROW_BOOKKEEPING
+    return rows * capacity + (16 << 20)
+
+
+def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Path) -> dict:
+    """Fill a frame-once replay to ``capacity`` transitions, then time prioritized sample + update;
+    ``frames="disk"`` gives it a RAM budget that sends the frames to the disk tier under ``disk_dir``."""
     import torch
     from conduit_rllib.replay import ConduitReplay
     from conduit_rllib.settings import ConduitSettings
@@ -82,8 +95,9 @@ def conduit_cell(capacity: int, dim: int, rounds: int) -> dict:
 
     torch.set_num_threads(1)
     rss0 = rss_bytes()
+    budget = frames_on_disk_budget(capacity) if frames == "disk" else None
     replay = ConduitReplay(
-        ConduitSettings(overlap="sync"),
+        ConduitSettings(overlap="sync", memory_budget=budget, disk_path=str(disk_dir)),
         BufferConfig.prioritized_replay(capacity, alpha=0.5, beta=0.4),
         n_step=N_STEP,
         gamma=0.99,
@@ -112,12 +126,20 @@ def conduit_cell(capacity: int, dim: int, rounds: int) -> dict:
         if i >= 50:  # warm-up rounds not counted
             lat.append(time.perf_counter() - t0)
     ms = np.asarray(lat) * 1e3
+    store.wait_placement()
+    on_disk = store.tier == "disk"
+    if frames == "disk" and not on_disk:
+        raise SystemExit(
+            f"the frames were planned on {store.tier}, not on disk, under a budget of {budget} bytes"
+        )
     row = {
         "system": "conduit",
         "capacity": capacity,
         "dim": dim,
+        "frames_tier": store.tier,
+        "memory_budget": budget,
         "rss_gib": round((rss_bytes() - rss0) / 2**30, 3),
-        "disk_gib": 0.0,
+        "disk_gib": round(store.nbytes() / 2**30, 3) if on_disk else 0.0,
         "frames_gib": round(store.nbytes() / 2**30, 3),
         "rows_gib": round(c.buffer.storage.nbytes / 2**30, 3),
         "insert_steps_per_s": round(timed / add_s),
@@ -132,10 +154,10 @@ def conduit_cell(capacity: int, dim: int, rounds: int) -> dict:
 def plot(rows: list[dict], png: Path) -> None:
     plt = script.pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    caps = [r["capacity"] for r in rows]
-    ax[0].bar([str(c) for c in caps], [r["rss_gib"] for r in rows])
+    labels = [f"{r['capacity']:,}\nframes on {r['frames_tier']}" for r in rows]
+    ax[0].bar(labels, [r["rss_gib"] for r in rows])
     ax[0].set_title("resident memory (GiB)")
-    ax[1].bar([str(c) for c in caps], [r["sample_update_p50_ms"] for r in rows], label="p50")
+    ax[1].bar(labels, [r["sample_update_p50_ms"] for r in rows], label="p50")
     ax[1].set_title("prioritized sample + update, batch 32 (ms)")
     for a in ax:
         a.set_xlabel("capacity (transitions)")
@@ -147,15 +169,27 @@ def main() -> None:
     p.add_argument("--capacity", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--dim", type=int, default=64, choices=[64, 84])
     p.add_argument("--rounds", type=int, default=2000)
+    p.add_argument(
+        "--frames",
+        nargs="+",
+        default=["auto", "disk"],
+        choices=["auto", "disk"],
+        help="auto: the planner places the frames (host here); disk: a RAM budget holding only the rows",
+    )
+    p.add_argument(
+        "--disk-dir", type=Path, default=None, help="the disk tier's directory (default: a temporary one)"
+    )
     args = p.parse_args()
     if args.quick:
         args.capacity, args.rounds = [20_000], 300
         args.out = args.out or Path("/tmp/rllib_atari_quick.json")
     tok = provenance.start()
     rows = []
-    for cap in args.capacity:
-        rows.append(conduit_cell(cap, args.dim, args.rounds))
-        print(rows[-1], flush=True)
+    with tempfile.TemporaryDirectory(prefix="conduit_frames_", dir=args.disk_dir) as disk:
+        for cap in args.capacity:
+            for frames in args.frames:
+                rows.append(conduit_cell(cap, args.dim, args.rounds, frames, Path(disk)))
+                print(rows[-1], flush=True)
     record = {"rows": rows, "machine": provenance.finish(tok), "sketch": True}
     print(script.write_result("rllib_atari", args, record, lambda png: plot(rows, png)))
 

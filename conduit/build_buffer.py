@@ -17,8 +17,9 @@ from conduit.config import BufferConfig
 from conduit.discovery import local_topology
 from conduit.errors import ConfigError
 from conduit.metrics import Metrics
-from conduit.placer import Placer, Traffic, initial_tiers
+from conduit.placer import Placer, Traffic, initial_tiers, pinned_ram_bytes, within_memory_budget
 from conduit.schema import Schema
+from conduit.topology import Topology
 
 log = logging.getLogger("conduit.placement")
 
@@ -29,12 +30,14 @@ def build_buffer(
     metrics: Metrics | None = None,
     seed: int | None = None,
     reader: str = "host",
+    topology: Topology | None = None,
 ) -> ExperienceBuffer:
     """The buffer ``config`` describes for ``schema``: storage on ``config.tier``, writer, sampler and
     rate limiter.
 
     With ``tier="auto"`` the columns are planned for producers on the host and a consumer on
-    ``reader`` (e.g. ``cuda:0``), the plan is logged, and ``buffer.placer`` keeps it current.
+    ``reader`` (e.g. ``cuda:0``) on ``topology`` (default: this machine's, ``local_topology()``) within
+    ``config.memory_budget``; the plan is logged, and ``buffer.placer`` keeps it current.
     """
     unknown = sorted(set(config.pins) - set(schema.names))
     if unknown:
@@ -43,9 +46,11 @@ def build_buffer(
         # Shared memory pays only where another process maps a column, which a buffer's own
         # traffic never does; pageable host is the same DRAM (their measured links differ by noise)
         # and, unlike shm here, gets transparent huge pages. So shm is planned only when pinned.
-        topology = local_topology()
+        topology = local_topology() if topology is None else topology
         if "shm" not in config.pins.values():
             topology = topology.without("shm")
+        pinned = pinned_ram_bytes(schema, config.capacity, config.pins)
+        topology = within_memory_budget(topology, config.memory_budget, config.pins, pinned)
         traffic = Traffic(config.capacity, config.capacity, readers=(reader,))
         tiers, chosen = initial_tiers(schema, config.capacity, topology, traffic, config.pins)
         log.info("conduit: buffer placement at start\n%s", chosen.explain())
@@ -82,5 +87,6 @@ def build_buffer(
         nonfinite=config.nonfinite,
     )
     if config.tier == "auto":
-        buffer.placer = Placer(buffer, topology, traffic, config.pins)
+        assert topology is not None  # planned above
+        buffer.placer = Placer(buffer, topology, traffic, config.pins, memory_budget=config.memory_budget)
     return buffer

@@ -139,6 +139,9 @@ class BufferConfig(_FromDict):
     Args:
         capacity: items the ring holds.
         capacity_bytes: optional byte budget of the tier; construction fails if the ring would exceed it.
+        memory_budget: with ``tier="auto"``, bytes of RAM (host, pinned and shm tiers together) the
+            planner may give this buffer's columns; the rest go to the ``disk`` tier (memmap). ``None``:
+            what the machine has free (``conduit.discovery``). See ``conduit.placer.within_memory_budget``.
         tier: ``auto`` (default: each column on the tier the placement planner chooses from this
             machine's measured tiers and links, re-planned as columns grow: ``conduit.placer``), or
             one tier for every column: ``host`` (pageable), ``pinned``, ``shm`` (shared memory),
@@ -160,6 +163,7 @@ class BufferConfig(_FromDict):
 
     capacity: int = 100_000
     capacity_bytes: int | None = None
+    memory_budget: int | None = None
     tier: str = "auto"
     pins: Mapping[str, str] = field(default_factory=dict)
     disk_path: str | None = None
@@ -189,6 +193,14 @@ class BufferConfig(_FromDict):
         _check(
             self.capacity_bytes is None or (_is_int(self.capacity_bytes) and self.capacity_bytes >= 1),
             f"capacity_bytes must be an int >= 1, got {self.capacity_bytes!r}",
+        )
+        _check(
+            self.memory_budget is None or (_is_int(self.memory_budget) and self.memory_budget >= 0),
+            f"memory_budget must be an int >= 0 (bytes of RAM), got {self.memory_budget!r}",
+        )
+        _check(
+            self.memory_budget is None or self.tier == "auto",
+            f"memory_budget applies to tier='auto' (the planner's placement), not to tier={self.tier!r}",
         )
         _check(
             isinstance(self.tier, str) and (self.tier == "auto" or bool(TIER_PATTERN.match(self.tier))),

@@ -12,10 +12,12 @@ responses) and re-plans in the same copy. Every adopted plan is logged with ``Pl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -61,7 +63,9 @@ class Placer:
     (it becomes ``buffer.placer``, so ``buffer.grow_column`` re-plans through it).
 
     ``pins`` (column → buffer tier) are kept by hand; ``headroom`` (topology tier name → bytes) is
-    kept free on a tier; ``node`` defaults to the topology's first node.
+    kept free on a tier; ``node`` defaults to the topology's first node; ``memory_budget`` (bytes of
+    RAM, see :func:`within_memory_budget`) caps what :meth:`replan` may put in memory (``topology``
+    is already within it).
     """
 
     buffer: ExperienceBuffer
@@ -71,6 +75,7 @@ class Placer:
     headroom: Mapping[str, int] = field(default_factory=dict)
     threshold: float = 0.1
     node: str | None = None
+    memory_budget: int | None = None
     history: list[Replan] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -121,6 +126,40 @@ class Placer:
     def place(self, reason: str = "start", force: bool = False) -> Replan | None:
         """Plan, and migrate if the plan is adopted (see the module docstring); None when kept."""
         return self._apply(reason, None, force)[0]
+
+    def replan(self, topology: Topology, reason: str) -> Replan | None:
+        """Plan again on a new reading of this node's tiers (e.g. ``local_topology()``: free memory now)
+        under :attr:`memory_budget`, and migrate if the plan is adopted; None when the placement is kept.
+
+        The reading counts this buffer's own columns as used, so each tier gets their bytes back before
+        the budget applies (a column that stays where it is needs no room beside itself)."""
+        storage: Any = self.buffer.storage
+        own: dict[str, int] = {}
+        for name, tier in storage.tiers.items():
+            t = next((x for x in topology.tiers_on(self.node or "") if x.buffer_tier == tier), None)
+            if t is not None:
+                own[t.name] = own.get(t.name, 0) + storage.column_nbytes(name)
+        tiers = tuple(
+            dataclasses.replace(t, capacity_bytes=t.capacity_bytes + own.get(t.name, 0))
+            for t in topology.tiers
+        )
+        pinned = pinned_ram_bytes(self.buffer.schema, self.buffer.capacity, self.pins)
+        fresh = within_memory_budget(
+            Topology(tiers, topology.links, topology.source, topology.node_count),
+            self.memory_budget,
+            self.pins,
+            pinned,
+        )
+        mine = set(self._tiers.values())
+        for kind in {t.kind for t in fresh.tiers_on(self.node or "") if t.name not in mine}:
+            fresh = fresh.without(kind)  # tiers this placer was not given (e.g. shm unpinned): still not
+        if usable_tiers(fresh, self.node) != self._tiers:
+            raise ConfigError(
+                f"replan: the new reading's usable tiers {sorted(usable_tiers(fresh, self.node))} are not "
+                f"this placer's {sorted(self._tiers)}"
+            )
+        self.topology = fresh
+        return self._apply(reason, None, False)[0]
 
     def grow(self, column: str, max_len: int) -> MigrationReport:
         """Widen ragged ``column`` to ``max_len`` and re-plan in the same copy."""
@@ -225,6 +264,46 @@ def usable_tiers(topology: Topology, node: str | None = None) -> dict[str, str]:
             continue  # described (e.g. a GPU) but not on this machine: not a candidate
         found.setdefault(t.buffer_tier, t.name)
     return found
+
+
+DRAM_KINDS = ("host", "pinned", "shm")  # tiers backed by the machine's RAM
+
+
+def within_memory_budget(
+    topology: Topology, budget: int | None, pins: Mapping[str, str] | None = None, pinned_bytes: int = 0
+) -> Topology:
+    """``topology`` with at most ``budget`` bytes of RAM for a buffer's planned columns.
+
+    Host, pinned and shm memory are the same DRAM, but the planner gives each tier its own capacity; so
+    under a budget the ``host`` tier keeps ``min(its free bytes, budget - pinned_bytes)`` (the bytes of
+    columns ``pins`` put on RAM tiers by hand), the other RAM tiers stay only where a pin names them,
+    and what does not fit goes to ``disk``. ``budget=None`` returns ``topology``. Raises
+    :class:`PlacementCapacityError` when the pinned columns alone exceed the budget."""
+    if budget is None:
+        return topology
+    if pinned_bytes > budget:
+        raise PlacementCapacityError(
+            f"columns pinned to RAM tiers take {pinned_bytes / 2**20:.1f} MiB, more than memory_budget="
+            f"{budget / 2**20:.1f} MiB; raise the budget or pin them to 'disk'",
+            missing_bytes=pinned_bytes - budget,
+            tiers=[t.name for t in topology.tiers if t.kind in DRAM_KINDS],
+        )
+    named = set((pins or {}).values())
+    keep = tuple(
+        dataclasses.replace(t, capacity_bytes=min(t.capacity_bytes, budget - pinned_bytes))
+        if t.kind == "host"
+        else t
+        for t in topology.tiers
+        if t.kind == "host" or t.kind not in DRAM_KINDS or t.buffer_tier in named
+    )
+    names = {t.name for t in keep}
+    links = tuple(lk for lk in topology.links if lk.src in names and lk.dst in names)
+    return Topology(keep, links, f"{topology.source}; RAM budget {budget} bytes", topology.node_count)
+
+
+def pinned_ram_bytes(schema: Schema, capacity: int, pins: Mapping[str, str]) -> int:
+    """Bytes of the columns ``pins`` put on RAM tiers (host, pinned, shm) in a ring of ``capacity``."""
+    return sum(column_nbytes(schema[c], capacity) for c, t in pins.items() if t in DRAM_KINDS)
 
 
 def initial_tiers(

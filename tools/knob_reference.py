@@ -28,6 +28,7 @@ UNITS = {
     "flush_interval_s": "seconds",
     "capacity": "items",
     "capacity_bytes": "bytes",
+    "memory_budget": "bytes (of RAM)",
     "group_size": "items",
     "alpha": "exponent",
     "beta": "exponent",

@@ -90,8 +90,14 @@ class CheckpointReport:
     total_s: float
 
 
-def save_checkpoint(target: Runtime | ExperienceBuffer, root: str | os.PathLike[str]) -> CheckpointReport:
+def save_checkpoint(
+    target: Runtime | ExperienceBuffer, root: str | os.PathLike[str], independent: bool = True
+) -> CheckpointReport:
     """Save ``target``'s whole state as a new checkpoint under directory ``root`` (see the module doc).
+
+    ``independent=False`` hard-links every unchanged segment (where links are possible), so a save
+    writes only the segments written since the previous one, for buffers too large to copy again (a
+    frame store); a damaged segment file then reaches every kept checkpoint that shares it.
 
     Raises :class:`CheckpointError` naming the cause when the save fails (no space, a file size limit, a
     segment of the previous checkpoint that is a symbolic link); nothing of it is left behind."""
@@ -171,7 +177,7 @@ def save_checkpoint(target: Runtime | ExperienceBuffer, root: str | os.PathLike[
                 continue
             src = reuse[i]
             reused += 1
-            if _independent(src, i, others) and _link(src, dst):
+            if (not independent or _independent(src, i, others)) and _link(src, dst):
                 linked += 1
             else:
                 nbytes += _copy_verified(src, dst, limit)

@@ -9,11 +9,12 @@ that reads each conduit's checkpoint when the framework asks for it — by then 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from conduit.api import Conduit
+from conduit.buffer.buffer import ExperienceBuffer
 from conduit.errors import CheckpointError
 from conduit.persist import atomic
 from conduit.persist.checkpoint import read_checkpoint, save_checkpoint
@@ -23,9 +24,16 @@ BUFFERS, STATE = "buffers", "state.cdr"
 
 
 def save_tree(
-    state: dict[str, Any], conduits: Mapping[str, Conduit], directory: Path, previous: Path | None = None
+    state: dict[str, Any],
+    conduits: Mapping[str, Conduit | ExperienceBuffer],
+    directory: Path,
+    previous: Path | None = None,
+    linked: Collection[str] = (),
 ) -> None:
     """Write ``state`` (its ``"conduits"`` entry replaced by ``conduits``' checkpoints) to the new ``directory``.
+
+    The buffers named in ``linked`` hard-link every segment unchanged since ``previous``
+    (``save_checkpoint(..., independent=False)``): large stores whose saves write only what changed.
 
     A save that fails removes ``directory`` and raises :class:`CheckpointError` naming the cause (a symbolic
     link in ``previous`` is refused, never followed)."""
@@ -38,7 +46,7 @@ def save_tree(
             old = previous / BUFFERS / str(name) if previous is not None else None
             if old is not None and old.is_dir():
                 atomic.link_tree(old, root)  # unchanged segments are reused, the previous checkpoint kept
-            save_checkpoint(conduits[name], root)
+            save_checkpoint(conduits[name], root, independent=name not in linked)
         tensors: list[Any] = []
         tree = encode({"rest": rest, "conduits": names}, tensors)
         atomic.write_file(atomic.inside(directory, STATE), frame({"tree": tree}, tensors))
@@ -49,7 +57,7 @@ def save_tree(
         raise
 
 
-def load_tree(directory: Path, conduit: Callable[[str], Conduit]) -> dict[str, Any]:
+def load_tree(directory: Path, conduit: Callable[[str], Conduit | ExperienceBuffer]) -> dict[str, Any]:
     """The state :func:`save_tree` wrote; ``conduit(name)`` gives the conduit a saved buffer is read for.
     Raises :class:`CheckpointError` naming the file and the problem for a damaged or crafted one."""
     path = atomic.inside(directory, STATE)
@@ -72,7 +80,9 @@ def load_tree(directory: Path, conduit: Callable[[str], Conduit]) -> dict[str, A
 
 
 class _Lazy(Mapping[str, Any]):
-    def __init__(self, root: Path, names: list[str], conduit: Callable[[str], Conduit]) -> None:
+    def __init__(
+        self, root: Path, names: list[str], conduit: Callable[[str], Conduit | ExperienceBuffer]
+    ) -> None:
         self.root, self.names, self.conduit = root, names, conduit
 
     def __getitem__(self, name: str) -> Any:

@@ -29,6 +29,7 @@ from conduit_rllib.spaces import check_spaces
 STATE_KEY = "conduit"
 POLICY_VERSION = "policy_version"
 CONDUIT_DIR = "conduit"  # beside RLlib's files in a checkpoint: the experience, in Conduit's safe format
+FRAMES = "frames."  # a frame store among a checkpoint's buffers: FRAMES + module id (saved incrementally)
 
 
 class ModuleConduits:
@@ -58,6 +59,15 @@ class ModuleConduits:
 
     def end_iteration(self) -> dict[str, float]:
         return self.metrics.end_iteration()
+
+    def disk_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(state, buffers)`` for an on-disk checkpoint (``save_tree``): the state, and the buffers to
+        checkpoint by name (here the Conduits by module id)."""
+        return self.state_dict(), dict(self.conduits)  # type: ignore[attr-defined]
+
+    def buffer_named(self, name: str) -> Any:
+        """The buffer :meth:`disk_state` saved under ``name``."""
+        return self.conduits[name]
 
     def close(self) -> None:
         for c in self.conduits.values():
@@ -162,15 +172,14 @@ class ConduitAlgorithmMixin:
         finally:
             self._conduit_saving = False
         previous = final / CONDUIT_DIR
-        conduit_state = {
-            **self.conduit_path.state_dict(),
-            POLICY_VERSION: getattr(self, "_policy_version", 0),
-        }
+        state, buffers = self.conduit_path.disk_state()
+        conduit_state = {**state, POLICY_VERSION: getattr(self, "_policy_version", 0)}
         save_tree(
             conduit_state,
-            self.conduit_path.conduits,
+            buffers,
             tmp / CONDUIT_DIR,
             previous if previous.is_dir() else None,
+            linked={name for name in buffers if name.startswith(FRAMES)},
         )
         atomic.fsync_tree(tmp)
         atomic.publish_dir(tmp, final)
@@ -182,7 +191,7 @@ class ConduitAlgorithmMixin:
         super().restore_from_path(path, *args, **kwargs)  # type: ignore[misc]
         saved = pathlib.Path(path) / CONDUIT_DIR
         if kwargs.get("component") is None and saved.is_dir():
-            state = load_tree(saved, lambda mid: self.conduit_path.conduits[mid])
+            state = load_tree(saved, self.conduit_path.buffer_named)
             self._policy_version = int(state.pop(POLICY_VERSION, 0))  # puts go on from the saved version
             self.conduit_path.load_state_dict(state)
 

@@ -18,6 +18,8 @@ def enable(
     seed: int | None = None,
     stage_steps: int | None = None,
     pins: dict[str, str] | None = None,
+    memory_budget: int | None = None,
+    disk_path: str | None = None,
 ) -> Any:
     """Return ``config`` set up to run its algorithm with Conduit's experience path.
 
@@ -25,7 +27,8 @@ def enable(
     ``stage_steps``, ``g_del`` and ``depth`` after a short measured warm-up (any of them passed here
     stays pinned); the choice, its reason and its staleness are logged (``conduit.tuner``). Buffer
     columns are placed on memory tiers by Conduit's planner; ``pins={"obs": "disk"}`` keeps a column
-    where you put it. See
+    where you put it; ``memory_budget`` (bytes) caps the RAM a replay takes (frames past it go to the
+    disk tier under ``disk_path``). See
     :class:`~conduit_rllib.settings.ConduitSettings` for every knob.
 
     Example:
@@ -51,6 +54,8 @@ def enable(
         seed=seed,
         stage_steps=stage_steps,
         pins={} if pins is None else pins,
+        memory_budget=memory_budget,
+        disk_path=disk_path,
     )
     if name == "DQN":
         check_dqn_config(config)

@@ -40,10 +40,19 @@ class FramePacker(TransitionPacker):
             chunk (its frames give the shape and the codec).
     """
 
-    def __init__(self, n_step: int, num_frames: int, capacity: int, max_pending: int = 100_000) -> None:
+    def __init__(
+        self,
+        n_step: int,
+        num_frames: int,
+        capacity: int,
+        max_pending: int = 100_000,
+        memory_budget: int | None = None,
+        disk_path: str | None = None,
+    ) -> None:
         super().__init__(n_step, max_pending)
         self.num_frames = num_frames
         self.frame_capacity = capacity
+        self.memory_budget, self.disk_path = memory_budget, disk_path
         self.store: FrameStore | None = None
         # per unfinished episode: the references of its latest observation [F]
         self._last: OrderedDict[Any, np.ndarray] = OrderedDict()
@@ -53,7 +62,7 @@ class FramePacker(TransitionPacker):
         store = self.store
         if store is None:
             h, w = frame_shape(obs, "frame-once storage")
-            store = self.store = FrameStore(h, w, self.frame_capacity, FrameCodec.of(obs))
+            store = self.store = self._new_store(h, w, FrameCodec.of(obs))
         last = self._last.pop(ep.id_, None)
         if last is None:  # the episode's first chunk we see: its first observation starts it
             first = store.append(obs)
@@ -69,19 +78,23 @@ class FramePacker(TransitionPacker):
                 self._last.popitem(last=False)
         return np.ascontiguousarray(refs), act, rew
 
-    def state_dict(self) -> dict[str, Any]:
+    def _new_store(self, h: int, w: int, codec: FrameCodec) -> FrameStore:
+        return FrameStore(h, w, self.frame_capacity, codec, self.memory_budget, self.disk_path)
+
+    def state_dict(self, frames: bool = True) -> dict[str, Any]:
+        """The packer's state; with ``frames=False`` the frame store's shape and codec without its frames
+        (saved apart, incrementally: ``FrameStore.checkpoint``)."""
         state = super().state_dict()
         state["frame_refs"] = dict(self._last)
         if self.store is not None:
             h, w = self.store.shape
-            state["frame_store"] = {
-                "shape": (h, w),
-                "normalized": self.store.codec.normalized,
-                "tensors": self.store.state_dict(),
-            }
+            state["frame_store"] = {"shape": (h, w), "normalized": self.store.codec.normalized}
+            if frames:
+                state["frame_store"]["tensors"] = self.store.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the frames too if it holds them; else load them into :attr:`store`)."""
         super().load_state_dict(state)
         self._last = OrderedDict(state.get("frame_refs", {}))
         saved = state.get("frame_store")
@@ -89,8 +102,9 @@ class FramePacker(TransitionPacker):
             h, w = saved["shape"]
             codec = FrameCodec(bool(saved["normalized"]))
             if self.store is None or self.store.shape != (h, w) or self.store.codec != codec:
-                self.store = FrameStore(h, w, self.frame_capacity, codec)
-            self.store.load_state_dict(saved["tensors"])  # in place: delivery operators hold the store
+                self.store = self._new_store(h, w, codec)
+            if "tensors" in saved:
+                self.store.load_state_dict(saved["tensors"])  # in place: delivery operators hold the store
 
 
 __all__ = ["FRAME_HEADROOM", "FramePacker", "frame_capacity"]

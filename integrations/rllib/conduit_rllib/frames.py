@@ -5,7 +5,7 @@ env-to-module and the learner connector) keeps single frames ``[H, W, 1]`` in th
 the stacked observation ``[H, W, F]`` (oldest frame first) from the last ``F`` observations; before
 the episode's first observation it pads with ``fill=0.0`` in the frame's dtype
 (``InfiniteLookbackBuffer.get(..., fill=0.0)``). Conduit stores each frame once in a
-:class:`FrameStore` (a core ``RingStorage`` of uint8 frames, addressed by a global frame id) and
+:class:`FrameStore` (a core buffer of uint8 frames, addressed by a global frame id) and
 each observation is kept as ``F`` frame references (ids, ``-1`` before the episode's first frame), from
 which the same stacks are built at delivery with one gather (:meth:`FrameStore.stacks`).
 
@@ -16,17 +16,35 @@ bit-exactly. uint8 frames are stored as they are.
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from conduit import Column, ColumnBatch, Operator, Schema
-from conduit.buffer.storage import RingStorage
+from conduit import BufferConfig, Column, ColumnBatch, Operator, RateLimit, Schema
+from conduit.build_buffer import build_buffer
+from conduit.discovery import local_topology
+from conduit.errors import ConduitError
+from conduit.persist.checkpoint import CheckpointReport, load_checkpoint, save_checkpoint
+from conduit.placer import Placer, Replan
+from conduit.topology import Topology
 from conduit_rllib.errors import FrameFormatError, FramesEvictedError
 from conduit_rllib.frame_kernels import stack_frames, warm_stack_frames
 
+log = logging.getLogger("conduit_rllib")
 NORMALIZED_SCALE = 128.0  # RLlib's NormalizedImageEnv: x = u / 128 - 1
+REPLAN_PARTS = 8  # the frame column is re-planned each time this share of its capacity is appended
+REPLAN_MIN_FRAMES = 256  # ... and never more often than this many frames
+
+
+def frame_schema(height: int, width: int) -> Schema:
+    """The frame store's one column: uint8 frames ``[H, W]``."""
+    return Schema([Column("frame", torch.uint8, (height, width))])
 
 
 @dataclass(frozen=True)
@@ -120,20 +138,64 @@ def frame_shape(frames: np.ndarray, what: str) -> tuple[int, int]:
 class FrameStore:
     """``capacity`` uint8 frames ``[H, W]`` in a ring, each with a global id (0, 1, 2, ... in append order).
 
+    The ring is a core buffer (``build_buffer``, one ``frame`` column): the planner puts the column on
+    host memory, or on the ``disk`` tier (memmap) when it does not fit ``memory_budget`` bytes of RAM
+    (None: the machine's free memory), and re-plans every ``capacity // REPLAN_PARTS`` frames (at least
+    ``REPLAN_MIN_FRAMES``) on a new
+    reading of free memory (``reading``, default ``local_topology()``), migrating the column online
+    (the core's migration: appends and reads go on during the copy). :meth:`checkpoint` saves it
+    incrementally in the core's checkpoint format.
+
     A frame overwritten by a newer one is detected by its slot's generation (``id + 1``): reading it
     raises :class:`FramesEvictedError` instead of delivering another frame. An append clears its
     slots' generations before it writes their frames and a read checks them after it copied the frames,
     so a delivery thread reading while frames are appended never delivers a half-overwritten frame.
     """
 
-    def __init__(self, height: int, width: int, capacity: int, codec: FrameCodec) -> None:
+    def __init__(
+        self,
+        height: int,
+        width: int,
+        capacity: int,
+        codec: FrameCodec,
+        memory_budget: int | None = None,
+        disk_path: str | None = None,
+        pins: dict[str, str] | None = None,
+        reading: Callable[[], Topology] | None = None,
+    ) -> None:
         self.shape = (height, width)
         self.codec = codec
         self.capacity = capacity
-        self.storage = RingStorage(Schema([Column("frame", torch.uint8, self.shape)]), capacity)
-        self.appended = 0  # frames ever appended: the next frame's id
+        config = BufferConfig(
+            capacity=capacity,
+            memory_budget=memory_budget,
+            disk_path=disk_path,
+            pins=pins or {},
+            rate_limit=RateLimit(min_size=0),
+        )
+        self.reading = reading or local_topology
+        self.buffer = build_buffer(config, frame_schema(height, width), topology=self.reading())
+        self.storage: Any = self.buffer.storage
+        self._replan_every = max(REPLAN_MIN_FRAMES, capacity // REPLAN_PARTS)
+        self._next_replan = self._replan_every
+        self._replanning: threading.Thread | None = None
+        self._placing = threading.Lock()
+        self.placement_errors: list[str] = []
+        self._appended = 0
         self._table = codec.table()
         warm_stack_frames(codec.dtype)
+
+    @property
+    def appended(self) -> int:
+        """Frames ever appended and written: the next frame's id. Set after each append's write (the
+        buffer counts an append's slots before it writes them), so a reader never picks a frame being
+        written."""
+        return self._appended
+
+    @property
+    def tier(self) -> str:
+        """The tier the frames are on now (``host``, ``shm``, ``disk``...)."""
+        return str(self.storage.tiers["frame"])
 
     def append(self, frames: np.ndarray) -> int:
         """Store ``frames`` ``[T, H, W, 1]`` (encoded); returns the id of the first (ids are consecutive).
@@ -150,14 +212,55 @@ class FrameStore:
         if n > self.capacity:
             raise FrameFormatError(f"{n} frames in one append exceed the frame store's {self.capacity}")
         codes = torch.from_numpy(np.ascontiguousarray(self.codec.encode(frames)).reshape(n, *self.shape))
-        first = self.appended
-        slots = torch.arange(first, first + n, dtype=torch.int64) % self.capacity
-        self.storage.generation.index_fill_(0, slots, 0)  # invalid while being overwritten
-        self.storage.write(
-            slots, ColumnBatch.trusted({"frame": codes}, n), version=0, first_generation=first + 1
-        )
-        self.appended = first + n
+        with self.buffer._cond:  # noqa: SLF001 - the generations cleared and the write as one step
+            first = self.buffer.inserted
+            slots = torch.arange(first, first + n, dtype=torch.int64) % self.capacity
+            self.storage.generation.index_fill_(0, slots, 0)  # invalid while being overwritten
+            self.buffer.extend(ColumnBatch.trusted({"frame": codes}, n))
+            self._appended = first + n
+        if first + n >= self._next_replan:
+            self._next_replan = (first + n) // self._replan_every * self._replan_every + self._replan_every
+            self._replan_async(f"{first + n} frames appended")
         return first
+
+    # -- placement -------------------------------------------------------------------------------
+
+    def replan(self, reason: str = "requested", memory_budget: int | None | str = "keep") -> Replan | None:
+        """Plan the frame column again on a new reading of free memory (and ``memory_budget``, if given)
+        and migrate it online if the plan is adopted; None when the placement is kept.
+
+        Raises:
+            PlacementCapacityError: no tier can hold the frames.
+        """
+        placer = self.buffer.placer
+        if not isinstance(placer, Placer):
+            return None  # pinned by hand
+        with self._placing:  # one re-plan at a time (a background one may run)
+            if memory_budget != "keep":
+                placer.memory_budget = None if memory_budget is None else int(memory_budget)
+            return placer.replan(self.reading(), reason)
+
+    def _replan_async(self, reason: str) -> None:
+        """:meth:`replan` on a background thread (one at a time): appends and reads go on during a move."""
+        if self._replanning is not None and self._replanning.is_alive():
+            return
+
+        def run() -> None:
+            try:
+                self.replan(reason)
+            except ConduitError as e:  # the current placement still holds every frame
+                log.warning("frame store placement kept (%s): %s", reason, e)
+                self.placement_errors.append(str(e))
+
+        self._replanning = threading.Thread(target=run, name="conduit-frame-placement", daemon=True)
+        self._replanning.start()
+
+    def wait_placement(self, timeout: float | None = None) -> None:
+        """Wait for a background re-plan (and its migration) to end."""
+        if self._replanning is not None:
+            self._replanning.join(timeout)
+
+    # -- reading ---------------------------------------------------------------------------------
 
     def stacks(self, refs: torch.Tensor) -> torch.Tensor:
         """Stacked frames ``[B, H, W, F]`` of frame references ``refs`` ``[B, F]`` (oldest first), decoded;
@@ -187,15 +290,48 @@ class FrameStore:
 
     def nbytes(self) -> int:
         """Bytes the frames and their slots' bookkeeping occupy."""
-        return sum(t.nbytes for t in self.storage.data.values()) + self.storage.meta.nbytes
+        return int(self.storage.nbytes)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {**self.storage.state_dict(), "appended": torch.tensor(self.appended)}
+    # -- persistence -----------------------------------------------------------------------------
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        state = dict(state)
-        self.appended = int(state.pop("appended"))
-        self.storage.load_state_dict(state)
+    def checkpoint(self, root: str | os.PathLike[str]) -> CheckpointReport:
+        """A new checkpoint of the frames under directory ``root`` in the core's format (atomic, checksummed,
+        no pickle): after the first, only the segments of slots written since the previous one are written;
+        the others are hard-linked (``save_checkpoint(..., independent=False)``).
+
+        Raises:
+            CheckpointError: the save failed (it leaves nothing behind).
+        """
+        return save_checkpoint(self.buffer, root, independent=False)
+
+    def restore(self, root: str | os.PathLike[str]) -> str:
+        """Load the newest intact checkpoint under ``root`` (a torn one is skipped); returns its path.
+
+        Raises:
+            CheckpointError: none is intact or it does not fit this store (shape, capacity); the store
+                is then unchanged.
+        """
+        path = load_checkpoint(self.buffer, root)
+        self._appended = self.buffer.inserted
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.buffer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (or the ``buffer`` part of a checkpoint read), in place; a state of the
+        ring before it was a core buffer (its tensors and ``appended``) is taken too.
+
+        Raises:
+            CheckpointError: the state does not fit this store; the store is then unchanged.
+        """
+        if "appended" in state:  # the earlier layout: the ring's tensors and the append count
+            appended = int(state["appended"])
+            storage = {k: v for k, v in state.items() if k != "appended"}
+            sampler = {"kind": "uniform", "size": min(appended, self.capacity)}
+            state = {"storage": storage, "sampler": sampler, "inserted": appended, "sampled": 0}
+        self.buffer.load_state_dict(state)
+        self._appended = self.buffer.inserted
 
 
 def frame_stack_operator(store: FrameStore) -> Operator:
@@ -213,4 +349,4 @@ def frame_stack_operator(store: FrameStore) -> Operator:
     return Operator("frame_stack", stack)
 
 
-__all__ = ["FrameCodec", "FrameStore", "frame_shape", "frame_stack_operator"]
+__all__ = ["REPLAN_PARTS", "FrameCodec", "FrameStore", "frame_schema", "frame_shape", "frame_stack_operator"]

@@ -21,7 +21,7 @@ from conduit import (
     Schema,
 )
 from conduit.costmodel import OperatorCost
-from conduit_rllib.common import ModuleConduits
+from conduit_rllib.common import FRAMES, ModuleConduits
 from conduit_rllib.dqn_tuning import DQNTuning, probe_costs
 from conduit_rllib.fragments import TransitionPacker, by_module
 from conduit_rllib.frame_packer import FramePacker, frame_capacity
@@ -54,6 +54,9 @@ def transition_schema(obs_dtype: torch.dtype, obs_shape: tuple[int, ...]) -> Sch
     return Schema([*_transition_columns(obs_dtype, obs_shape, "new_obs"), Column("n_step", torch.float32)])
 
 
+ROW_BOOKKEEPING = 32  # bytes per transition beside its row: generation, version, priority tree
+
+
 class ConduitReplay(ModuleConduits):
     """Replaces RLlib's episode replay buffer, sampling and learner connector for DQN.
 
@@ -82,6 +85,10 @@ class ConduitReplay(ModuleConduits):
         super().__init__(settings, device, num_learners, seed)
         self.frame_stack = frame_stack
         self.buffer_config = dataclasses.replace(buffer, pins=settings.pins) if settings.pins else buffer
+        if settings.memory_budget is not None or settings.disk_path is not None:
+            self.buffer_config = dataclasses.replace(
+                self.buffer_config, memory_budget=settings.memory_budget, disk_path=settings.disk_path
+            )
         self.n_step, self.gamma = n_step, gamma
         self.packers: dict[str, TransitionPacker] = {}  # FramePacker under frame_stack
         self.obs_specs: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
@@ -120,8 +127,15 @@ class ConduitReplay(ModuleConduits):
     def _new_packer(self) -> TransitionPacker:
         if self.frame_stack is None:
             return TransitionPacker(self.n_step)
-        capacity = frame_capacity(self.buffer_config.capacity, self.n_step, self.frame_stack)
-        return FramePacker(self.n_step, self.frame_stack, capacity)
+        cfg = self.buffer_config
+        capacity = frame_capacity(cfg.capacity, self.n_step, self.frame_stack)
+        budget = cfg.memory_budget
+        if budget is not None:  # the transition rows (frame references) first, the frames get the rest
+            rows = transition_schema(torch.int64, (self.frame_stack,)).nbytes_per_item + ROW_BOOKKEEPING
+            budget = max(0, budget - rows * cfg.capacity)
+        return FramePacker(
+            self.n_step, self.frame_stack, capacity, memory_budget=budget, disk_path=cfg.disk_path
+        )
 
     def _deliver_ops(self, mid: str) -> list[Operator]:
         """Frame stacking (frame-once storage: ``obs`` / ``new_obs`` are frame references), else none."""
@@ -292,8 +306,38 @@ class ConduitReplay(ModuleConduits):
             "packers": {mid: p.state_dict() for mid, p in self.packers.items()},
         }
 
+    def disk_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(state, buffers)`` for an on-disk checkpoint (``save_tree``): ``state`` without the buffers'
+        contents, and each buffer to checkpoint by name: the Conduits by module id, the frame stores as
+        ``FRAMES + module id`` (incremental: ``frames_linked``)."""
+        self.flush()
+        packers: dict[str, Any] = {}
+        buffers: dict[str, Any] = dict(self.conduits)
+        for mid, p in self.packers.items():
+            if isinstance(p, FramePacker):
+                packers[mid] = p.state_dict(frames=False)
+                if p.store is not None:
+                    buffers[FRAMES + mid] = p.store.buffer
+            else:
+                packers[mid] = p.state_dict()
+        state = {"obs_specs": dict(self.obs_specs), "conduits": {}, "packers": packers}
+        return state, buffers
+
+    def buffer_named(self, name: str) -> Any:
+        """The buffer :meth:`disk_state` saved under ``name`` (built by :meth:`load_state_dict` first)."""
+        if name.startswith(FRAMES):
+            packer = self.packers[name.removeprefix(FRAMES)]
+            assert isinstance(packer, FramePacker) and packer.store is not None
+            return packer.store.buffer
+        return self.conduits[name]
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        conduits = state["conduits"]
+        saved = set(conduits)  # names only: an on-disk mapping reads a buffer when it is asked for
         for mid, ps in state["packers"].items():  # first: a Conduit's delivery reads its packer's frames
-            self.packers.setdefault(mid, self._new_packer()).load_state_dict(ps)
+            packer = self.packers.setdefault(mid, self._new_packer())
+            packer.load_state_dict(ps)
+            if isinstance(packer, FramePacker) and packer.store is not None and FRAMES + mid in saved:
+                packer.store.load_state_dict(conduits[FRAMES + mid]["buffer"])  # saved apart (disk_state)
         for mid, (dtype, shape) in state["obs_specs"].items():
-            self._conduit(mid, dtype, shape).load_state_dict(state["conduits"][mid])
+            self._conduit(mid, dtype, shape).load_state_dict(conduits[mid])

@@ -38,6 +38,10 @@ class ConduitSettings:
             it, as in RLlib) and 32 in async mode (one put and one priority update per 32 steps).
         pins: buffer column → memory tier kept by hand (``{"obs": "disk"}``); the other columns are
             placed by Conduit's planner (``BufferConfig(tier="auto")``), which is the default.
+        memory_budget: bytes of RAM the replay may take (``BufferConfig.memory_budget``): DQN's
+            transition rows first, a frame store (frame stacking) the rest; what does not fit goes to
+            the disk tier (memmap). ``None``: the machine's free memory.
+        disk_path: directory of the disk tier (``None``: the temporary directory).
     """
 
     overlap: str = "auto"
@@ -47,8 +51,15 @@ class ConduitSettings:
     seed: int | None = None
     stage_steps: int | None = None
     pins: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    memory_budget: int | None = None
+    disk_path: str | None = None
 
     def __post_init__(self) -> None:
+        budget = self.memory_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ConfigError(f"conduit setting memory_budget must be an int >= 0 (bytes), got {budget!r}")
+        if self.disk_path is not None and (not isinstance(self.disk_path, str) or not self.disk_path):
+            raise ConfigError(f"conduit setting disk_path must be a directory path, got {self.disk_path!r}")
         if not isinstance(self.pins, dict) or not all(isinstance(k, str) for k in self.pins):
             raise ConfigError(f"conduit setting pins must map column names to tiers, got {self.pins!r}")
         if self.overlap not in OVERLAPS:

@@ -23,7 +23,7 @@ import conduit_rllib
 import pytest
 import torch
 from benchmark_modules import cartpole_dqn
-from conduit_rllib.common import ConduitAlgorithmMixin
+from conduit_rllib.common import ConduitAlgorithmMixin, ModuleConduits
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Schema
 
@@ -158,6 +158,9 @@ class _Path:
     def load_state_dict(self, state: dict) -> None:
         for mid, c in self.conduits.items():
             c.load_state_dict(state["conduits"][mid])
+
+    disk_state = ModuleConduits.disk_state  # the on-disk layout of every conduit_path
+    buffer_named = ModuleConduits.buffer_named
 
 
 class _StandIn(ConduitAlgorithmMixin, _RLlibSide):
