@@ -184,9 +184,12 @@ PACED = (
 
 
 def _early_rows_ran(steps: list[tuple[dict, dict, dict, dict]]) -> None:
-    """Each step ingested responses before their groups finished (the paced rollout has hardware of
-    its own, and the run is on-policy)."""
-    for _, _, _, rc in steps:
+    """Each step after the first ingested responses before their groups finished (the paced rollout has
+    hardware of its own, and the run is on-policy). The first step is the warm-up one: the tiny model's
+    first generation on CPU is slower than the pace, so its groups are released together (measured: three
+    of four groups within 30 ms of each other after ~6 s) and nothing is left to ingest early."""
+    assert len(steps) >= 2, "the run needs steps after the warm-up one"
+    for _, _, _, rc in steps[1:]:
         assert rc.get("conduit/early_rows", 0) >= 1, rc
 
 
