@@ -1,24 +1,25 @@
-"""Atari DQN replay at 100k and 1M transitions (issue 31) — a sketch: only Conduit's buffer cells so far.
+"""Atari DQN replay at 100k and 1M transitions (issue 31): the buffer cells, Conduit and native RLlib.
 
-    python benchmarks/rllib_atari.py [--quick] [--capacity N ...] [--dim 64|84] [--out FILE]
+    python benchmarks/rllib_atari.py [--quick] [--capacity N ...] [--dim 64|84] [--frames auto disk]
+        [--systems conduit native] [--out FILE]
 
-Measured now, per capacity, for Conduit's frame-once replay (``ConduitReplay`` with RLlib's
-``FrameStacking(num_frames=4)``: each frame stored once as uint8, stacks built at delivery): the insert
-rate (env steps per second through ``add``: frame encoding, n-step, insert), prioritized sample +
-priority update latency at batch 32 (p50 / p99, the stacked batch built), resident memory (VmRSS) and
-the bytes the frames and the transition rows take; each capacity twice (``--frames``): frames where the
+Per capacity, Conduit's frame-once replay (``ConduitReplay`` with RLlib's ``FrameStacking(num_frames=4)``:
+each frame stored once as uint8, stacks built at delivery), twice (``--frames``): frames where the
 planner puts them (host on this machine), and frames on the disk tier (a RAM budget that holds only the
-transition rows: ``enable(..., memory_budget=...)``), where ``disk_gib`` is the memmap's size. The
-episodes are Atari-shaped stand-ins, not ALE: normalized float32 frames ``u / 128 - 1`` of random codes (what ``wrap_atari_for_new_api_stack``
-yields), life-length episodes, fragments of 4 steps as RLlib's Atari DQN example samples them; a buffer
-cell measures the buffer, so no env runs. Every row carries its work (transitions inserted, samples,
-priority updates).
+transition rows: ``enable(..., memory_budget=...)``; ``disk_gib`` is the memmap's size); then native
+RLlib's ``PrioritizedEpisodeReplayBuffer`` with env-stacked float32 observations
+(``rllib_atari_native.py``; a capacity that does not fit this machine is refused with what it needs).
+Measured: the insert rate (env steps per second through ``add``), prioritized sample + priority update
+latency at batch 32 (p50 / p99, the training batch of stacked observations built: Conduit's delivery,
+native's learner connector), resident memory (VmRSS growth) and the bytes the observations take. The
+episodes are Atari-shaped stand-ins, not ALE: normalized float32 frames ``u / 128 - 1`` of random codes
+(what ``wrap_atari_for_new_api_stack`` yields), life-length episodes, fragments of 4 steps as RLlib's
+Atari DQN example samples them; a buffer cell measures the buffer, so no env runs. Every row carries its
+work (env steps inserted, samples, priority updates).
 
-Not written yet (the issue's other rows and cells): native RLlib (its DQN cannot run its own
-``FrameStackingLearner``: the prioritized episode buffer samples 1-step episodes without lookback, on
-which ``FrameStacking`` fails; native stacks with the env wrapper instead, float32 ``[64, 64, 4]`` per
-step), TorchRL's ``LazyMemmapStorage`` + ``PrioritizedSampler`` in its own venv
-(``notes/torchrl-baseline.md``), iteration wall / exposed time on ALE, learning curves. ``--quick`` (capacity 20k) writes to /tmp unless ``--out`` says otherwise.
+Not written yet: TorchRL's ``LazyMemmapStorage`` + ``PrioritizedSampler`` in its own venv
+(``notes/torchrl-baseline.md``), iteration wall / exposed time on ALE, learning curves. ``--quick``
+(capacity 20k, 300 rounds) writes to /tmp unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 import script  # noqa: E402
+from rllib_atari_native import native_cell  # noqa: E402
 
 BATCH, N_STEP, NUM_FRAMES, FRAGMENT, MEAN_LIFE = 32, 3, 4, 4, 60
 
@@ -151,10 +153,38 @@ def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Pa
     return row
 
 
+def ratios(rows: list[dict]) -> dict[str, object]:
+    """Native ÷ Conduit per capacity and Conduit frame tier (latency p50 / p99, resident memory, insert
+    rate Conduit ÷ native), refused where the work (env steps, samples, updates) differs or native was
+    refused."""
+    out: dict[str, object] = {}
+    native = {r["capacity"]: r for r in rows if r["system"] == "native"}
+    for c in (r for r in rows if r["system"] == "conduit"):
+        key = f"{c['capacity']}/frames_on_{c['frames_tier']}"
+        n = native.get(c["capacity"])
+        if n is None:
+            continue
+        if "refused" in n:
+            out[f"refused/{key}"] = f"native: {n['refused']}"
+            continue
+        keys = ("env_steps", "samples", "updates")
+        if any(n["work"][k] != c["work"][k] for k in keys):
+            out[f"refused/{key}"] = f"work differs: native {n['work']}, conduit {c['work']}"
+            continue
+        for m in ("sample_update_p50_ms", "sample_update_p99_ms", "rss_gib"):
+            if c[m]:
+                out[f"{m}/native_over_conduit/{key}"] = round(n[m] / c[m], 2)
+        out[f"insert_steps_per_s/conduit_over_native/{key}"] = round(
+            c["insert_steps_per_s"] / n["insert_steps_per_s"], 2
+        )
+    return out
+
+
 def plot(rows: list[dict], png: Path) -> None:
     plt = script.pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    labels = [f"{r['capacity']:,}\nframes on {r['frames_tier']}" for r in rows]
+    rows = [r for r in rows if "refused" not in r]
+    labels = [f"{r['system']} {r['capacity']:,}\nframes on {r['frames_tier']}" for r in rows]
     ax[0].bar(labels, [r["rss_gib"] for r in rows])
     ax[0].set_title("resident memory (GiB)")
     ax[1].bar(labels, [r["sample_update_p50_ms"] for r in rows], label="p50")
@@ -177,6 +207,13 @@ def main() -> None:
         help="auto: the planner places the frames (host here); disk: a RAM budget holding only the rows",
     )
     p.add_argument(
+        "--systems",
+        nargs="+",
+        default=["conduit", "native"],
+        choices=["conduit", "native"],
+        help="cells to run",
+    )
+    p.add_argument(
         "--disk-dir", type=Path, default=None, help="the disk tier's directory (default: a temporary one)"
     )
     args = p.parse_args()
@@ -186,11 +223,15 @@ def main() -> None:
     tok = provenance.start()
     rows = []
     with tempfile.TemporaryDirectory(prefix="conduit_frames_", dir=args.disk_dir) as disk:
-        for cap in args.capacity:
+        for cap in args.capacity if "conduit" in args.systems else []:
             for frames in args.frames:
                 rows.append(conduit_cell(cap, args.dim, args.rounds, frames, Path(disk)))
                 print(rows[-1], flush=True)
-    record = {"rows": rows, "machine": provenance.finish(tok), "sketch": True}
+    for cap in args.capacity if "native" in args.systems else []:  # last: its memory stays with the process
+        rows.append(native_cell(cap, args.dim, args.rounds, BATCH, NUM_FRAMES, fragments, rss_bytes))
+        print(rows[-1], flush=True)
+    record = {"rows": rows, "ratios": ratios(rows), "machine": provenance.finish(tok)}
+    print(record["ratios"])
     print(script.write_result("rllib_atari", args, record, lambda png: plot(rows, png)))
 
 
