@@ -139,6 +139,13 @@ SECTIONS: tuple[Section, ...] = (
         ("verl_iteration_vllm_grpo.json", "verl_iteration_vllm_ppo.json"),
         algos("verl_iteration_vllm_grpo.json", "verl_iteration_vllm_ppo.json", render=vllm.vllm),
         ("verl_iteration_vllm_grpo.png", "verl_iteration_vllm_ppo.png"),
+        subsections=(
+            sub(
+                "verl_reward_vllm_grpo",
+                "Reward curves on vLLM: conduit within verl sync's seed spread",
+                vllm.reward,
+            ),
+        ),
     ),
     Section(
         "verl_staleness",
