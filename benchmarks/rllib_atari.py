@@ -24,6 +24,9 @@ Not written yet: TorchRL's ``LazyMemmapStorage`` + ``PrioritizedSampler`` in its
 
 from __future__ import annotations
 
+import argparse
+import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,12 +42,27 @@ from rllib_atari_native import native_cell  # noqa: E402
 BATCH, N_STEP, NUM_FRAMES, FRAGMENT, MEAN_LIFE = 32, 3, 4, 4, 60
 
 
-def rss_bytes() -> int:
-    """This process's resident memory (VmRSS)."""
+def memory() -> dict[str, int]:
+    """This process's resident memory in bytes (``/proc/self/status``): ``rss`` (VmRSS), ``anon``
+    (RssAnon), ``file`` (RssFile: mapped file pages, e.g. the disk tier's memmap, which the kernel can
+    drop) and ``peak`` (VmHWM)."""
+    keys = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "peak"}
+    out = dict.fromkeys(keys.values(), 0)
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+        name = line.split(":")[0]
+        if name in keys:
+            out[keys[name]] = int(line.split()[1]) * 1024
+    return out
+
+
+def memory_growth(before: dict[str, int]) -> dict[str, float]:
+    """Resident memory grown since ``before`` (GiB): all, anonymous, file-mapped; and the peak."""
+    now = memory()
+    gib = {f"{k}_gib": round((now[k] - before[k]) / 2**30, 3) for k in ("anon", "file")}
+    return {
+        "rss_gib": round((now["rss"] - before["rss"]) / 2**30, 3),
+        **{f"rss_{k}": v for k, v in gib.items()},
+    } | {"peak_rss_gib": round(now["peak"] / 2**30, 3)}
 
 
 def fragments(steps: int, dim: int, seed: int):
@@ -96,7 +114,7 @@ def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Pa
     from conduit import BufferConfig
 
     torch.set_num_threads(1)
-    rss0 = rss_bytes()
+    mem0 = memory()
     budget = frames_on_disk_budget(capacity) if frames == "disk" else None
     replay = ConduitReplay(
         ConduitSettings(overlap="sync", memory_budget=budget, disk_path=str(disk_dir)),
@@ -140,7 +158,7 @@ def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Pa
         "dim": dim,
         "frames_tier": store.tier,
         "memory_budget": budget,
-        "rss_gib": round((rss_bytes() - rss0) / 2**30, 3),
+        **memory_growth(mem0),
         "disk_gib": round(store.nbytes() / 2**30, 3) if on_disk else 0.0,
         "frames_gib": round(store.nbytes() / 2**30, 3),
         "rows_gib": round(c.buffer.storage.nbytes / 2**30, 3),
@@ -216,20 +234,32 @@ def main() -> None:
     p.add_argument(
         "--disk-dir", type=Path, default=None, help="the disk tier's directory (default: a temporary one)"
     )
+    p.add_argument("--cell", nargs=3, metavar=("SYSTEM", "CAPACITY", "FRAMES"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.cell:  # one cell, in this process: its row as the last line of stdout
+        system, cap, frames = args.cell[0], int(args.cell[1]), args.cell[2]
+        if system == "conduit":
+            row = conduit_cell(cap, args.dim, args.rounds, frames, args.disk_dir)
+        else:
+            row = native_cell(cap, args.dim, args.rounds, BATCH, NUM_FRAMES, fragments, memory, memory_growth)
+        print(json.dumps(row))
+        return
     if args.quick:
         args.capacity, args.rounds = [20_000], 300
         args.out = args.out or Path("/tmp/rllib_atari_quick.json")
     tok = provenance.start()
+    cells = [("conduit", c, f) for c in args.capacity for f in args.frames if "conduit" in args.systems]
+    cells += [("native", c, "auto") for c in args.capacity if "native" in args.systems]
     rows = []
     with tempfile.TemporaryDirectory(prefix="conduit_frames_", dir=args.disk_dir) as disk:
-        for cap in args.capacity if "conduit" in args.systems else []:
-            for frames in args.frames:
-                rows.append(conduit_cell(cap, args.dim, args.rounds, frames, Path(disk)))
-                print(rows[-1], flush=True)
-    for cap in args.capacity if "native" in args.systems else []:  # last: its memory stays with the process
-        rows.append(native_cell(cap, args.dim, args.rounds, BATCH, NUM_FRAMES, fragments, rss_bytes))
-        print(rows[-1], flush=True)
+        for system, cap, frames in cells:  # each cell in a process of its own: its memory is its own
+            argv = [sys.executable, __file__, "--cell", system, str(cap), frames, "--dim", str(args.dim)]
+            argv += ["--rounds", str(args.rounds), "--disk-dir", disk]
+            proc = subprocess.run(argv, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"cell {system} {cap} {frames} failed:\n{proc.stderr[-3000:]}")
+            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(rows[-1], flush=True)
     record = {"rows": rows, "ratios": ratios(rows), "machine": provenance.finish(tok)}
     print(record["ratios"])
     print(script.write_result("rllib_atari", args, record, lambda png: plot(rows, png)))

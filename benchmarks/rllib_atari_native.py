@@ -88,7 +88,14 @@ def learner(dim: int, num_frames: int) -> Any:
 
 
 def native_cell(
-    capacity: int, dim: int, rounds: int, batch: int, num_frames: int, fragments: Any, rss: Any
+    capacity: int,
+    dim: int,
+    rounds: int,
+    batch: int,
+    num_frames: int,
+    fragments: Any,
+    memory: Any,
+    growth: Any,
 ) -> dict[str, Any]:
     """Fill RLlib's prioritized episode buffer to ``capacity`` steps from ``fragments`` (the Conduit cell's
     stand-in chunks), then time prioritized sample + learner connector + priority update at ``batch``."""
@@ -105,7 +112,7 @@ def native_cell(
     from ray.rllib.utils.replay_buffers import PrioritizedEpisodeReplayBuffer
 
     torch.set_num_threads(1)
-    rss0 = rss()
+    mem0 = memory()
     lrn = learner(dim, num_frames)
     buf = PrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=ALPHA)
     add_s, steps = 0.0, 0
@@ -140,7 +147,7 @@ def native_cell(
     row.update(
         {
             "memory_budget": None,
-            "rss_gib": round((rss() - rss0) / 2**30, 3),
+            **growth(mem0),
             "disk_gib": 0.0,
             "frames_gib": round(need / 2**30, 3),
             "insert_steps_per_s": round(steps / add_s),

@@ -31,7 +31,7 @@ def test_ratios_at_equal_work_and_refused_otherwise() -> None:
 
 
 def test_native_refuses_a_capacity_that_does_not_fit() -> None:
-    row = native.native_cell(10**9, 84, 1, 32, 4, atari.fragments, atari.rss_bytes)
+    row = native.native_cell(10**9, 84, 1, 32, 4, atari.fragments, atari.memory, atari.memory_growth)
     assert row["system"] == "native" and "does not fit" in row["refused"] and "GiB" in row["refused"]
 
 
