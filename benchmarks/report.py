@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report_ops as ops  # noqa: E402
+import report_rllib as rllib  # noqa: E402
 import report_staleness as stale  # noqa: E402
 import report_tables as core  # noqa: E402
 import report_verl as verl  # noqa: E402
@@ -105,6 +106,13 @@ SECTIONS: tuple[Section, ...] = (
         ("rllib_convergence_dqn.json",),
         one(core.rllib_convergence, "rllib_convergence_dqn.json"),
         ("rllib_convergence_dqn.png",),
+    ),
+    Section(
+        "rllib_atari",
+        "RLlib Atari DQN replay: frames stored once, 100k and 1M transitions",
+        ("rllib_atari.json",),
+        one(rllib.rllib_atari, "rllib_atari.json"),
+        ("rllib_atari.png",),
     ),
     Section(
         "verl_iteration_hf",

@@ -199,16 +199,23 @@ def ratios(rows: list[dict]) -> dict[str, object]:
 
 
 def plot(rows: list[dict], png: Path) -> None:
+    """Resident memory (anonymous and file-mapped) and sample + update latency (p50 bar, p99 tick) per cell."""
     plt = script.pyplot()
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
     rows = [r for r in rows if "refused" not in r]
-    labels = [f"{r['system']} {r['capacity']:,}\nframes on {r['frames_tier']}" for r in rows]
-    ax[0].bar(labels, [r["rss_gib"] for r in rows])
-    ax[0].set_title("resident memory (GiB)")
-    ax[1].bar(labels, [r["sample_update_p50_ms"] for r in rows], label="p50")
-    ax[1].set_title("prioritized sample + update, batch 32 (ms)")
-    for a in ax:
-        a.set_xlabel("capacity (transitions)")
+    labels = [f"{r['system']} {r['capacity']:,}, frames on {r['frames_tier']}" for r in rows]
+    y = np.arange(len(rows))
+    fig, ax = plt.subplots(1, 2, figsize=(11, 0.5 * len(rows) + 1.6), sharey=True)
+    anon = [r.get("rss_anon_gib", r["rss_gib"]) for r in rows]
+    ax[0].barh(y, anon, label="anonymous")
+    ax[0].barh(y, [r.get("rss_file_gib", 0.0) for r in rows], left=anon, label="file-mapped (memmap)")
+    ax[0].set_xlabel("resident memory grown (GiB)")
+    ax[0].legend(fontsize=8)
+    ax[1].barh(y, [r["sample_update_p50_ms"] for r in rows], label="p50")
+    ax[1].plot([r["sample_update_p99_ms"] for r in rows], y, "k|", markersize=14, label="p99")
+    ax[1].set_xlabel("prioritized sample + update, batch 32 (ms)")
+    ax[1].legend(fontsize=8)
+    ax[0].set_yticks(y, labels)
+    ax[0].invert_yaxis()
     script.save_figure(fig, png)
 
 

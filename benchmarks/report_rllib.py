@@ -1,0 +1,81 @@
+"""BENCHMARKS.md renderers for issue 31's RLlib workloads: the Atari replay cells and MuJoCo PPO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from report_fmt import DASH, num, rows_of, table, targets, times
+
+Doc = dict[str, Any]
+
+
+def rllib_atari(d: Doc) -> list[str]:
+    """``rllib_atari.py``: per system, capacity and frame tier the memory, insert rate and prioritized
+    sample + update latency with its work; then native ÷ Conduit (or why refused)."""
+    body = []
+    for r in rows_of(d):
+        w = r.get("work") or {}
+        work = (
+            f"{w.get('env_steps', DASH)} / {w.get('samples', DASH)} / {w.get('updates', DASH)}" if w else DASH
+        )
+        if "refused" in r:
+            body.append([r["system"], f"{r['capacity']:,}", DASH, r["refused"], *[DASH] * 7])
+            continue
+        body.append(
+            [
+                r["system"],
+                f"{r['capacity']:,}",
+                str(r.get("frames_tier", DASH)),
+                f"{num(r.get('rss_gib'), 2)} ({num(r.get('rss_anon_gib'), 2)} / {num(r.get('rss_file_gib'), 2)})",
+                num(r.get("peak_rss_gib"), 2),
+                num(r.get("disk_gib"), 2),
+                num(r.get("frames_gib"), 2),
+                num(r.get("insert_steps_per_s"), 0),
+                num(r.get("sample_update_p50_ms"), 3),
+                num(r.get("sample_update_p99_ms"), 3),
+                work,
+            ]
+        )
+    head = [
+        "system",
+        "capacity",
+        "frames on",
+        "RSS grown GiB (anon / file)",
+        "peak RSS GiB",
+        "disk GiB",
+        "obs GiB",
+        "insert steps/s",
+    ]
+    head += ["sample+update p50 ms", "p99 ms", "env steps / samples / updates"]
+    ratios = d.get("ratios") or {}
+    lines = [f"- {k}: {times(v) if isinstance(v, (int, float)) else v}" for k, v in ratios.items()]
+    return table(head, body) + [""] + lines
+
+
+def rllib_mujoco(d: Doc) -> list[str]:
+    """``rllib_mujoco.py``: medians per iteration of both systems, their work, the ratios and targets."""
+    r = d.get("ratios") or {}
+    body = [
+        [
+            system,
+            num(r.get(f"{system}_wall_s"), 3),
+            num(r.get(f"{system}_exposed_s"), 3),
+            ", ".join(f"{k} {v}" for k, v in (r.get(f"{system}_work") or {}).items()),
+        ]
+        for system in ("native", "conduit")
+    ]
+    refused = r.get("ratio_refused")
+    lines = [
+        f"- Conduit ÷ native: wall {times(r.get('ratio_wall'))}, exposed {times(r.get('ratio_exposed'))}"
+        + (f" (refused: {refused})" if refused else "")
+        + "."
+    ]
+    return (
+        table(["system", "wall s (median)", "exposed s (median)", "work"], body)
+        + [""]
+        + lines
+        + targets(d.get("targets_met"))
+    )
+
+
+__all__ = ["rllib_atari", "rllib_mujoco"]
