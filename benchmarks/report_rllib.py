@@ -19,12 +19,14 @@ def rllib_atari(d: Doc) -> list[str]:
             f"{w.get('env_steps', DASH)} / {w.get('samples', DASH)} / {w.get('updates', DASH)}" if w else DASH
         )
         if "refused" in r:
-            body.append([r["system"], f"{r['capacity']:,}", DASH, r["refused"], *[DASH] * 7])
+            body.append(
+                [str(r.get("system", DASH)), num(r.get("capacity"), 0), DASH, str(r["refused"]), *[DASH] * 7]
+            )
             continue
         body.append(
             [
-                r["system"],
-                f"{r['capacity']:,}",
+                str(r.get("system", DASH)),
+                num(r.get("capacity"), 0),
                 str(r.get("frames_tier", DASH)),
                 f"{num(r.get('rss_gib'), 2)} ({num(r.get('rss_anon_gib'), 2)} / {num(r.get('rss_file_gib'), 2)})",
                 num(r.get("peak_rss_gib"), 2),
