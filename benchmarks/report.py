@@ -115,6 +115,13 @@ SECTIONS: tuple[Section, ...] = (
         ("rllib_atari.png",),
     ),
     Section(
+        "rllib_mujoco",
+        "RLlib MuJoCo PPO (HalfCheetah-v5, 2 env runners)",
+        ("rllib_mujoco.json",),
+        one(rllib.rllib_mujoco, "rllib_mujoco.json"),
+        ("rllib_mujoco.png",),
+    ),
+    Section(
         "verl_iteration_hf",
         "verl iteration time, CPU mode, hf rollout",
         ("verl_iteration_grpo.json", "verl_iteration_ppo.json"),
