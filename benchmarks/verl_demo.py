@@ -147,6 +147,13 @@ def report(result: dict[str, Any], out: Path, args_poll: float) -> int:
         )
         gen = result.get("generation", {}).get("conduit", {})
         print(f"generation / ingestion (R, conduit, vLLM's busy time over ingestion): {gen.get('R')}")
+        wall = r.get("wall/conduit_over_verl_sync_tuned")
+        if isinstance(wall, (int, float)) and wall >= 1.0:
+            print(
+                "conduit is not faster here: with R near or below 1 there is little generation to hide "
+                "ingestion behind, and on 2 cores the early ingestion shares the trainer's core with the "
+                "agent loop (BENCHMARKS.md, 'verl on vLLM'); --rollout paced models long generation"
+            )
         print(f"losses equal at {same} of {both} iterations (shown, not claimed)")
     elif both and same == both:
         print(
