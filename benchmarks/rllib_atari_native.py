@@ -14,13 +14,17 @@ what the machine has) instead of driving the machine into swap or the OOM killer
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-GAMMA, ALPHA, BETA = 0.99, 0.5, 0.4
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+from rllib_peer import sample_step  # noqa: E402
+
+GAMMA, ALPHA = 0.99, 0.5  # BETA and the sampling step: peers/rllib_peer.py's
 
 
 def available_bytes() -> int:
@@ -108,7 +112,6 @@ def native_cell(
         )
         return row
     import torch
-    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from ray.rllib.utils.replay_buffers import PrioritizedEpisodeReplayBuffer
 
     torch.set_num_threads(1)
@@ -123,24 +126,11 @@ def native_cell(
         buf.add([ep])
         add_s += time.perf_counter() - t0
         steps += len(ep)
-    rng = np.random.default_rng(1)
+    step = sample_step(buf, lrn, batch, True, np.random.default_rng(1), n_step=3)
     lat = []
     for i in range(rounds + 50):
         t0 = time.perf_counter()
-        episodes = buf.sample(
-            num_items=batch,
-            n_step=3,
-            batch_length_T=0,
-            lookback=0,
-            min_batch_length_T=0,
-            gamma=GAMMA,
-            beta=BETA,
-        )
-        data = lrn._learner_connector(  # noqa: SLF001 - the connector a DQN learner runs on each sample
-            rl_module=lrn.module, batch={}, episodes=episodes, shared_data={}, metrics=lrn.metrics
-        )
-        MultiAgentBatch({mid: SampleBatch(c) for mid, c in data.items()}, env_steps=batch)
-        buf.update_priorities(rng.random(batch).astype(np.float32) + 1e-3)
+        step()
         if i >= 50:
             lat.append(time.perf_counter() - t0)
     ms = np.asarray(lat) * 1e3

@@ -114,7 +114,7 @@ class RLlibSystem(DQNCellSystem):
     def step_fn(self, cell: Cell) -> Callable[[], object]:
         if cell.op == "insert":
             return _insert_fn(self._buf, _episode(cell.batch, cell.dim, self._rng))
-        return _sample_fn(self._buf, self._learner, cell.batch, cell.sampler == "prioritized", self._rng)
+        return sample_step(self._buf, self._learner, cell.batch, cell.sampler == "prioritized", self._rng)
 
     def close(self) -> None:
         super().close()
@@ -153,9 +153,11 @@ def _insert_fn(buf: Any, template: Any) -> Callable[[], Any]:
     return step
 
 
-def _sample_fn(
-    buf: Any, learner: Any, batch: int, prioritized: bool, rng: np.random.Generator
-) -> Callable[[], None]:
+def sample_step(
+    buf: Any, learner: Any, batch: int, prioritized: bool, rng: np.random.Generator, n_step: int = 1
+) -> Callable[[], Any]:
+    """One DQN update's replay path as a call: sample ``batch`` items (``n_step`` returns), run
+    ``learner``'s connector into a ``MultiAgentBatch``, and (prioritized) update their priorities."""
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
     prio_sets = [(rng.random(batch) * 2 + 1e-3).astype(np.float32) for _ in range(N_PRIORITY_SETS)]
@@ -164,7 +166,7 @@ def _sample_fn(
     def step() -> Any:
         episodes = buf.sample(
             num_items=batch,
-            n_step=1,
+            n_step=n_step,
             batch_length_T=0,
             lookback=0,
             min_batch_length_T=0,

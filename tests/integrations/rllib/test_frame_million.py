@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from benchmark_modules import load
 
 pytestmark = pytest.mark.slow
 
@@ -21,18 +22,7 @@ DIM = int(os.environ.get("CONDUIT_FRAME_DIM", "64"))
 BUDGET = 2 << 30
 CHUNK, EPISODE = 250, 2_000  # steps per chunk, per episode (two episodes interleaved)
 GiB = 2**30
-
-
-def _status() -> dict[str, int]:
-    """This process's resident memory in bytes from ``/proc/self/status`` (peak, now, anon, file)."""
-    keys = {"VmHWM": "peak", "VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key = line.split(":")[0]
-            if key in keys:
-                out[keys[key]] = int(line.split()[1]) * 1024
-    return out
+memory = load("rllib_atari").memory  # this process's resident memory (rss, anon, file, peak)
 
 
 def _rounds(steps: int):
@@ -86,14 +76,14 @@ def test_a_million_transitions_of_frames_fit_in_8_gib_resident(tmp_path):
         seed=0,
         frame_stack=4,
     )
-    before = _status()
+    before = memory()
     t0 = time.perf_counter()
     steps = 0
     for round_ in _rounds(CAPACITY + 10_000):
         steps += replay.add(round_, version=0)
     replay.flush()
     fill_s = time.perf_counter() - t0
-    after_fill = _status()
+    after_fill = memory()
     store = replay.packers["default_policy"].store
     buffer = replay.conduits["default_policy"].buffer
     t1 = time.perf_counter()
@@ -108,7 +98,7 @@ def test_a_million_transitions_of_frames_fit_in_8_gib_resident(tmp_path):
         assert bool(((x5 == (real + 5) % 256) | ((x5 == 0) & (real == 0))).all())  # one frame's pixels
         replay.update_priorities(train, {"default_policy": np.full(32, 1.0 + i % 7, np.float32)})
     sample_ms = (time.perf_counter() - t1) / 200 * 1e3
-    end = _status()
+    end = memory()
     figures = {
         "frame_dim": DIM,
         "transitions": buffer.inserted,
