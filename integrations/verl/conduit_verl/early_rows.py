@@ -13,9 +13,11 @@ the data-parallel ranks: :func:`conduit_verl.checks.row_unit`). The group piece 
 stages on its rows not done yet and the advantage on all of them (:meth:`EarlyRows.rest`).
 
 Used only on-policy (``max_staleness=0``) with the rollout on hardware of its own
-(``rollout_hardware=separate``): every response is then trained by the weights that are current
-while it is generated (the update comes after the step's last piece), so its old log-probs are
-the same whenever they are computed, and ingestion while generation runs costs generation nothing.
+(``rollout_hardware=separate``), and only in a streamed step: when the piece policy runs the whole
+batch as one piece (its ``whole`` arm, verl's schedule) no response is ingested early. Every
+response is then trained by the weights that are current while it is generated (the update comes
+after the step's last piece), so its old log-probs are the same whenever they are computed, and
+ingestion while generation runs costs generation nothing.
 Any schedule gives the same samples; losses agree to the log-prob kernels' batch invariance.
 """
 
@@ -43,10 +45,15 @@ class EarlyRows:
         self.done: set[str] = set()
         self.rows = 0  # ingested early this step
         self.calls = 0
+        #: early rows run this step (off when the step takes the whole batch as one piece)
+        self.active = True
 
-    def begin_step(self) -> None:
+    def begin_step(self, active: bool = True) -> None:
+        """A new step; ``active=False``: the step runs verl's schedule (one whole-batch piece after
+        generation), so no response is ingested early and its piece runs every stage in one pass."""
         self.done.clear()
         self.rows = self.calls = 0
+        self.active = active
 
     def finished(self, listing: dict[str, dict[str, Any]], version: int) -> tuple[list[str], list[dict]]:
         """This step's finished responses no stage has seen (``listing``: TransferQueue's ``kv_list``

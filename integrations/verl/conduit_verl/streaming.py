@@ -127,7 +127,7 @@ def ingest_piece(trainer: Any, piece: _Piece, timing_raw: dict, m: Metrics) -> i
     """Run a group piece's stages (with early rows, the per-sample ones only on its rows not yet
     done); TransferQueue puts saved."""
     early: EarlyRows | None = trainer.conduit_early
-    if early is None:
+    if early is None or not early.active:
         return _run(trainer, ingest_operators, piece, timing_raw, m)
     saved = 0
     rest = early.rest(piece.meta)
@@ -376,7 +376,10 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     g_ing = policy.begin_step(t0)
     early: EarlyRows | None = trainer.conduit_early
     if early is not None:
-        early.begin_step()
+        # early rows belong to streaming: a whole-batch step (the policy's "whole" arm) is verl's
+        # schedule, so the policy's two arms are streaming with early rows vs none of it
+        early.begin_step(active=g_ing < sample_batch_size)
+    if early is not None and early.active:
         run_early = early_ingestion(trainer, timing_raw, m, parts)
         info = {"temperature": conf.actor_rollout_ref.rollout.temperature}
         waiter.idle = lambda: early.ingest(version, info, run_early)

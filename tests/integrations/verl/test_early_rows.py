@@ -114,3 +114,27 @@ def test_row_unit_is_whole_micro_batches_on_every_rank() -> None:
 def test_bad_sizes_refused() -> None:
     with pytest.raises(ValueError, match="multiple"):
         EarlyRows(min_rows=3, row_unit=2)
+
+
+def test_a_whole_batch_step_runs_no_early_rows_and_one_pass(monkeypatch) -> None:  # noqa: ANN001
+    """The policy's "whole" arm is verl's schedule: ``begin_step(active=False)`` turns early rows off
+    for the step, and the step's one piece runs every stage in one chain (not per-sample stages, then
+    the advantage); the next streamed step turns them on again."""
+    from types import SimpleNamespace
+
+    from conduit_verl import streaming
+
+    chains: list[str] = []
+    monkeypatch.setattr(streaming, "_run", lambda t, ops, p, r, m: chains.append(ops.__name__) or 0)
+    early = EarlyRows(min_rows=2, row_unit=1)
+    trainer = SimpleNamespace(conduit_early=early)
+    piece = streaming._Piece(KVBatchMeta(keys=["a_0_0", "a_1_0"], tags=[{}, {}], partition_id="train"))
+    early.begin_step(active=False)
+    assert not early.active and early.rows == 0
+    streaming.ingest_piece(trainer, piece, {}, None)
+    assert chains == ["ingest_operators"]
+    chains.clear()
+    early.begin_step(active=True)
+    early.done.add("a_0_0")  # ingested early this step
+    streaming.ingest_piece(trainer, piece, {}, None)
+    assert chains == ["sample_operators", "<lambda>"]  # the rest's per-sample stages, then the advantage
