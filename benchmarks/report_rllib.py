@@ -11,7 +11,8 @@ Doc = dict[str, Any]
 
 def rllib_atari(d: Doc) -> list[str]:
     """``rllib_atari.py``: per system, capacity and frame tier the memory, insert rate and prioritized
-    sample + update latency with its work; then native ÷ Conduit (or why refused)."""
+    sample + update latency with its work; then native / TorchRL ÷ Conduit (or why refused) and the
+    TorchRL target."""
     body = []
     for r in rows_of(d):
         w = r.get("work") or {}
@@ -51,7 +52,7 @@ def rllib_atari(d: Doc) -> list[str]:
     head += ["sample+update p50 ms", "p99 ms", "env steps / samples / updates"]
     ratios = d.get("ratios") or {}
     lines = [f"- {k}: {times(v) if isinstance(v, (int, float)) else v}" for k, v in ratios.items()]
-    return table(head, body) + [""] + lines
+    return table(head, body) + [""] + lines + targets(d.get("targets_met"))
 
 
 def rllib_mujoco(d: Doc) -> list[str]:

@@ -1,31 +1,40 @@
-"""Atari DQN replay at 100k and 1M transitions (issue 31): the buffer cells, Conduit and native RLlib.
+"""Atari DQN replay at 100k and 1M transitions (issue 31): the buffer cells, Conduit, native RLlib and TorchRL.
 
     python benchmarks/rllib_atari.py [--quick] [--capacity N ...] [--dim 64|84] [--frames auto disk]
-        [--systems conduit native] [--out FILE]
+        [--systems conduit native torchrl] [--torchrl-python PY] [--setup-torchrl] [--out FILE]
 
 Per capacity, Conduit's frame-once replay (``ConduitReplay`` with RLlib's ``FrameStacking(num_frames=4)``:
 each frame stored once as uint8, stacks built at delivery), twice (``--frames``): frames where the
 planner puts them (host on this machine), and frames on the disk tier (a RAM budget that holds only the
 transition rows: ``enable(..., memory_budget=...)``; ``disk_gib`` is the memmap's size); then native
 RLlib's ``PrioritizedEpisodeReplayBuffer`` with env-stacked float32 observations
-(``rllib_atari_native.py``; a capacity that does not fit this machine is refused with what it needs).
-Measured: the insert rate (env steps per second through ``add``), prioritized sample + priority update
-latency at batch 32 (p50 / p99, the training batch of stacked observations built: Conduit's delivery,
-native's learner connector), resident memory (VmRSS growth) and the bytes the observations take. The
-episodes are Atari-shaped stand-ins, not ALE: normalized float32 frames ``u / 128 - 1`` of random codes
-(what ``wrap_atari_for_new_api_stack`` yields), life-length episodes, fragments of 4 steps as RLlib's
-Atari DQN example samples them; a buffer cell measures the buffer, so no env runs. Every row carries its
-work (env steps inserted, samples, priority updates).
+(``rllib_atari_native.py``; a capacity that does not fit this machine is refused with what it needs);
+then TorchRL's ``TensorDictReplayBuffer(LazyMemmapStorage(capacity, scratch_dir=...),
+PrioritizedSampler(capacity, 0.5, 0.4), batch_size=32)`` holding each transition's uint8 ``pixels`` and
+``("next", "pixels")`` stacks ``[4, H, W]`` (``peers/torchrl_atari.py``, in the TorchRL venv of
+``envs/setup_torchrl.sh``; its row comes back as JSON; a missing or broken venv gives a refused row
+saying why, a memmap larger than the free disk is refused with what it needs). Measured: the insert
+rate (env steps per second through ``add`` / ``extend``, one 4-step fragment per call), prioritized
+sample + priority update latency at batch 32 (p50 / p99, the training batch of stacked observations
+built: Conduit's delivery, native's learner connector, TorchRL's gather from the memmap), resident
+memory (VmRSS growth, anonymous / file-mapped), the disk a memmap occupies and the bytes the
+observations take. The episodes are Atari-shaped stand-ins, not ALE (``atari_stream.py``: one seed, the
+same episodes and env steps in every cell): random frames (RLlib sees them normalized to float32
+``u / 128 - 1`` as ``wrap_atari_for_new_api_stack`` yields them), life-length episodes, fragments of 4
+steps as RLlib's Atari DQN example samples them; a buffer cell measures the buffer, so no env runs.
+Every row carries its work (env steps inserted, samples, priority updates); ratios (peer ÷ Conduit)
+are refused where it differs, and ``targets_met`` judges the issue's TorchRL target (Conduit with
+frames on disk >= 3x faster p50 at 1M).
 
-Not written yet: TorchRL's ``LazyMemmapStorage`` + ``PrioritizedSampler`` in its own venv
-(``notes/torchrl-baseline.md``), iteration wall / exposed time on ALE, learning curves. ``--quick``
-(capacity 20k, 300 rounds) writes to /tmp unless ``--out`` says otherwise.
+Not here: iteration wall / exposed time on ALE, learning curves. ``--quick`` (capacity 20k, 300 rounds)
+writes to /tmp unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,61 +46,38 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 import script  # noqa: E402
+from atari_stream import episode_fragments, memory, memory_growth  # noqa: E402
 from rllib_atari_native import native_cell  # noqa: E402
 
-BATCH, N_STEP, NUM_FRAMES, FRAGMENT, MEAN_LIFE = 32, 3, 4, 4, 60
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+from torchrl_driver import DEFAULT_PYTHON, ensure_env  # noqa: E402
 
-
-def memory() -> dict[str, int]:
-    """This process's resident memory in bytes (``/proc/self/status``): ``rss`` (VmRSS), ``anon``
-    (RssAnon), ``file`` (RssFile: mapped file pages, e.g. the disk tier's memmap, which the kernel can
-    drop) and ``peak`` (VmHWM)."""
-    keys = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "peak"}
-    out = dict.fromkeys(keys.values(), 0)
-    for line in Path("/proc/self/status").read_text().splitlines():
-        name = line.split(":")[0]
-        if name in keys:
-            out[keys[name]] = int(line.split()[1]) * 1024
-    return out
-
-
-def memory_growth(before: dict[str, int]) -> dict[str, float]:
-    """Resident memory grown since ``before`` (GiB): all, anonymous, file-mapped; and the peak."""
-    now = memory()
-    gib = {f"{k}_gib": round((now[k] - before[k]) / 2**30, 3) for k in ("anon", "file")}
-    return {
-        "rss_gib": round((now["rss"] - before["rss"]) / 2**30, 3),
-        **{f"rss_{k}": v for k, v in gib.items()},
-    } | {"peak_rss_gib": round(now["peak"] / 2**30, 3)}
+BATCH, N_STEP, NUM_FRAMES = 32, 3, 4
 
 
 def fragments(steps: int, dim: int, seed: int):
-    """Lists of episode chunks (``FRAGMENT`` steps each, episodes of geometric length) covering ``steps``."""
+    """Lists of one RLlib episode chunk per fragment of ``atari_stream.episode_fragments`` (4 steps
+    each, episodes of geometric length) covering ``steps``: normalized float32 observations."""
     import gymnasium as gym
     from conduit_rllib.compat import SingleAgentEpisode
 
-    rng = np.random.default_rng(seed)
     space = gym.spaces.Box(-1.0, 1.0, (dim, dim, 1), np.float32)
-    done = 0
-    while done < steps:
-        length = int(rng.geometric(1 / MEAN_LIFE))
-        frames = rng.integers(0, 256, (length + 1, dim, dim, 1), dtype=np.uint8)
-        obs = frames.astype(np.float32) / np.float32(128) - np.float32(1)
-        ep_id = f"ep{seed}-{done}"
-        for t0 in range(0, length, FRAGMENT):
-            t1 = min(length, t0 + FRAGMENT)
-            chunk = SingleAgentEpisode(
-                id_=ep_id,
-                observations=list(obs[t0 : t1 + 1]),
-                actions=list(rng.integers(0, 6, t1 - t0)),
-                rewards=list((rng.random(t1 - t0) < 0.05).astype(np.float32)),
-                terminated=t1 == length,
-                observation_space=space,
-                t_started=t0,
-                len_lookback_buffer=0,
-            )
-            yield [chunk.to_numpy()]
-        done += length
+    obs = None
+    for f in episode_fragments(steps, dim, seed):
+        if f.t0 == 0:  # a new episode: normalize its frames once
+            obs = f.frames.astype(np.float32) / np.float32(128) - np.float32(1)
+        assert obs is not None
+        chunk = SingleAgentEpisode(
+            id_=f.ep_id,
+            observations=list(obs[f.t0 : f.t1 + 1]),
+            actions=list(f.actions),
+            rewards=list(f.rewards),
+            terminated=f.terminated,
+            observation_space=space,
+            t_started=f.t0,
+            len_lookback_buffer=0,
+        )
+        yield [chunk.to_numpy()]
 
 
 def frames_on_disk_budget(capacity: int) -> int:
@@ -171,31 +157,71 @@ def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Pa
     return row
 
 
+PEERS = ("native", "torchrl")
+TARGET_CAPACITY, TARGET_TORCHRL_P50 = 1_000_000, 3.0  # issue 31: Conduit >= 3x faster than TorchRL at 1M
+TARGET_NAME = f"Conduit (frames on disk) p50 >= {TARGET_TORCHRL_P50:g}x faster than TorchRL's memmap at 1M"
+
+
 def ratios(rows: list[dict]) -> dict[str, object]:
-    """Native ÷ Conduit per capacity and Conduit frame tier (latency p50 / p99, resident memory, insert
-    rate Conduit ÷ native), refused where the work (env steps, samples, updates) differs or native was
-    refused."""
+    """Each peer (native RLlib, TorchRL) ÷ Conduit per capacity and Conduit frame tier (latency p50 /
+    p99, resident memory; insert rate Conduit ÷ peer), refused where the work (env steps, samples,
+    updates) differs or the peer's cell was refused."""
     out: dict[str, object] = {}
-    native = {r["capacity"]: r for r in rows if r["system"] == "native"}
-    for c in (r for r in rows if r["system"] == "conduit"):
-        key = f"{c['capacity']}/frames_on_{c['frames_tier']}"
-        n = native.get(c["capacity"])
-        if n is None:
-            continue
-        if "refused" in n:
-            out[f"refused/{key}"] = f"native: {n['refused']}"
-            continue
-        keys = ("env_steps", "samples", "updates")
-        if any(n["work"][k] != c["work"][k] for k in keys):
-            out[f"refused/{key}"] = f"work differs: native {n['work']}, conduit {c['work']}"
-            continue
-        for m in ("sample_update_p50_ms", "sample_update_p99_ms", "rss_gib"):
-            if c[m]:
-                out[f"{m}/native_over_conduit/{key}"] = round(n[m] / c[m], 2)
-        out[f"insert_steps_per_s/conduit_over_native/{key}"] = round(
-            c["insert_steps_per_s"] / n["insert_steps_per_s"], 2
-        )
+    for peer in PEERS:
+        others = {r["capacity"]: r for r in rows if r["system"] == peer}
+        for c in (r for r in rows if r["system"] == "conduit"):
+            key = f"{c['capacity']}/frames_on_{c['frames_tier']}"
+            n = others.get(c["capacity"])
+            if n is None:
+                continue
+            if "refused" in n:
+                out[f"refused/{peer}/{key}"] = f"{peer}: {n['refused']}"
+                continue
+            keys = ("env_steps", "samples", "updates")
+            if any(n["work"][k] != c["work"][k] for k in keys):
+                out[f"refused/{peer}/{key}"] = f"work differs: {peer} {n['work']}, conduit {c['work']}"
+                continue
+            for m in ("sample_update_p50_ms", "sample_update_p99_ms", "rss_gib"):
+                if c[m]:
+                    out[f"{m}/{peer}_over_conduit/{key}"] = round(n[m] / c[m], 2)
+            out[f"insert_steps_per_s/conduit_over_{peer}/{key}"] = round(
+                c["insert_steps_per_s"] / n["insert_steps_per_s"], 2
+            )
     return out
+
+
+def targets(rows: list[dict], ratio: dict[str, object]) -> dict[str, object]:
+    """The issue's TorchRL target: met / missed from the p50 ratio at 1M with Conduit's frames on the disk
+    tier, or why it is not judged (a cell not run, refused, or with different work)."""
+    key = f"{TARGET_CAPACITY}/frames_on_disk"
+    value = ratio.get(f"sample_update_p50_ms/torchrl_over_conduit/{key}")
+    if isinstance(value, (int, float)):
+        return {TARGET_NAME: value >= TARGET_TORCHRL_P50}
+    why = ratio.get(f"refused/torchrl/{key}")
+    if why is None:
+        ran = {(r["system"], r["capacity"], r.get("frames_tier")) for r in rows}
+        missing = [
+            c
+            for c in (("conduit", TARGET_CAPACITY, "disk"), ("torchrl", TARGET_CAPACITY, "disk"))
+            if c not in ran
+        ]
+        why = f"not run: {', '.join(f'{s} at {c:,} (frames on {t})' for s, c, t in missing)}"
+    return {TARGET_NAME: f"not judged ({why})"}
+
+
+def torchrl_row(python: Path, cap: int, dim: int, rounds: int, disk: str, why_not: str | None) -> dict:
+    """TorchRL's cell in a process of the TorchRL venv (``peers/torchrl_atari.py``; its row comes back as
+    JSON), or a refused row saying why the venv cannot run it."""
+    row = {"system": "torchrl", "capacity": cap, "dim": dim, "frames_tier": "disk"}
+    if why_not:
+        return row | {"refused": why_not}
+    argv = [str(python), str(Path(__file__).resolve().parent / "peers" / "torchrl_atari.py")]
+    argv += ["--capacity", str(cap), "--dim", str(dim), "--rounds", str(rounds), "--scratch-dir", disk]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the main venv's paths stay out
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"cell torchrl {cap} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def plot(rows: list[dict], png: Path) -> None:
@@ -234,15 +260,23 @@ def main() -> None:
     p.add_argument(
         "--systems",
         nargs="+",
-        default=["conduit", "native"],
-        choices=["conduit", "native"],
+        default=["conduit", "native", "torchrl"],
+        choices=["conduit", "native", "torchrl"],
         help="cells to run",
+    )
+    p.add_argument(
+        "--torchrl-python", type=Path, default=DEFAULT_PYTHON, help="python of the TorchRL venv (its cell)"
+    )
+    p.add_argument(
+        "--setup-torchrl", action="store_true", help="build the TorchRL venv first if it is missing"
     )
     p.add_argument(
         "--disk-dir", type=Path, default=None, help="the disk tier's directory (default: a temporary one)"
     )
     p.add_argument("--cell", nargs=3, metavar=("SYSTEM", "CAPACITY", "FRAMES"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if min(args.capacity) <= 0 or args.rounds <= 0:
+        p.error(f"--capacity and --rounds must be positive, got {args.capacity} and {args.rounds}")
     if args.cell:  # one cell, in this process: its row as the last line of stdout
         system, cap, frames = args.cell[0], int(args.cell[1]), args.cell[2]
         if system == "conduit":
@@ -257,9 +291,21 @@ def main() -> None:
     tok = provenance.start()
     cells = [("conduit", c, f) for c in args.capacity for f in args.frames if "conduit" in args.systems]
     cells += [("native", c, "auto") for c in args.capacity if "native" in args.systems]
+    cells += [("torchrl", c, "disk") for c in args.capacity if "torchrl" in args.systems]
+    torchrl_why_not = (
+        ensure_env(args.torchrl_python, args.setup_torchrl) if "torchrl" in args.systems else None
+    )
+    if torchrl_why_not:
+        print(f"!! torchrl UNAVAILABLE: {torchrl_why_not}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="conduit_frames_", dir=args.disk_dir) as disk:
         for system, cap, frames in cells:  # each cell in a process of its own: its memory is its own
+            if system == "torchrl":  # in the TorchRL venv
+                rows.append(
+                    torchrl_row(args.torchrl_python, cap, args.dim, args.rounds, disk, torchrl_why_not)
+                )
+                print(rows[-1], flush=True)
+                continue
             argv = [sys.executable, __file__, "--cell", system, str(cap), frames, "--dim", str(args.dim)]
             argv += ["--rounds", str(args.rounds), "--disk-dir", disk]
             proc = subprocess.run(argv, capture_output=True, text=True)
@@ -267,8 +313,10 @@ def main() -> None:
                 raise SystemExit(f"cell {system} {cap} {frames} failed:\n{proc.stderr[-3000:]}")
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(rows[-1], flush=True)
-    record = {"rows": rows, "ratios": ratios(rows), "machine": provenance.finish(tok)}
-    print(record["ratios"])
+    ratio = ratios(rows)
+    record = {"rows": rows, "ratios": ratio, "targets_met": targets(rows, ratio)}
+    record["machine"] = provenance.finish(tok)
+    print(record["ratios"], record["targets_met"])
     print(script.write_result("rllib_atari", args, record, lambda png: plot(rows, png)))
 
 
