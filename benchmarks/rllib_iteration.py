@@ -109,17 +109,21 @@ def run_workload(
     overlap: str,
     timer: PathTimer,
     make: Callable[[], Any] | None = None,
+    make_native: Callable[[], Any] | None = None,
+    extra: Callable[[str, Any], dict] | None = None,
 ) -> list[dict]:
-    """``warmup + iters`` alternating iterations of ``w`` (built by ``make()``, default :func:`make_config`),
-    native then Conduit; one row per measured iteration and system, with its work."""
+    """``warmup + iters`` alternating iterations of ``w`` (built by ``make()``, default :func:`make_config`;
+    native's by ``make_native()`` where given), native then Conduit; one row per measured iteration and
+    system, with its work and ``extra(system, algo)``'s fields (e.g. memory), printed after the work."""
     build = make or (lambda: make_config(w, steps, seed=1))
-    pair = SideBySide(build, overlap, timer, wrap_conduit=True)
+    pair = SideBySide(build, overlap, timer, wrap_conduit=True, make_native=make_native)
     probe = rllib_staleness.StalenessProbe(pair.algos["conduit"]) if w.algo == "dqn" else None
     rows = []
     try:
         for it in range(warmup + iters):
             for system in ("native", "conduit"):
                 result, wall, exposed, parts, work = pair.train(system)
+                more = extra(system, pair.algos[system]) if extra is not None else {}
                 stale: dict = {}
                 if system == "conduit":
                     stale["conduit_reported_exposed_s"] = result["conduit"]["exposed_s"]
@@ -138,6 +142,7 @@ def run_workload(
                         "wall_s": wall,
                         "exposed_s": exposed,
                         **work,
+                        **more,
                         **stale,
                         "path_parts": parts,
                         "return_mean": result["env_runners"].get("episode_return_mean"),
@@ -146,7 +151,10 @@ def run_workload(
                 print(
                     f"{w.name:32s} {system:8s} it={it - warmup} wall={wall:.3f}s exposed={exposed:.4f}s "
                     f"env_steps={work['env_steps_sampled']} updates={work['gradient_updates']} "
-                    f"module_steps={work['module_steps_trained']}",
+                    f"module_steps={work['module_steps_trained']}"
+                    + "".join(
+                        f" {k}={v:g}" if isinstance(v, float) else f" {k}={v}" for k, v in more.items()
+                    ),
                     flush=True,
                 )
     finally:

@@ -40,13 +40,16 @@ class PathTimer:
         self.total += dt
 
     def wrap(self, owner: type, method: str, name: str) -> None:
+        """Time ``owner.method`` into this timer. A method already wrapped (by an earlier timer: the wrappers
+        stay on the class for the process's life) is handed to this one, the newest."""
         fn = getattr(owner, method)
         if getattr(fn, "_path_timed", False):
+            fn._path_timer = self  # type: ignore[attr-defined]
             return
-        timer = self
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            timer: PathTimer = timed._path_timer  # type: ignore[attr-defined]
             if not timer.active or timer._depth:
                 return fn(*args, **kwargs)
             timer._depth += 1
@@ -58,18 +61,20 @@ class PathTimer:
                 timer._add(name, time.perf_counter() - t0)
 
         timed._path_timed = True  # type: ignore[attr-defined]
+        timed._path_timer = self  # type: ignore[attr-defined]
         setattr(owner, method, timed)
 
     def wrap_iter(self, owner: type, name: str, method: str = "__iter__") -> None:
         """Time each ``next()`` of the iterator ``owner.method(...)`` returns (the consumer's work between
-        items is not counted)."""
+        items is not counted); an earlier timer's wrapper is handed to this one, as in :meth:`wrap`."""
         fn = getattr(owner, method)
         if getattr(fn, "_path_timed", False):
+            fn._path_timer = self  # type: ignore[attr-defined]
             return
-        timer = self
 
         @functools.wraps(fn)
         def timed_iter(this: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            timer: PathTimer = timed_iter._path_timer  # type: ignore[attr-defined]
             it = iter(fn(this, *args, **kwargs))
             while True:
                 t0 = time.perf_counter()
@@ -83,6 +88,7 @@ class PathTimer:
                 yield item
 
         timed_iter._path_timed = True  # type: ignore[attr-defined]
+        timed_iter._path_timer = self  # type: ignore[attr-defined]
         setattr(owner, method, timed_iter)
 
 
@@ -188,17 +194,26 @@ class SideBySide:
     """RLlib's own algorithm and Conduit's, each built from a fresh ``make_config()``, timed by the same
     wrappers (:func:`install`; ``wrap_conduit``: the plugin's path too) and counted (:class:`WorkCounter`).
 
+    ``make_native`` (default ``make_config``) builds native's config where the two must differ in how
+    the env presents observations (Atari: native stacks frames in the env, its prioritized buffer cannot
+    run beside RLlib's frame-stacking learner connector; ``rllib_atari_iteration.py``).
+
     ``train(system)`` runs one iteration of ``"native"`` or ``"conduit"``: ``(result, wall_s, exposed_s,
     path parts, work)``; ``stop()`` stops both.
     """
 
     def __init__(
-        self, make_config: Callable[[], Any], overlap: str, timer: PathTimer, wrap_conduit: bool = False
+        self,
+        make_config: Callable[[], Any],
+        overlap: str,
+        timer: PathTimer,
+        wrap_conduit: bool = False,
+        make_native: Callable[[], Any] | None = None,
     ) -> None:
         import conduit_rllib
 
         wrap_buffer = install(timer, conduit=wrap_conduit)
-        native = make_config().build_algo()
+        native = (make_native or make_config)().build_algo()
         wrap_buffer(native)
         conduit = conduit_rllib.enable(make_config(), overlap=overlap).build_algo()
         self.timer = timer

@@ -1,0 +1,332 @@
+"""Atari DQN iteration time on ALE Qbert, native RLlib vs Conduit at equal work (issue 31).
+
+    python benchmarks/rllib_atari_iteration.py [--quick | --demo] [--steps-per-iter 1000] [--iters 12]
+        [--capacity 100000] [--env ale_py:ALE/Qbert-v5] [--overlap sync|async] [--seed 1] [--out FILE]
+
+Needs the ``atari`` extra (``pip install -e ".[rllib,atari,bench]"``). RLlib 2.60's Atari DQN: the env
+through ``wrap_atari_for_new_api_stack(dim=64)`` (64×64 grayscale, frame skip 4, episodic lives, rewards
+clipped), 4-frame stacks, n-step 3, ``PrioritizedEpisodeReplayBuffer`` (α 0.5, β 0.4), train batch 32,
+rollout fragments of 4 steps (one gradient update per fragment), the CNN of RLlib's Atari frame-stacking
+example, one local env runner and learner. The two systems differ only where they must:
+
+- native stacks frames in the env (the wrapper's ``framestack=4``, RLlib's ``--use-gym-wrapper-
+  framestacking``): RLlib's own ``FrameStackingLearner`` cannot run beside its prioritized episode buffer
+  (``notes/rllib_atari.md``), so every step's observation is a float32 ``[64, 64, 4]`` stack kept in the
+  buffer's episodes (64 KiB per step);
+- Conduit (``conduit_rllib.enable``) runs RLlib's frame-stacking connectors (``FrameStackingEnvToModule``
+  / ``FrameStackingLearner``, lookback 3): each frame is stored once, as uint8 (4 KiB), each transition as
+  frame references, and the stacks are built at delivery.
+
+Both see the same module input ``[64, 64, 4]``; at an episode's start the env wrapper repeats the first
+frame where RLlib's connector pads with zeros (the learning signal differs there, the work does not).
+Native and Conduit alternate iteration by iteration in one process (A B A B, one warm-up pair that fills
+the buffers: learning starts after one iteration's steps) through ``rllib_iteration.run_workload``: the
+same wrappers time both exposed experience paths (native: buffer add + sample + priority update + learner
+connector; Conduit: the plugin's add, sample incl. stacking, priority update, ready) and every row carries
+its work (env steps sampled, gradient updates, module steps trained). The ratios (Conduit ÷ native,
+medians per iteration) are refused when any counter's total differs. Targets: exposed ≤ 0.1×, wall ≤ 0.8×.
+Each row also records the bytes its replay holds (``replay_gib``: native's stacked observations; Conduit's
+frames plus transition rows) and the process's resident memory (``process_rss_gib``: both systems share the
+process, so it is not split). Writes the JSON (with provenance: commit, dirty flag, load at start and end)
+and a PNG beside it. ``--quick`` (200 steps, 2 iterations) is a smoke run writing to /tmp; ``--demo`` is
+``./dev demo atari``: a few minutes, writing ``atari_demo.json`` and ``.png`` into ``demo_results/``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+import rllib_iteration  # noqa: E402
+import script  # noqa: E402
+from rllib_native_timing import WORK_KEYS, PathTimer  # noqa: E402
+
+NAME = "rllib_atari_iteration"
+TARGETS = {"ratio_exposed": 0.1, "ratio_wall": 0.8}  # Conduit ÷ native, at most
+ENV, DIM, NUM_FRAMES, N_STEP, BATCH, FRAGMENT = "ale_py:ALE/Qbert-v5", 64, 4, 3, 32, 4
+MODES = {  # steps per iteration, measured iterations, default output
+    "full": (1000, 12, script.RESULTS / f"{NAME}.json"),
+    "quick": (200, 2, Path(f"/tmp/{NAME}_quick.json")),
+    "demo": (500, 6, Path("demo_results/atari_demo.json")),
+}
+
+
+def make_config(
+    stack_in_env: bool,
+    steps_per_iter: int,
+    capacity: int = 100_000,
+    seed: int = 1,
+    env: str = ENV,
+    hiddens: list[int] | None = None,
+) -> Any:
+    """RLlib's Atari DQN on ``env``: frames stacked in the env (``stack_in_env``, native's only way beside
+    the prioritized buffer) or by RLlib's frame-stacking connectors (what the plugin stores frames once
+    from). Learning starts after ``steps_per_iter`` env steps; ``hiddens``: the Q head (default [256])."""
+    import ale_py
+    import gymnasium as gym
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
+    from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+    from ray.tune.registry import register_env
+
+    gym.register_envs(ale_py)
+    stack = NUM_FRAMES if stack_in_env else None
+    name = f"conduit-atari-{'envstack' if stack_in_env else 'frames'}"
+    register_env(name, lambda c: wrap_atari_for_new_api_stack(gym.make(env, **c), dim=DIM, framestack=stack))
+    runners: dict[str, Any] = {"num_env_runners": 0, "rollout_fragment_length": FRAGMENT}
+    learners: dict[str, Any] = {}
+    if not stack_in_env:  # the env-to-module stacks see as far back as the learner's
+        runners["episode_lookback_horizon"] = NUM_FRAMES - 1
+        runners["env_to_module_connector"] = lambda e, s, d: FrameStackingEnvToModule(num_frames=NUM_FRAMES)
+        learners["learner_connector"] = lambda o, a: FrameStackingLearner(num_frames=NUM_FRAMES)
+    return (
+        DQNConfig()
+        .environment(
+            name,
+            env_config={"frameskip": 1, "full_action_space": False, "repeat_action_probability": 0.0},
+            clip_rewards=True,
+        )
+        .env_runners(**runners)
+        .learners(**learners)
+        .training(
+            n_step=N_STEP,
+            train_batch_size=BATCH,
+            num_steps_sampled_before_learning_starts=steps_per_iter,
+            replay_buffer_config={
+                "type": "PrioritizedEpisodeReplayBuffer",
+                "capacity": capacity,
+                "alpha": 0.5,
+                "beta": 0.4,
+            },
+        )
+        .reporting(min_sample_timesteps_per_iteration=steps_per_iter)
+        .rl_module(
+            model_config=DefaultModelConfig(
+                conv_filters=[(16, 4, 2), (32, 4, 2), (64, 4, 2), (128, 4, 2)],
+                conv_activation="relu",
+                head_fcnet_hiddens=list(hiddens or [256]),
+            )
+        )
+        .debugging(seed=seed)
+    )
+
+
+def _nbytes(data: Any) -> int:
+    """Bytes of an episode column's data (an array, or a list of arrays)."""
+    if hasattr(data, "nbytes"):
+        return int(data.nbytes)
+    return sum(int(getattr(x, "nbytes", 0)) for x in data)
+
+
+def memory(system: str, algo: Any) -> dict[str, Any]:
+    """What ``system``'s replay holds now (GiB): native's episodes' observations (env-stacked float32);
+    Conduit's frames (uint8, once each) plus its transition rows; and the process's resident memory."""
+    if system == "native":
+        held = sum(_nbytes(ep.observations.data) for ep in algo.local_replay_buffer.episodes)
+    else:
+        from conduit_rllib.replay import ROW_BOOKKEEPING
+
+        held = 0
+        for mid, packer in algo.conduit_path.packers.items():
+            store, buf = packer.store, algo.conduit_path.conduits[mid].buffer
+            held += min(store.appended, store.capacity) * DIM * DIM
+            held += min(buf.inserted, buf.capacity) * (buf.schema.nbytes_per_item + ROW_BOOKKEEPING)
+    rss = 0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+    return {"replay_gib": round(held / 2**30, 4), "process_rss_gib": round(rss / 2**30, 3)}
+
+
+def summary(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """``rllib_iteration.ratios`` for the one workload, the replay's final size per system, targets met."""
+    rat = rllib_iteration.ratios(rows)[name]
+    for system in ("native", "conduit"):
+        last = [r for r in rows if r["system"] == system][-1]
+        rat[f"{system}_replay_gib"] = last["replay_gib"]
+    rat["process_rss_gib"] = max(r["process_rss_gib"] for r in rows)
+    return rat
+
+
+def targets_met(rat: dict[str, Any]) -> dict[str, bool | None]:
+    """Per target: met, missed, or None where the ratio was refused (unequal work)."""
+    return {k: None if rat[k] is None else rat[k] <= limit for k, limit in TARGETS.items()}
+
+
+def plot(rows: list[dict[str, Any]], rat: dict[str, Any], title: str, path: Path) -> None:
+    """Per-iteration wall, exposed time and replay bytes of both systems; the ratios against the targets."""
+    plt = script.pyplot()
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+    panels = (
+        ("wall_s", "iteration wall (s)"),
+        ("exposed_s", "exposed path (s)"),
+        ("replay_gib", "replay GiB"),
+    )
+    for ax, (metric, label) in zip(axes, panels):
+        for system, color in (("native", "tab:blue"), ("conduit", "tab:orange")):
+            sel = [r for r in rows if r["system"] == system]
+            ax.plot([r["iteration"] for r in sel], [r[metric] for r in sel], "o-", color=color, label=system)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    ax = axes[3]
+    keys = list(TARGETS)
+    vals = [rat[k] if rat[k] is not None else 0.0 for k in keys]
+    ax.bar(range(len(keys)), vals, 0.5, color=["tab:green", "tab:purple"])
+    for i, k in enumerate(keys):
+        ax.hlines(TARGETS[k], i - 0.35, i + 0.35, colors="red", linestyles="--")
+        ax.text(i, vals[i], "refused" if rat[k] is None else f"{vals[i]:.3f}", ha="center", va="bottom")
+    ax.set_xticks(range(len(keys)), ["exposed", "wall"])
+    ax.set_title("median ratio Conduit ÷ native (red: target)", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    script.save_figure(fig, path)
+
+
+def report(rat: dict[str, Any]) -> str:
+    """Medians side by side, the ratios (or why refused), work totals and replay bytes."""
+
+    def fmt(v: float | None, spec: str) -> str:
+        return "—" if v is None else format(v, spec)
+
+    lines = [f"{'':12s} {'native':>10s} {'Conduit':>10s} {'ratio':>7s} {'target':>7s}"]
+    for metric, key in (("wall_s", "ratio_wall"), ("exposed_s", "ratio_exposed")):
+        lines.append(
+            f"{metric:12s} {rat[f'native_{metric}']:10.4f} {rat[f'conduit_{metric}']:10.4f} "
+            f"{fmt(rat[key], '7.3f'):>7s} {'≤ ' + format(TARGETS[key], 'g'):>7s}"
+        )
+    lines.append(f"{'replay GiB':12s} {rat['native_replay_gib']:10.4f} {rat['conduit_replay_gib']:10.4f}")
+    for k in WORK_KEYS:
+        lines.append(f"{k:22s} native {rat['native_work'][k]:8d}  Conduit {rat['conduit_work'][k]:8d}")
+    if rat["ratio_refused"]:
+        lines.append(f"ratios refused: {rat['ratio_refused']}")
+    lines.append(f"process RSS (both systems, max over rows): {rat['process_rss_gib']:.2f} GiB")
+    lines.append(f"targets met: {targets_met(rat)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    p = script.parser(__doc__, quick="200 env steps per iteration, 2 iterations (a smoke run, to /tmp)")
+    p.add_argument("--demo", action="store_true", help="./dev demo atari: a few minutes, to demo_results/")
+    p.add_argument("--env", default=ENV)
+    p.add_argument("--steps-per-iter", type=int, default=None, help="env steps per iteration (1000)")
+    p.add_argument("--iters", type=int, default=None, help="measured iterations per system (12)")
+    p.add_argument("--capacity", type=int, default=100_000, help="replay capacity (transitions)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--overlap", choices=["sync", "async"], default="async")
+    p.add_argument("--hiddens", type=int, nargs="+", default=None, help="Q head sizes (default 256)")
+    a = p.parse_args(argv)
+    if a.quick and a.demo:
+        p.error("--quick and --demo are exclusive")
+    mode = "quick" if a.quick else "demo" if a.demo else "full"
+    steps = MODES[mode][0] if a.steps_per_iter is None else a.steps_per_iter
+    iters = MODES[mode][1] if a.iters is None else a.iters
+    for flag, v, least in (
+        ("--steps-per-iter", steps, FRAGMENT),
+        ("--iters", iters, 1),
+        ("--capacity", a.capacity, 1),
+    ):
+        if v < least:
+            p.error(f"{flag} must be at least {least}, got {v}")
+    if a.capacity < steps:
+        p.error(f"--capacity {a.capacity} is below one iteration's steps ({steps}): the warm-up must fit")
+    a.out = a.out or MODES[mode][2]  # a smoke or demo run never overwrites the canonical results
+    try:
+        import ale_py  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"ale-py is not installed ({e}): pip install -e '.[rllib,atari,bench]'") from e
+    prov = provenance.start()
+    t0 = time.perf_counter()
+
+    import ray
+    import torch
+    from conduit_rllib.local_ray import init_local_ray
+
+    started_ray = not ray.is_initialized()  # a caller's (a test's) Ray is left running
+    if started_ray:
+        torch.set_num_threads(1)
+        init_local_ray(log_to_driver=False)
+    w = rllib_iteration.Workload("dqn", a.env.removeprefix("ale_py:"), BATCH)
+    print(f"building native and Conduit DQN ({a.env}, {steps} env steps per iteration) ...", flush=True)
+    try:
+        rows = rllib_iteration.run_workload(
+            w,
+            iters,
+            warmup=1,
+            steps=steps,
+            overlap=a.overlap,
+            timer=PathTimer(),
+            make=lambda: make_config(False, steps, a.capacity, a.seed, a.env, a.hiddens),
+            make_native=lambda: make_config(True, steps, a.capacity, a.seed, a.env, a.hiddens),
+            extra=memory,
+        )
+    finally:
+        if started_ray:
+            ray.shutdown()
+    rat = summary(rows, w.name)
+    settings = {
+        "env": a.env,
+        "dim": DIM,
+        "num_frames": NUM_FRAMES,
+        "n_step": N_STEP,
+        "train_batch_size": BATCH,
+        "rollout_fragment_length": FRAGMENT,
+        "env_steps_per_iteration": steps,
+        "replay": {
+            "type": "PrioritizedEpisodeReplayBuffer",
+            "capacity": a.capacity,
+            "alpha": 0.5,
+            "beta": 0.4,
+        },
+        "model": {
+            "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
+            "head": a.hiddens or [256],
+        },
+        "native_stacking": "env (wrap_atari_for_new_api_stack(framestack=4)): float32 [64, 64, 4] per step",
+        "conduit_stacking": "RLlib's FrameStacking connectors; frames stored once as uint8, stacked at delivery",
+        "seed": a.seed,
+        "overlap": a.overlap,
+        "measured_iterations": iters,
+        "warmup_iterations": 1,
+        "mode": mode,
+        "exposed_timing": "benchmark wrappers on both systems (rllib_native_timing.install(conduit=True))",
+    }
+    from importlib.metadata import version
+
+    machine = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "ale_py": version("ale-py"),
+        "gymnasium": version("gymnasium"),
+        "run_s": round(time.perf_counter() - t0, 1),
+        **provenance.finish(prov),
+    }
+    record = {
+        "machine": machine,
+        "settings": settings,
+        "rows": rows,
+        "ratios": rat,
+        "targets": TARGETS,
+        "targets_met": targets_met(rat),
+    }
+    title = (
+        f"DQN {w.env} (RLlib Atari wrappers, dim 64, 4 frames, n-step 3, PER, batch 32): native vs Conduit"
+    )
+    out = script.write_result(NAME, a, record, lambda png: plot(rows, rat, title, png))
+    print(f"\nmedians over {iters} iterations per system ({machine['run_s']:.0f} s in all):\n" + report(rat))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
