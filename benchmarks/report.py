@@ -115,6 +115,13 @@ SECTIONS: tuple[Section, ...] = (
         ("rllib_atari.png",),
     ),
     Section(
+        "rllib_atari_iteration",
+        "RLlib Atari DQN iteration time (ALE Qbert)",
+        ("rllib_atari_iteration.json",),
+        one(rllib.rllib_atari_iteration, "rllib_atari_iteration.json"),
+        ("rllib_atari_iteration.png",),
+    ),
+    Section(
         "rllib_mujoco",
         "RLlib MuJoCo PPO (HalfCheetah-v5, 2 env runners)",
         ("rllib_mujoco.json",),
@@ -252,6 +259,7 @@ def section(s: Section, results: Path, notes: Path) -> list[str]:
     if images:  # the last item of the list under the table, or a paragraph of its own
         listed = next((x for x in reversed(out) if x), "").startswith("- ")
         out += [f"- Plots: {images}", ""] if listed else [images, ""]
+    out.append("")  # a list that ends the section ends before the next heading
     for child in s.subsections:
         out += section(child, results, notes)
     return out

@@ -1,4 +1,5 @@
-"""BENCHMARKS.md renderers for issue 31's RLlib workloads: the Atari replay cells and MuJoCo PPO."""
+"""BENCHMARKS.md renderers for issue 31's RLlib workloads: the Atari replay cells, Atari DQN iteration time
+on ALE and MuJoCo PPO."""
 
 from __future__ import annotations
 
@@ -55,14 +56,16 @@ def rllib_atari(d: Doc) -> list[str]:
     return table(head, body) + [""] + lines + targets(d.get("targets_met"))
 
 
-def rllib_mujoco(d: Doc) -> list[str]:
-    """``rllib_mujoco.py``: medians per iteration of both systems, their work, the ratios and targets."""
+def rllib_mujoco(d: Doc, extra: tuple[tuple[str, str, int], ...] = ()) -> list[str]:
+    """``rllib_mujoco.py``: medians per iteration of both systems, their work, the ratios and targets;
+    ``extra``: more columns, each ``(head, key in ratios after the system's name, decimals)``."""
     r = d.get("ratios") or {}
     body = [
         [
             system,
             num(r.get(f"{system}_wall_s"), 3),
             num(r.get(f"{system}_exposed_s"), 3),
+            *[num(r.get(f"{system}_{key}"), nd) for _, key, nd in extra],
             ", ".join(f"{k} {v}" for k, v in (r.get(f"{system}_work") or {}).items()),
         ]
         for system in ("native", "conduit")
@@ -73,12 +76,19 @@ def rllib_mujoco(d: Doc) -> list[str]:
         + (f" (refused: {refused})" if refused else "")
         + "."
     ]
-    return (
-        table(["system", "wall s (median)", "exposed s (median)", "work"], body)
-        + [""]
-        + lines
-        + targets(d.get("targets_met"))
+    head = ["system", "wall s (median)", "exposed s (median)", *[h for h, _, _ in extra], "work"]
+    return table(head, body) + [""] + lines + targets(d.get("targets_met"))
+
+
+def rllib_atari_iteration(d: Doc) -> list[str]:
+    """``rllib_atari_iteration.py``: as :func:`rllib_mujoco`, with the bytes each replay holds at the end and
+    the process's resident memory (both systems share the process)."""
+    r = d.get("ratios") or {}
+    lines = rllib_mujoco(
+        d, (("replay GiB (end)", "replay_gib", 3), ("s / update (median)", "wall_s_per_update", 4))
     )
+    rss = f"- Process resident memory, both systems together: at most {num(r.get('process_rss_gib'), 2)} GiB."
+    return [*lines, rss]
 
 
-__all__ = ["rllib_atari", "rllib_mujoco"]
+__all__ = ["rllib_atari", "rllib_atari_iteration", "rllib_mujoco"]
