@@ -128,7 +128,10 @@ def _nbytes(data: Any) -> int:
 
 def memory(system: str, algo: Any) -> dict[str, Any]:
     """What ``system``'s replay holds now (GiB): native's episodes' observations (env-stacked float32);
-    Conduit's frames (uint8, once each) plus its transition rows; and the process's resident memory."""
+    Conduit's frames (uint8, once each) plus its transition rows; and the process's resident memory.
+    Conduit's frames include those ``add`` handed over and the ingestion worker has not stored yet (async),
+    counted at their stored size: until then it holds the chunks' own float32 arrays (4x that; at most the
+    steps staged for the next put and those of the puts queued for ingestion)."""
     if system == "native":
         held = sum(_nbytes(ep.observations.data) for ep in algo.local_replay_buffer.episodes)
     else:
@@ -137,7 +140,7 @@ def memory(system: str, algo: Any) -> dict[str, Any]:
         held = 0
         for mid, packer in algo.conduit_path.packers.items():
             store, buf = packer.store, algo.conduit_path.conduits[mid].buffer
-            held += min(store.appended, store.capacity) * DIM * DIM
+            held += min(store.appended + packer.pending_frames, store.capacity) * DIM * DIM
             held += min(buf.inserted, buf.capacity) * (buf.schema.nbytes_per_item + ROW_BOOKKEEPING)
     rss = 0
     for line in Path("/proc/self/status").read_text().splitlines():

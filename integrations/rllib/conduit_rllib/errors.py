@@ -40,3 +40,8 @@ class FrameFormatError(RLlibIntegrationError):
 
 class FramesEvictedError(RLlibIntegrationError):
     """A sampled transition's frame was overwritten in the frame store (its capacity is too small)."""
+
+
+class FrameStoreError(RLlibIntegrationError):
+    """The frame store failed to store frames whose references were already handed out (async ingestion):
+    the message names the module, the frames and the cause; its transitions are refused from then on."""

@@ -79,11 +79,11 @@ class FrameCodec:
         """The code of RLlib's padding value 0.0."""
         return int(NORMALIZED_SCALE) if self.normalized else 0
 
-    def encode(self, frames: np.ndarray) -> np.ndarray:
-        """uint8 codes of ``frames`` (vectorised); refuses frames the codes cannot give back exactly.
+    def check_dtype(self, frames: np.ndarray) -> None:
+        """Refuses frames of a dtype other than the codec's (O(1): the values are checked by :meth:`encode`).
 
         Raises:
-            FrameFormatError: a dtype other than the codec's, or float frames that are not ``u / 128 - 1``.
+            FrameFormatError: naming both dtypes.
         """
         want = np.float32 if self.normalized else np.uint8
         if frames.dtype != want:
@@ -91,6 +91,14 @@ class FrameCodec:
                 f"frames of dtype {frames.dtype} where earlier frames were {np.dtype(want)}: one module's "
                 "frames must keep one dtype"
             )
+
+    def encode(self, frames: np.ndarray) -> np.ndarray:
+        """uint8 codes of ``frames`` (vectorised); refuses frames the codes cannot give back exactly.
+
+        Raises:
+            FrameFormatError: a dtype other than the codec's, or float frames that are not ``u / 128 - 1``.
+        """
+        self.check_dtype(frames)
         if not self.normalized:
             return frames
         codes = np.rint((frames + np.float32(1.0)) * np.float32(NORMALIZED_SCALE))
@@ -197,21 +205,44 @@ class FrameStore:
         """The tier the frames are on now (``host``, ``shm``, ``disk``...)."""
         return str(self.storage.tiers["frame"])
 
-    def append(self, frames: np.ndarray) -> int:
-        """Store ``frames`` ``[T, H, W, 1]`` (encoded); returns the id of the first (ids are consecutive).
+    def check(self, frames: np.ndarray) -> None:
+        """What :meth:`append` checks before it encodes: the frames' shape, count and dtype (O(1), no
+        pass over the pixels; the values are checked when encoded).
 
         Raises:
-            FrameFormatError: a shape other than the store's, a dtype other than the codec's, or values
-                the codec cannot store exactly.
+            FrameFormatError: a shape other than the store's, more frames than it holds, or a dtype other
+                than the codec's.
         """
         if frames.ndim != 4 or tuple(frames.shape[1:]) != (*self.shape, 1):
             raise FrameFormatError(
                 f"a frame of shape {tuple(frames.shape[1:])} where this module's frames are {(*self.shape, 1)}"
             )
+        if len(frames) > self.capacity:
+            raise FrameFormatError(
+                f"{len(frames)} frames in one append exceed the frame store's {self.capacity}"
+            )
+        self.codec.check_dtype(frames)
+
+    def append(self, frames: np.ndarray) -> int:
+        """Store ``frames`` ``[T, H, W, 1]`` (encoded); returns the id of the first (ids are consecutive).
+
+        Raises:
+            FrameFormatError: a shape other than the store's, a dtype other than the codec's, or values
+                the codec cannot store exactly (nothing is appended then).
+        """
+        self.check(frames)
         n = len(frames)
-        if n > self.capacity:
-            raise FrameFormatError(f"{n} frames in one append exceed the frame store's {self.capacity}")
-        codes = torch.from_numpy(np.ascontiguousarray(self.codec.encode(frames)).reshape(n, *self.shape))
+        return self._write(
+            torch.from_numpy(np.ascontiguousarray(self.codec.encode(frames)).reshape(n, *self.shape))
+        )
+
+    def append_padding(self, n: int) -> int:
+        """Append ``n`` frames of the codec's padding code in place of frames that could not be stored, so
+        the ids after them stay where their references put them; returns the first id."""
+        return self._write(torch.full((n, *self.shape), self.codec.fill_code, dtype=torch.uint8))
+
+    def _write(self, codes: torch.Tensor) -> int:
+        n = len(codes)
         with self.buffer._cond:  # noqa: SLF001 - the generations cleared and the write as one step
             first = self.buffer.inserted
             slots = torch.arange(first, first + n, dtype=torch.int64) % self.capacity

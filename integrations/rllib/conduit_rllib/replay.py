@@ -23,8 +23,9 @@ from conduit import (
 from conduit.costmodel import OperatorCost
 from conduit_rllib.common import FRAMES, ModuleConduits
 from conduit_rllib.dqn_tuning import DQNTuning, probe_costs
+from conduit_rllib.errors import FrameFormatError
 from conduit_rllib.fragments import TransitionPacker, by_module
-from conduit_rllib.frame_packer import FramePacker, frame_capacity
+from conduit_rllib.frame_packer import FramePacker, frame_capacity, frame_ingest_operator
 from conduit_rllib.frames import frame_stack_operator
 from conduit_rllib.nstep import nstep_operator
 from conduit_rllib.settings import ConduitSettings
@@ -67,7 +68,9 @@ class ConduitReplay(ModuleConduits):
         buffer: capacity, sampler, alpha, beta.
         n_step, gamma: DQN's n-step target settings, applied once per transition at ingestion.
         frame_stack: RLlib's ``FrameStacking(num_frames=...)`` learner piece, if the config has one: each
-            frame is then stored once (``frames.py``) and stacks are built at delivery.
+            frame is then stored once (``frames.py``) and stacks are built at delivery. Under async
+            overlap a fragment's frames are encoded and appended on the ingestion worker, before the
+            rows that reference them (``frame_packer.py``); ``add`` only hands them over.
         settings, device, num_learners, seed: as :class:`~conduit_rllib.common.ModuleConduits`.
     """
 
@@ -113,7 +116,7 @@ class ConduitReplay(ModuleConduits):
                 step_schema(obs_dtype, obs_shape),
                 self.buffer_config,
                 self.settings.scheduler(algo="dqn"),
-                ingest=[nstep_operator(self.n_step, self.gamma)],
+                ingest=[*self._frame_ops(mid), nstep_operator(self.n_step, self.gamma)],
                 deliver=self._deliver_ops(mid),
                 device=self.device,
                 ranks=self.ranks,
@@ -134,8 +137,24 @@ class ConduitReplay(ModuleConduits):
             rows = transition_schema(torch.int64, (self.frame_stack,)).nbytes_per_item + ROW_BOOKKEEPING
             budget = max(0, budget - rows * cfg.capacity)
         return FramePacker(
-            self.n_step, self.frame_stack, capacity, memory_budget=budget, disk_path=cfg.disk_path
+            self.n_step,
+            self.frame_stack,
+            capacity,
+            memory_budget=budget,
+            disk_path=cfg.disk_path,
+            deferred=self._frames_deferred(),
         )
+
+    def _frames_deferred(self) -> bool:
+        """Whether frames are encoded and appended on the ingestion worker (async overlap) rather than
+        while ``add`` stages them (sync: each transition sampleable in the step that collected it)."""
+        return self.settings.scheduler(algo="dqn").overlap == "async"
+
+    def _frame_ops(self, mid: str) -> list[Operator]:
+        """The frame store's ingestion operator (frame stacking), else none: the frames ``add`` queued are
+        stored before the rows that reference them go on (``frame_packer.frame_ingest_operator``)."""
+        packer = self.packers.get(mid)
+        return [frame_ingest_operator(mid, packer)] if isinstance(packer, FramePacker) else []
 
     def _deliver_ops(self, mid: str) -> list[Operator]:
         """Frame stacking (frame-once storage: ``obs`` / ``new_obs`` are frame references), else none."""
@@ -177,6 +196,23 @@ class ConduitReplay(ModuleConduits):
             if packer.staged:
                 self._put(mid, packer, self._version)
         self._send_priorities()
+
+    def settle(self) -> None:
+        """:meth:`flush`, then wait until everything put is in the buffers and every frame handed out is in
+        its frame store (async: a deferred add's frames of steps still held back for n-step have no put
+        yet; they are stored here, on the calling thread, once the ingestion worker is idle).
+
+        Raises:
+            FrameFormatError: frames the codec refused (their rows are refused too, when put).
+        """
+        self.flush()
+        for c in self.conduits.values():
+            c.flush()
+        for mid, packer in sorted(self.packers.items()):
+            if isinstance(packer, FramePacker):
+                refused = packer.store_pending()
+                if refused is not None:
+                    raise FrameFormatError(f"module {mid!r}: frames could not be stored: {refused}")
 
     # -- delivery --------------------------------------------------------------------------------
 
@@ -294,12 +330,12 @@ class ConduitReplay(ModuleConduits):
         self.close()
         self.conduits = {}
         self.settings, self.stage_steps = settings, settings.stage_steps_for("dqn")
-        self.load_state_dict(state)
+        self.load_state_dict(state)  # the packers kept take the new settings' frame ingestion
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        self.flush()
+        self.settle()
         return {
             "obs_specs": dict(self.obs_specs),
             "conduits": {mid: c.state_dict() for mid, c in self.conduits.items()},
@@ -310,7 +346,7 @@ class ConduitReplay(ModuleConduits):
         """``(state, buffers)`` for an on-disk checkpoint (``save_tree``): ``state`` without the buffers'
         contents, and each buffer to checkpoint by name: the Conduits by module id, the frame stores as
         ``FRAMES + module id`` (incremental: ``frames_linked``)."""
-        self.flush()
+        self.settle()
         packers: dict[str, Any] = {}
         buffers: dict[str, Any] = dict(self.conduits)
         for mid, p in self.packers.items():
@@ -337,6 +373,8 @@ class ConduitReplay(ModuleConduits):
         for mid, ps in state["packers"].items():  # first: a Conduit's delivery reads its packer's frames
             packer = self.packers.setdefault(mid, self._new_packer())
             packer.load_state_dict(ps)
+            if isinstance(packer, FramePacker):
+                packer.deferred = self._frames_deferred()
             if isinstance(packer, FramePacker) and packer.store is not None and FRAMES + mid in saved:
                 packer.store.load_state_dict(conduits[FRAMES + mid]["buffer"])  # saved apart (disk_state)
         for mid, (dtype, shape) in state["obs_specs"].items():

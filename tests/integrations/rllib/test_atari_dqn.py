@@ -79,6 +79,7 @@ def test_atari_dqn_trains_with_frames_stored_once(ray_local, overlap):
         assert np.isfinite(result["learners"]["default_policy"]["qf_loss"])
         replay = algo.conduit_path
         assert replay.frame_stack == NUM_FRAMES
+        replay.settle()  # async: the frames handed over are stored by the ingestion worker
         store = replay.packers["default_policy"].store
         inserted = replay.conduits["default_policy"].buffer.inserted
         # one frame per env step, plus each episode's first observation

@@ -5,7 +5,8 @@ Episodes come from RLlib's env runner on ``wrap_atari_for_new_api_stack`` (grays
 pipeline, two envs per runner and short fragments, so chunks of several episodes interleave. The
 reference stacks are RLlib's connectors run on each whole episode: ``FrameStackingLearner`` for
 observations 0..T-1 and ``FrameStackingEnvToModule`` for the last one (a stack at T, the n-step next
-observation of a terminal transition). Conduit must deliver the same bits.
+observation of a terminal transition). Conduit must deliver the same bits, in both overlap modes (async:
+frames encoded and appended on the ingestion worker).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 pytest.importorskip("ale_py")
 
 NUM_FRAMES, N_STEP, GAMMA = 4, 3, 0.99
+MID = "default_policy"
 
 
 def _record():
@@ -65,6 +67,11 @@ def _record():
 def rounds():
     torch.set_num_threads(1)
     return _record()
+
+
+@pytest.fixture(params=["sync", "async"])
+def overlap(request):
+    return request.param
 
 
 def _whole_episodes(rounds):
@@ -149,14 +156,14 @@ def _row_keys(batch):
     return out
 
 
-def _replay(rounds, capacity=10_000):
+def _replay(rounds, capacity=10_000, overlap="sync", **settings):
     from conduit_rllib.replay import ConduitReplay
     from conduit_rllib.settings import ConduitSettings
 
     from conduit import BufferConfig
 
     replay = ConduitReplay(
-        ConduitSettings(overlap="sync"),
+        ConduitSettings(overlap=overlap, **settings),
         BufferConfig.prioritized_replay(capacity, alpha=0.6, beta=0.4),
         n_step=N_STEP,
         gamma=GAMMA,
@@ -168,16 +175,18 @@ def _replay(rounds, capacity=10_000):
     for chunks in rounds:
         replay.add(chunks, version=0)
     assert replay.ready() or not rounds
+    replay.settle()  # async: every frame and row handed over is stored
     return replay
 
 
-def test_stored_transitions_are_rllibs_stacks(rounds):
+def test_stored_transitions_are_rllibs_stacks(rounds, overlap):
     """Every stored transition, stacked at delivery, is bit-identical to RLlib's connectors' output."""
     from conduit_rllib.frames import frame_stack_operator
 
     want, starts, terminal = _reference(rounds)
     assert starts >= 4 and terminal >= 4  # episode starts (padded stacks) and terminal n-step next obs
-    replay = _replay(rounds)
+    replay = _replay(rounds, overlap=overlap)
+    assert replay.packers[MID].deferred == (overlap == "async")
     c = replay.conduits["default_policy"]
     stored = c.buffer.storage.read(torch.arange(c.buffer.inserted))
     delivered = frame_stack_operator(replay.packers["default_policy"].store)(stored)
@@ -186,10 +195,10 @@ def test_stored_transitions_are_rllibs_stacks(rounds):
     replay.close()
 
 
-def test_sampled_batches_are_rllibs_stacks(rounds):
+def test_sampled_batches_are_rllibs_stacks(rounds, overlap):
     """Batches sampled through the replay (prioritized, with weights) hold only RLlib's transitions."""
     want, _, _ = _reference(rounds)
-    replay = _replay(rounds)
+    replay = _replay(rounds, overlap=overlap)
     for _ in range(3):
         train = replay.sample(32)
         sb = train.kwargs["batch"].policy_batches["default_policy"]
@@ -200,10 +209,10 @@ def test_sampled_batches_are_rllibs_stacks(rounds):
     replay.close()
 
 
-def test_frames_stored_once_as_uint8(rounds):
+def test_frames_stored_once_as_uint8(rounds, overlap):
     """One uint8 frame per observation: frames appended = observations across all chunks, once each."""
     eps = _whole_episodes(rounds)
-    replay = _replay(rounds)
+    replay = _replay(rounds, overlap=overlap)
     store = replay.packers["default_policy"].store
     assert store.storage.data["frame"].dtype == torch.uint8
     assert store.appended == sum(len(e[0]) for e in eps.values())
@@ -220,32 +229,63 @@ def _all_rows(replay):
     return _row_keys(frame_stack_operator(replay.packers["default_policy"].store)(stored))
 
 
-def test_state_dict_round_trip_keeps_frames(rounds):
+def test_state_dict_round_trip_keeps_frames(rounds, overlap):
     """A reconfigure round trip (state_dict → new replay) delivers the same transitions."""
-    replay = _replay(rounds)
-    other = _replay([])
+    replay = _replay(rounds, overlap=overlap)
+    other = _replay([], overlap=overlap)
     other.load_state_dict(replay.state_dict())
     assert _all_rows(other) == _all_rows(replay)
     replay.close()
     other.close()
 
 
-def test_checkpoint_on_disk_restores_the_same_transitions(rounds, tmp_path):
+def test_checkpoint_on_disk_restores_the_same_transitions(rounds, overlap, tmp_path):
     """The plugin's checkpoint path (``save_tree`` / ``load_tree``, as ``save_to_path`` and
     ``restore_from_path`` call them), taken while episodes run: after the restore, their next chunks
     give the same transitions as in the replay never saved (frames, references, held-back steps)."""
     from conduit.persist.tree import load_tree, save_tree
 
     cut = len(rounds) - 3
-    replay = _replay(rounds[:cut])
+    replay = _replay(rounds[:cut], overlap=overlap)
     save_tree(replay.state_dict(), replay.conduits, tmp_path / "ckpt")
-    other = _replay([])
+    other = _replay([], overlap=overlap)
     other.load_state_dict(load_tree(tmp_path / "ckpt", lambda mid: other.conduits[mid]))
     assert _all_rows(other) == _all_rows(replay)
     for r in (replay, other):
         for chunks in rounds[cut:]:
             r.add(chunks, version=1)
-        r.flush()
+        r.settle()
     assert _all_rows(other) == _all_rows(replay) == _reference(rounds)[0]
     replay.close()
     other.close()
+
+
+def _columns(sample_batch):
+    return {k: torch.as_tensor(np.asarray(sample_batch[k])) for k in sorted(sample_batch.keys())}
+
+
+def test_async_frame_add_delivers_the_sync_batches(rounds):
+    """At equal staging and draws (8 steps per put, one batch per draw), the async add (frames encoded
+    and appended on the ingestion worker, after ``add`` returned) stores the same frames under the same
+    ids and the same transition rows slot by slot, and delivers the same batches as the sync add."""
+    sync = _replay(rounds, overlap="sync", stage_steps=8, g_del=1)
+    lazy = _replay(rounds, overlap="async", stage_steps=8, g_del=1)
+    assert lazy.packers[MID].deferred and not sync.packers[MID].deferred
+    s_store, l_store = sync.packers[MID].store, lazy.packers[MID].store
+    assert s_store.appended == l_store.appended > 0
+    n = s_store.appended
+    assert torch.equal(s_store.storage.data["frame"][:n], l_store.storage.data["frame"][:n])
+    s_buf, l_buf = sync.conduits[MID].buffer, lazy.conduits[MID].buffer
+    assert s_buf.inserted == l_buf.inserted > 0
+    rows = torch.arange(s_buf.inserted)
+    s_rows, l_rows = s_buf.storage.read(rows), l_buf.storage.read(rows)
+    for k in s_rows.columns:
+        assert torch.equal(s_rows[k], l_rows[k]), k
+    for _ in range(6):
+        a = _columns(sync.sample(32).kwargs["batch"].policy_batches[MID])
+        b = _columns(lazy.sample(32).kwargs["batch"].policy_batches[MID])
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), [
+            k for k in a if not torch.equal(a[k], b[k])
+        ]
+    sync.close()
+    lazy.close()

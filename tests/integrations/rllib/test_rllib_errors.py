@@ -23,7 +23,7 @@ def test_hierarchy():
     """Every error class the plugin defines (errors.py) is a ConduitError, under RLlibIntegrationError,
     and exported by the package."""
     defined = [c for c in vars(errors).values() if isinstance(c, type) and c.__module__ == errors.__name__]
-    assert len(defined) == 9
+    assert len(defined) == 10
     for cls in defined:
         assert issubclass(cls, RLlibIntegrationError) and issubclass(cls, ConduitError)
         assert getattr(conduit_rllib, cls.__name__) is cls and cls.__name__ in conduit_rllib.__all__
