@@ -157,6 +157,14 @@ def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Pa
     return row
 
 
+def mem_total() -> int:
+    """MemTotal from ``/proc/meminfo``: what bounds the page cache a memmap's reads can hit."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 PEERS = ("native", "torchrl")
 TARGET_CAPACITY, TARGET_TORCHRL_P50 = 1_000_000, 3.0  # issue 31: Conduit >= 3x faster than TorchRL at 1M
 TARGET_NAME = f"Conduit (frames on disk) p50 >= {TARGET_TORCHRL_P50:g}x faster than TorchRL's memmap at 1M"
@@ -315,7 +323,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     ratio = ratios(rows)
     record = {"rows": rows, "ratios": ratio, "targets_met": targets(rows, ratio)}
-    record["machine"] = provenance.finish(tok)
+    record["machine"] = provenance.finish(tok) | {"mem_total_gib": round(mem_total() / 2**30, 1)}
     print(record["ratios"], record["targets_met"])
     print(script.write_result("rllib_atari", args, record, lambda png: plot(rows, png)))
 

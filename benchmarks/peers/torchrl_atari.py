@@ -13,9 +13,11 @@ timed region (the env's work, as the native cell's ``EnvStacker``).
 Measured like the other cells: ``extend`` of each 4-step fragment as one TensorDict (env steps per
 second, the first extend, which creates the memmap files, not counted), then ``sample()`` (the batch of
 stacked pixels gathered from the memmap into tensors) + ``update_priority`` with new priorities at
-batch 32 (50 warm-up rounds, then ``rounds`` timed: p50 / p99), the resident memory grown (VmRSS,
-anonymous and file-mapped) and the disk the memmap files occupy (allocated blocks). A capacity whose
-memmap would not fit the scratch directory's free disk is refused with what it needs.
+batch 32 (the fill's dirty pages written back first, untimed; 50 warm-up rounds, then ``rounds`` timed:
+p50 / p99), the resident memory grown (VmRSS, anonymous and file-mapped) and the disk the memmap files
+occupy (allocated blocks). A memmap larger than the page cache can hold makes a sample read the device
+(its latency then measures that). A capacity whose memmap would not fit the scratch directory's free
+disk is refused with what it needs.
 
 Prints the row as one JSON line, last on stdout. Usage: ``python torchrl_atari.py --capacity N --dim D
 --rounds R --scratch-dir DIR``.
@@ -122,6 +124,7 @@ def torchrl_cell(capacity: int, dim: int, rounds: int, batch: int, scratch_dir: 
                 add_s += time.perf_counter() - t0
                 timed += n
             steps += n
+        os.sync()  # untimed: the fill's dirty pages written back, so the timed reads do not queue behind them
         rng = np.random.default_rng(1)
         prios = [torch.from_numpy(rng.random(batch).astype(np.float32)) for _ in range(rounds + WARMUP)]
         lat = []

@@ -131,4 +131,4 @@ def test_torchrl_row_says_why_when_its_venv_is_missing(tmp_path) -> None:
     assert row["system"] == "torchrl" and row["capacity"] == 2000
     assert row["refused"].startswith("TorchRL venv not found at") and "setup_torchrl.sh" in row["refused"]
     assert "work" not in row and record["ratios"] == {}
-    assert record["machine"]["git_commit"]
+    assert record["machine"]["git_commit"] and record["machine"]["mem_total_gib"] > 0
