@@ -172,9 +172,9 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "verl_staleness",
         "verl under bounded staleness: Conduit's max_staleness=k and verl's async trainers",
-        ("verl_staleness_grpo.json",),
+        ("verl_staleness_grpo.json", "verl_staleness_ppo.json"),
         stale.staleness,
-        ("verl_staleness_grpo.png", "verl_staleness_grpo_reward.png"),
+        ("verl_staleness_grpo.png", "verl_staleness_grpo_reward.png", "verl_staleness_ppo.png"),
     ),
     Section(
         "tq_backends",
