@@ -1,21 +1,31 @@
-"""MuJoCo PPO (gymnasium's HalfCheetah-v5), native RLlib vs Conduit at equal gradient updates.
+"""MuJoCo PPO (Meta-World MT1 ``reach-v3``; gymnasium's HalfCheetah-v5), native RLlib vs Conduit at
+equal gradient updates.
 
-    python benchmarks/rllib_mujoco.py [--quick] [--env HalfCheetah-v5] [--env-runners 2]
-        [--train-batch-size 4000] [--minibatch-size 256] [--num-epochs 10] [--iters 10]
-        [--overlap sync|async] [--out FILE]
+    python benchmarks/rllib_mujoco.py [--quick] [--env metaworld:reach-v3 | HalfCheetah-v5]
+        [--env-runners 2] [--train-batch-size 4000] [--minibatch-size 256] [--num-epochs 10]
+        [--iters 10] [--overlap sync|async] [--out FILE]
 
-Needs the ``mujoco`` extra (``pip install -e ".[mujoco,bench]"``). Native RLlib PPO and RLlib PPO
-through ``conduit_rllib.enable`` (GAE at ingestion, every epoch's minibatches prepared by
-``get_epochs``) alternate iteration by iteration in one process (A B A B, same seed, one warm-up
-pair), each with ``--env-runners`` remote env runners, through ``rllib_iteration.run_workload``:
-the same wrappers time both systems' exposed experience path (native: learner connector, GAE
-included, and minibatch iteration; Conduit: the plugin's add, deliver and prepared minibatches) and
-every row carries its work (env steps sampled, gradient updates, module steps trained).
-HalfCheetah's episodes are 1,000 steps and only truncated, so both sides cut the same episode chunks
-and RLlib's update count is the same for both; a ratio (Conduit ÷ native, medians per iteration) is
-still refused when any counter differs. Targets: exposed ≤ 0.3×, wall ≤ 1.0×. Writes the JSON (with
-provenance: commit, dirty flag, load at start and end) and a PNG beside it. ``--quick`` (1,000 steps,
-2 epochs, 3 iterations) is a smoke run: it writes to /tmp unless ``--out`` says otherwise.
+Needs the ``mujoco`` extra (``pip install -e ".[mujoco,bench]"``: Meta-World 3.1.1, which pins
+mujoco 3.3.0). ``--env metaworld:<task>`` (default ``metaworld:reach-v3``) is Meta-World's MT1 task
+``<task>``: ``gym.make("Meta-World/MT1", env_name=<task>, seed=<--seed>)`` (Meta-World's own wrappers:
+a 500-step TimeLimit, AutoTerminateOnSuccess left off, RecordEpisodeStatistics, a random one of MT1's
+50 goal positions at every reset), registered with RLlib as ``metaworld-mt1-<task>`` by
+:func:`register_metaworld`, which also sets the observation space Meta-World reports once a task is
+set (its env is built goal-hidden, with 0 bounds on the goal's 3 entries, and MT1's tasks show the
+goal); observations stay float64 (39,), actions float32 (4,). Any other ``--env`` is a gymnasium id
+(``HalfCheetah-v5``). Native RLlib PPO and RLlib PPO through ``conduit_rllib.enable`` (GAE at
+ingestion, every epoch's minibatches prepared by ``get_epochs``) alternate iteration by iteration in
+one process (A B A B, same seed, one warm-up pair), each with ``--env-runners`` remote env runners,
+through ``rllib_iteration.run_workload``: the same wrappers time both systems' exposed experience
+path (native: learner connector, GAE included, and minibatch iteration; Conduit: the plugin's add,
+deliver and prepared minibatches) and every row carries its work (env steps sampled, gradient
+updates, module steps trained). Both envs' episodes have a fixed length and are only truncated
+(MT1: 500 steps, HalfCheetah: 1,000), so both sides cut the same episode chunks and RLlib's update
+count is the same for both; a ratio (Conduit ÷ native, medians per iteration) is still refused when
+any counter differs. Targets: exposed ≤ 0.3×, wall ≤ 1.0×. Writes the JSON (with provenance:
+commit, dirty flag, load at start and end; the env's versions) and a PNG beside it. ``--quick``
+(1,000 steps, 2 epochs, 3 iterations) is a smoke run: it writes to /tmp unless ``--out`` says
+otherwise.
 """
 
 from __future__ import annotations
@@ -34,10 +44,45 @@ from rllib_native_timing import PathTimer  # noqa: E402
 
 NAME = "rllib_mujoco"
 TARGETS = {"ratio_exposed": 0.3, "ratio_wall": 1.0}  # Conduit ÷ native, at most
+ENV = "metaworld:reach-v3"
+METAWORLD = "metaworld:"  # --env metaworld:<task>: Meta-World's MT1 task <task>
+
+
+def register_metaworld(task: str) -> str:
+    """Registers Meta-World's MT1 ``task`` with RLlib (``ray.tune.registry``) and returns its name,
+    ``metaworld-mt1-<task>``; the creator's ``env_config["seed"]`` seeds MT1's goal positions and the env.
+
+    The creator is ``gym.make("Meta-World/MT1", env_name=task, seed=seed)`` with the observation space
+    Meta-World reports once a task is set: its env is built goal-hidden (0 bounds on the goal's 3
+    entries) and a reset sets one of MT1's tasks, which show the goal. The creator is a closure with its
+    imports inside, so Ray pickles it by value for remote env runners."""
+    from ray.tune.registry import register_env
+
+    def create(config: Any) -> Any:
+        import gymnasium as gym
+        import metaworld  # noqa: F401  (registers Meta-World/MT1 with gymnasium)
+
+        seed = config.get("seed")
+        env = gym.make("Meta-World/MT1", env_name=task, seed=seed, disable_env_checker=True)
+        env.reset(seed=seed)  # sets a task: the goal becomes observable
+        env.observation_space = env.unwrapped.sawyer_observation_space
+        return env
+
+    name = f"metaworld-mt1-{task}"
+    register_env(name, create)
+    return name
+
+
+def rllib_env(env: str, seed: int) -> tuple[str, dict[str, Any]]:
+    """RLlib's env name and ``env_config`` for ``env``: ``metaworld:<task>`` registered by
+    :func:`register_metaworld`, else a gymnasium id as it is."""
+    if env.startswith(METAWORLD):
+        return register_metaworld(env[len(METAWORLD) :]), {"seed": seed}
+    return env, {}
 
 
 def make_config(
-    env: str = "HalfCheetah-v5",
+    env: str = ENV,
     runners: int = 2,
     train_batch_size: int = 4000,
     minibatch_size: int = 256,
@@ -46,13 +91,14 @@ def make_config(
     hiddens: list[int] | None = None,
     cpus_per_runner: float = 1.0,
 ) -> Any:
-    """RLlib PPO on ``env`` with ``runners`` remote env runners (0: the local one); ``hiddens`` the policy
-    and value MLPs (None: RLlib's default)."""
+    """RLlib PPO on ``env`` (see :func:`rllib_env`) with ``runners`` remote env runners (0: the local
+    one); ``hiddens`` the policy and value MLPs (None: RLlib's default)."""
     from ray.rllib.algorithms.ppo import PPOConfig
 
+    name, env_config = rllib_env(env, seed)
     cfg = (
         PPOConfig()
-        .environment(env)
+        .environment(name, env_config=env_config)
         .env_runners(num_env_runners=runners, num_cpus_per_env_runner=cpus_per_runner)
         .training(train_batch_size=train_batch_size, minibatch_size=minibatch_size, num_epochs=num_epochs)
         .debugging(seed=seed)
@@ -92,7 +138,7 @@ def plot(rows: list[dict[str, Any]], rat: dict[str, Any], title: str, path: Path
 
 def main(argv: list[str] | None = None) -> Path:
     p = script.parser(__doc__, quick="1,000 env steps, 2 epochs, 3 iterations (a smoke run)")
-    p.add_argument("--env", default="HalfCheetah-v5")
+    p.add_argument("--env", default=ENV, help=f"{METAWORLD}<MT1 task> or a gymnasium id ({ENV})")
     p.add_argument("--env-runners", type=int, default=2)
     p.add_argument("--train-batch-size", type=int, default=None, help="env steps per iteration (4000)")
     p.add_argument("--minibatch-size", type=int, default=256)
@@ -117,6 +163,7 @@ def main(argv: list[str] | None = None) -> Path:
     w = rllib_iteration.Workload("ppo", a.env, tb)
     settings = {
         "env": a.env,
+        **env_settings(a.env, a.seed),
         "env_runners": a.env_runners,
         "train_batch_size": tb,
         "minibatch_size": a.minibatch_size,
@@ -147,6 +194,7 @@ def main(argv: list[str] | None = None) -> Path:
         "torch": torch.__version__,
         "ray": ray.__version__,
         "mujoco": _version("mujoco"),
+        "metaworld": _version("metaworld"),
         "gymnasium": _version("gymnasium"),
         **provenance.finish(prov),
     }
@@ -164,6 +212,21 @@ def main(argv: list[str] | None = None) -> Path:
     print(f"targets (Conduit ÷ native at most): {TARGETS}; met: {record['targets_met']}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return out
+
+
+def env_settings(env: str, seed: int) -> dict[str, Any]:
+    """What the JSON records about how ``env`` is made."""
+    if not env.startswith(METAWORLD):
+        return {"env_make": f"gym.make({env!r})"}
+    task = env[len(METAWORLD) :]
+    return {
+        "env_make": f'gym.make("Meta-World/MT1", env_name="{task}", seed={seed})',
+        "env_wrappers": "Meta-World's: TimeLimit(500), AutoTerminateOnSuccess (off), RecordEpisodeStatistics, "
+        "RandomTaskSelect (one of MT1's 50 goals per reset); observation space as Meta-World's once a "
+        "task is set (goal bounds)",
+        "observation": "float64 (39,)",
+        "action": "float32 (4,)",
+    }
 
 
 def _version(dist: str) -> str | None:
