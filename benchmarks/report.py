@@ -123,7 +123,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "rllib_mujoco",
-        "RLlib MuJoCo PPO (HalfCheetah-v5, 2 env runners)",
+        "RLlib MuJoCo PPO (Meta-World MT1 reach-v3, 2 env runners)",
         ("rllib_mujoco.json",),
         one(rllib.rllib_mujoco, "rllib_mujoco.json"),
         ("rllib_mujoco.png",),
