@@ -161,37 +161,17 @@ def summary(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 def targets_met(rat: dict[str, Any]) -> dict[str, bool | None]:
     """Per target: met, missed, or None where the ratio was refused (unequal work)."""
-    return {k: None if rat[k] is None else rat[k] <= limit for k, limit in TARGETS.items()}
+    return rllib_iteration.targets_met(rat, TARGETS)
 
 
 def plot(rows: list[dict[str, Any]], rat: dict[str, Any], title: str, path: Path) -> None:
     """Per-iteration wall, exposed time and replay bytes of both systems; the ratios against the targets."""
-    plt = script.pyplot()
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
     panels = (
         ("wall_s", "iteration wall (s)"),
         ("exposed_s", "exposed path (s)"),
         ("replay_gib", "replay GiB"),
     )
-    for ax, (metric, label) in zip(axes, panels):
-        for system, color in (("native", "tab:blue"), ("conduit", "tab:orange")):
-            sel = [r for r in rows if r["system"] == system]
-            ax.plot([r["iteration"] for r in sel], [r[metric] for r in sel], "o-", color=color, label=system)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("iteration")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    ax = axes[3]
-    keys = list(TARGETS)
-    vals = [rat[k] if rat[k] is not None else 0.0 for k in keys]
-    ax.bar(range(len(keys)), vals, 0.5, color=["tab:green", "tab:purple"])
-    for i, k in enumerate(keys):
-        ax.hlines(TARGETS[k], i - 0.35, i + 0.35, colors="red", linestyles="--")
-        ax.text(i, vals[i], "refused" if rat[k] is None else f"{vals[i]:.3f}", ha="center", va="bottom")
-    ax.set_xticks(range(len(keys)), ["exposed", "wall"])
-    ax.set_title("median ratio Conduit ÷ native (red: target)", fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    script.save_figure(fig, path)
+    rllib_iteration.plot_side_by_side(rows, rat, TARGETS, panels, title, path)
 
 
 def report(rat: dict[str, Any]) -> str:

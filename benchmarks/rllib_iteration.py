@@ -251,6 +251,46 @@ def table(rat: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def targets_met(rat: dict[str, Any], targets: dict[str, float]) -> dict[str, bool | None]:
+    """Per target (``ratio_* -> at most``): met, missed, or None where the ratio was refused."""
+    return {k: None if rat[k] is None else rat[k] <= limit for k, limit in targets.items()}
+
+
+def plot_side_by_side(
+    rows: list[dict[str, Any]],
+    rat: dict[str, Any],
+    targets: dict[str, float],
+    panels: tuple[tuple[str, str], ...],
+    title: str,
+    path: Path,
+) -> None:
+    """One workload's PNG: per-iteration ``panels`` (row key, title) of both systems, then the median
+    ratios Conduit ÷ native against ``targets`` (a refused ratio drawn as 0, labelled refused)."""
+    import script
+
+    plt = script.pyplot()
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4 * len(panels) + 4, 3.8))
+    for ax, (metric, label) in zip(axes, panels):
+        for system, color in (("native", "tab:blue"), ("conduit", "tab:orange")):
+            sel = [r for r in rows if r["system"] == system]
+            ax.plot([r["iteration"] for r in sel], [r[metric] for r in sel], "o-", color=color, label=system)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    ax = axes[len(panels)]
+    keys = list(targets)
+    vals = [rat[k] if rat[k] is not None else 0.0 for k in keys]
+    ax.bar(range(len(keys)), vals, 0.5, color=["tab:green", "tab:purple"])
+    for i, k in enumerate(keys):
+        ax.hlines(targets[k], i - 0.35, i + 0.35, colors="red", linestyles="--")
+        ax.text(i, vals[i], "refused" if rat[k] is None else f"{vals[i]:.3f}", ha="center", va="bottom")
+    ax.set_xticks(range(len(keys)), [k.removeprefix("ratio_") for k in keys])
+    ax.set_title("median ratio Conduit ÷ native (red: target)", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    script.save_figure(fig, path)
+
+
 def plot(rat: dict[str, dict], path: Path) -> None:
     import matplotlib
 

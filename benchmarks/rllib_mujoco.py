@@ -108,32 +108,13 @@ def make_config(
 
 def targets_met(rat: dict[str, Any]) -> dict[str, bool | None]:
     """Per target: met, missed, or None where the ratio was refused (unequal work)."""
-    return {k: None if rat[k] is None else rat[k] <= limit for k, limit in TARGETS.items()}
+    return rllib_iteration.targets_met(rat, TARGETS)
 
 
 def plot(rows: list[dict[str, Any]], rat: dict[str, Any], title: str, path: Path) -> None:
     """Per-iteration wall and exposed time of both systems, and the two ratios against their targets."""
-    plt = script.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, metric, label in ((axes[0], "wall_s", "iteration wall"), (axes[1], "exposed_s", "exposed path")):
-        for system, color in (("native", "tab:blue"), ("conduit", "tab:orange")):
-            sel = [r for r in rows if r["system"] == system]
-            ax.plot([r["iteration"] for r in sel], [r[metric] for r in sel], "o-", color=color, label=system)
-        ax.set_title(f"{label} (s)", fontsize=9)
-        ax.set_xlabel("iteration")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    ax = axes[2]
-    keys = list(TARGETS)
-    vals = [rat[k] if rat[k] is not None else 0.0 for k in keys]
-    ax.bar(range(len(keys)), vals, 0.5, color=["tab:green", "tab:purple"])
-    for i, k in enumerate(keys):
-        ax.hlines(TARGETS[k], i - 0.35, i + 0.35, colors="red", linestyles="--")
-        ax.text(i, vals[i], "refused" if rat[k] is None else f"{vals[i]:.3f}", ha="center", va="bottom")
-    ax.set_xticks(range(len(keys)), ["exposed", "wall"])
-    ax.set_title("median ratio Conduit ÷ native (red: target)", fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    script.save_figure(fig, path)
+    panels = (("wall_s", "iteration wall (s)"), ("exposed_s", "exposed path (s)"))
+    rllib_iteration.plot_side_by_side(rows, rat, TARGETS, panels, title, path)
 
 
 def main(argv: list[str] | None = None) -> Path:
