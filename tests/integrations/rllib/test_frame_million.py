@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from benchmark_modules import load
+from frame_replays import frame_replay
 
 pytestmark = pytest.mark.slow
 
@@ -60,22 +61,8 @@ def _rounds(steps: int):
 
 
 def test_a_million_transitions_of_frames_fit_in_8_gib_resident(tmp_path):
-    from conduit_rllib.replay import ConduitReplay
-    from conduit_rllib.settings import ConduitSettings
-
-    from conduit import BufferConfig
-
     torch.set_num_threads(1)
-    replay = ConduitReplay(
-        ConduitSettings(overlap="sync", memory_budget=BUDGET, disk_path=str(tmp_path)),
-        BufferConfig.prioritized_replay(CAPACITY, alpha=0.6, beta=0.4),
-        n_step=3,
-        gamma=0.99,
-        device="cpu",
-        num_learners=0,
-        seed=0,
-        frame_stack=4,
-    )
+    replay = frame_replay(CAPACITY, gamma=0.99, memory_budget=BUDGET, disk_path=str(tmp_path))
     before = memory()
     t0 = time.perf_counter()
     steps = 0

@@ -13,9 +13,9 @@ import torch
 from conduit_rllib.common import FRAMES
 from conduit_rllib.replay import ConduitReplay
 from conduit_rllib.settings import ConduitSettings
+from frame_replays import frame_replay
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from conduit import BufferConfig
 from conduit.errors import ConfigError
 from conduit.persist.tree import load_tree, save_tree
 
@@ -56,16 +56,7 @@ def chunks(rng: np.random.Generator, steps: int, start: int = 0):
 
 
 def make_replay(capacity: int = 6000, **settings) -> ConduitReplay:
-    return ConduitReplay(
-        ConduitSettings(overlap="sync", **settings),
-        BufferConfig.prioritized_replay(capacity, alpha=0.6, beta=0.4),
-        n_step=3,
-        gamma=0.9,
-        device="cpu",
-        num_learners=0,
-        seed=0,
-        frame_stack=4,
-    )
+    return frame_replay(capacity, **settings)
 
 
 def feed(replay: ConduitReplay, rng: np.random.Generator, steps: int) -> None:

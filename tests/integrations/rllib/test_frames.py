@@ -8,6 +8,7 @@ import torch
 from conduit_rllib.errors import FrameFormatError, FramesEvictedError
 from conduit_rllib.frame_packer import FramePacker
 from conduit_rllib.frames import FrameCodec, FrameStore
+from frame_replays import frame_replay
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from conduit.errors import ConduitError
@@ -190,21 +191,8 @@ def test_replay_rings_wrap_and_stacks_stay_exact():
     """Transitions (capacity 64) and frames wrap their rings many times over interleaved episodes;
     every sampled and every stored transition is still its own episode's frames."""
     from conduit_rllib.frames import frame_stack_operator
-    from conduit_rllib.replay import ConduitReplay
-    from conduit_rllib.settings import ConduitSettings
 
-    from conduit import BufferConfig
-
-    replay = ConduitReplay(
-        ConduitSettings(overlap="sync"),
-        BufferConfig.prioritized_replay(64, alpha=0.6, beta=0.4),
-        n_step=3,
-        gamma=0.9,
-        device="cpu",
-        num_learners=0,
-        seed=0,
-        frame_stack=4,
-    )
+    replay = frame_replay(64)
     for chunks in _interleaved_chunks(np.random.default_rng(0), 1500):
         replay.add(chunks, version=0)
     store = replay.packers["default_policy"].store

@@ -17,26 +17,17 @@ from conduit_rllib.errors import FrameFormatError, FrameStoreError
 from conduit_rllib.frames import FrameStore
 from conduit_rllib.replay import ConduitReplay
 from conduit_rllib.settings import ConduitSettings
+from frame_replays import frame_replay
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from test_frames import _check_stacks, _interleaved_chunks
 
-from conduit import BufferConfig
 from conduit.errors import ConduitError
 
 MID = "default_policy"
 
 
 def make_replay(capacity: int = 20_000, **settings) -> ConduitReplay:
-    return ConduitReplay(
-        ConduitSettings(**{"overlap": "async", **settings}),
-        BufferConfig.prioritized_replay(capacity, alpha=0.6, beta=0.4),
-        n_step=3,
-        gamma=0.9,
-        device="cpu",
-        num_learners=0,
-        seed=0,
-        frame_stack=4,
-    )
+    return frame_replay(capacity, **{"overlap": "async", **settings})
 
 
 def bad_chunk(steps: int = 5) -> SingleAgentEpisode:
