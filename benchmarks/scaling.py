@@ -1,6 +1,12 @@
-"""Past one machine: GRPO's data path from 8 to 1,024 GPUs, modelled (issue 32).
+"""Past one machine: GRPO's data path from 8 to 1,024 GPUs, modelled, and 1-8 Ray nodes measured (issue 32).
 
     python benchmarks/scaling.py --model [--quick] [--calibration FILE] [--out FILE]
+    python benchmarks/scaling.py --measure [--nodes 1,2,4,8] [--quick] [--out FILE]
+
+``--measure`` (``scaling_measure.py``): 1, 2, 4 and 8 Ray nodes on this machine, TransferQueue's client on
+Conduit's backend and on SimpleStorage, and RLlib DQN native vs Conduit; ``kind: "measured"`` rows and the
+model's validation against them (per call and per iteration, +-25%). It runs the model too, so the JSON
+holds both; ``--quick``: 1 and 2 nodes, a smaller workload, the model at three scales.
 
 ``--model``: strong scaling of one 7B GRPO iteration (the global batch fixed) on the described cluster
 ``topologies/cluster128_h100.toml`` (8 to 1,024 H100s, whole nodes), simulated by
@@ -32,9 +38,11 @@ import provenance  # noqa: E402
 import script  # noqa: E402
 import simpy  # noqa: E402
 from scaling_config import FIELDS, TOPOLOGY, Calibration, Cluster, Compute, Workload  # noqa: E402
+from scaling_measure import NODE_COUNTS, QUICK_NODES, measure, parse_nodes  # noqa: E402
 from scaling_model import DESIGNS, RESOURCES, simulate  # noqa: E402
 from scaling_validate import call_validation  # noqa: E402
 
+from conduit.errors import ConfigError  # noqa: E402
 from conduit.topology import load  # noqa: E402
 
 TARGET_SHARE = 0.05
@@ -218,14 +226,17 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = script.pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    measured = [r for r in rows if r["kind"] == "measured" and r.get("predicted_s") is not None]
+    fig, axes = plt.subplots(1, 3 if measured else 2, figsize=(16 if measured else 11, 4))
+    a, b = axes[0], axes[1]
+    modelled = [r for r in rows if r["kind"] == "modelled"]
     for system, style in (("conduit", "D-"), ("tq_simplestorage", "o-")):
-        mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["gpus"])
+        mine = sorted((r for r in modelled if r["system"] == system), key=lambda r: r["gpus"])
         g = [r["gpus"] for r in mine]
         a.plot(g, [r["predicted_s"] for r in mine], style, label=f"{system} (modelled)")
         b.plot(g, [100 * r["data_path_share"] for r in mine], style, label=f"{system} (modelled)")
-    first = min((r for r in rows if r["system"] == "conduit"), key=lambda r: r["gpus"])
-    g = sorted({r["gpus"] for r in rows})
+    first = min((r for r in modelled if r["system"] == "conduit"), key=lambda r: r["gpus"])
+    g = sorted({r["gpus"] for r in modelled})
     a.plot(g, [first["free_iteration_s"] * first["gpus"] / x for x in g], "k:", label="linear scaling")
     b.axhline(100 * TARGET_SHARE, color="k", ls="--", lw=0.8, label="target 5%")
     for ax in (a, b):
@@ -236,8 +247,50 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     a.set_yscale("log")
     a.set_ylabel("iteration time, s (modelled)")
     b.set_ylabel("data path share of the iteration, % (modelled)")
-    fig.suptitle("scaling.py --model: 7B GRPO, strong scaling, every point modelled (SimPy)", fontsize=9)
+    if measured:
+        c = axes[2]
+        for system, color in (("conduit", "tab:blue"), ("tq_simplestorage", "tab:orange")):
+            mine = sorted((r for r in measured if r["system"] == system), key=lambda r: r["nodes"])
+            n = [r["nodes"] for r in mine]
+            c.plot(n, [r["measured_s"] for r in mine], "o-", color=color, label=f"{system} measured")
+            c.plot(n, [r["predicted_s"] for r in mine], "x--", color=color, label=f"{system} model")
+        c.set_xscale("log", base=2)
+        c.set_yscale("log")
+        c.set_xlabel("Ray nodes on one 2-core machine (1 rank each)")
+        c.set_ylabel("data path per iteration, s")
+        c.set_title("validation: measured vs model (calibration points, not scaling)", fontsize=8)
+        c.legend(fontsize=7)
+        c.grid(alpha=0.3)
+    fig.suptitle(
+        "scaling.py: 7B GRPO strong scaling, left two panels modelled (SimPy); right: measured here",
+        fontsize=9,
+    )
     script.save_figure(fig, path, dpi=120)
+
+
+def measured_validation(measured: dict[str, Any] | None) -> dict[str, Any]:
+    """The validation against ``--measure``'s runs: per iteration and per call (out of sample), met or missed."""
+    if not measured:
+        return {
+            "per_iteration": [],
+            "per_iteration_note": "run scaling.py --measure (1-8 Ray nodes) for these",
+        }
+    v = measured["validation"]
+    verdicts = {"per_call": v["per_call_verdict"], "per_iteration": v["per_iteration_verdict"]}
+    return {
+        "per_iteration": v["per_iteration"],
+        "per_iteration_source": "scaling.py --measure: the data path of one GRPO-shaped iteration through TQ's client "
+        "on 1-8 Ray nodes of this 2-core machine vs the model's simulation of the same configuration",
+        "per_call_measured": v["per_call"],
+        "per_call_measured_source": "scaling.py --measure: the driver's calls (nothing else running), median per "
+        "configuration and call (out of sample: not fitted to them)",
+        "target": f"predicted within +-{v['tolerance']:.0%} of measured",
+        "verdict": {
+            k: f"{'met' if x['met'] else 'missed'}: {x['within']} of {x['of']} within"
+            for k, x in verdicts.items()
+        },
+        "caveat": "2 shared cores: the measured times are calibration points, not scaling figures",
+    }
 
 
 def main() -> int:
@@ -245,13 +298,27 @@ def main() -> int:
     p.add_argument("--model", action="store_true", help="run the modelled strong-scaling sweep")
     p.add_argument("--calibration", type=Path, help="a JSON Calibration dict (default: the built-in fit)")
     p.add_argument("--seed", type=int, default=0, help="the response-length draw")
+    p.add_argument(
+        "--measure", action="store_true", help="the measured runs on 1-8 Ray nodes (and the model)"
+    )
+    p.add_argument("--nodes", default=None, help=f"--measure's node counts, a comma list from {NODE_COUNTS} "
+                   f"(default all; --quick {QUICK_NODES})")  # fmt: skip
     args = p.parse_args()
-    if not args.model:
-        p.error("nothing to do: pass --model (the measured runs, --measure, are not built yet)")
+    if not (args.model or args.measure):
+        p.error("nothing to do: pass --model and/or --measure")
+    try:
+        nodes = parse_nodes(args.nodes) if args.nodes else list(QUICK_NODES if args.quick else NODE_COUNTS)
+    except ConfigError as e:
+        p.error(str(e))
     prov = provenance.start()
     t = time.perf_counter()
+    cal0 = (
+        Calibration.from_dict(json.loads(args.calibration.read_text())) if args.calibration else Calibration()
+    )
+    measured = measure(nodes, args.quick, cal0) if args.measure else None
     m = run_model(args)
     rows, w, cal = m["rows"], m["workload"], m["calibration"]
+    rows += measured["rows"] if measured else []
     prompt, response = w.lengths(args.seed)
     measured = json.loads(MEASURED_CALLS.read_text())["rows"] if MEASURED_CALLS.exists() else []
     nic = Cluster.from_topology(m["topology"], 16).nic_bytes_per_s
@@ -285,9 +352,9 @@ def main() -> int:
         "validation": {
             "per_call": call_validation(measured, cal, nic),
             "per_call_source": f"{MEASURED_CALLS.name}: 1 and 3 Ray nodes on one 2-core machine (in sample: the constants were fitted to these calls)",
-            "per_iteration": [],
-            "per_iteration_note": "needs scaling.py --measure (1-8 Ray nodes); not built yet",
+            **measured_validation(measured),
         },
+        "measured": {k: v for k, v in (measured or {}).items() if k not in ("rows", "validation")},
         "wall_seconds": round(time.perf_counter() - t, 1),
         "machine": provenance.finish(prov),
     }

@@ -369,10 +369,11 @@ def simulate(
     seed: int = 0,
     relieve: frozenset[str] = frozenset(),
     free_calls: frozenset[str] = frozenset(),
+    agent_workers: int = 8,
 ) -> dict[str, Any]:
     """One iteration; ``data_path_s`` is its time less the same iteration's with a free data path."""
     real = Iteration(
-        design, cluster, workload, compute, cal, seed, relieve=relieve, free_calls=free_calls
+        design, cluster, workload, compute, cal, seed, agent_workers, relieve=relieve, free_calls=free_calls
     ).run()
     free = compute_only_s(cluster, workload, compute, seed)
     data = max(0.0, real["iteration_s"] - free)

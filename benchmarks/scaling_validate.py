@@ -157,12 +157,16 @@ def iteration_validation(
 ) -> list[dict[str, Any]]:
     """The per-iteration validation table: each measured iteration's data-path seconds (``system`` a
     design name, ``nodes`` x ``gpus_per_node`` workers, ``workload`` the measured run's shape, NICs at
-    ``nic_bytes_per_s``: loopback on one machine) against the model's for the same configuration."""
+    ``nic_bytes_per_s``: loopback on one machine; ``agent_workers`` where given, else verl's 8) against
+    the model's for the same configuration."""
     measured = list(measured)
     predicted = []
     for m in measured:
         cluster = Cluster(m["nodes"], m["gpus_per_node"], nic_bytes_per_s, 0.0, "measured configuration")
-        got = simulate(DESIGNS[m["system"]], cluster, workload, compute, cal)["data_path_s"]
+        design = DESIGNS[m["system"]]
+        got = simulate(design, cluster, workload, compute, cal, agent_workers=m.get("agent_workers", 8))[
+            "data_path_s"
+        ]
         predicted.append({k: m[k] for k in ("system", "nodes", "gpus_per_node")} | {"predicted_s": got})
     rows = [
         {k: m[k] for k in ("system", "nodes", "gpus_per_node")} | {"measured_s": m["data_path_s"]}

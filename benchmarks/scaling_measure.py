@@ -1,0 +1,264 @@
+"""``scaling.py --measure``: 1, 2, 4 and 8 Ray nodes on this machine (``ray.cluster_utils.Cluster``,
+127.0.0.1), the measured rows and the model's validation against them (issue 32).
+
+Per node count, two processes (``scaling_measure_tq.py``: TQ allows one ``tq.init`` per process, one
+controller per cluster), each with its own cluster: TransferQueue's client on Conduit's backend (one
+store per node), then RLlib DQN on the same cluster (``scaling_measure_rllib.py``: one env runner per
+node per system, native vs ``conduit_rllib.enable``); and TransferQueue's SimpleStorage (one unit per
+node). On two shared cores every node, store, client and runner shares the same two cores: these times
+are calibration points of the model, not scaling figures.
+
+Validation (``scaling_validate``): per call, the driver's calls (made while nothing else runs: the model's
+idle ``call_seconds``), median per configuration and call; per iteration, the measured data path against
+the model's simulation of the same configuration (``nodes`` x 1 rank, one agent-loop worker per node,
+the measured workload, no compute, the measured poll interval). Both against +-25%, met or missed as
+measured. Ratios of the two TQ backends, and of RLlib's two systems, are refused where the work differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scaling_config import Calibration, Compute, Workload
+from scaling_measure_tq import DESIGN, POLL_S, SYSTEMS
+from scaling_validate import TOLERANCE, call_validation, iteration_validation
+
+from conduit.errors import ConfigError
+
+HERE = Path(__file__).resolve().parent
+NODE_COUNTS = (1, 2, 4, 8)
+QUICK_NODES = (1, 2)
+#: the measured GRPO workload: 8 prompts x 4 responses (quick: 4 x 4), lengths drawn as the model draws them
+WORKLOAD = Workload(prompts=8, n=4, prompt_median=128, response_median=256, max_prompt=512, max_response=1024)
+QUICK_WORKLOAD = replace(WORKLOAD, prompts=4)
+#: no GPU compute in the measured iteration: the model's compute made negligible (every field must be > 0)
+NO_COMPUTE = Compute(peak_flops=1e30, decode_step_s=1e-12, decode_per_seq_s=1e-12)
+LOOPBACK_BYTES_PER_S = 2e9  # loopback TCP on this machine, an order of magnitude (< 1 MB moves per iteration)
+CONFIG_TIMEOUT_S = 1200.0
+RLLIB_STEPS = {"quick": 200, "full": 400}
+ITERS = {"quick": (2, 1), "full": (3, 1)}  # measured, warm-up iterations per configuration
+
+
+def parse_nodes(text: str) -> list[int]:
+    """``"1,2,4,8"`` -> node counts; each must be one of :data:`NODE_COUNTS`."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--nodes: a comma list of node counts from {NODE_COUNTS}, got {text!r}") from None
+    bad = [n for n in counts if n not in NODE_COUNTS]
+    if bad or not counts:
+        raise ConfigError(f"--nodes: unknown node count(s) {bad or text!r}; choose from {NODE_COUNTS}")
+    return sorted(set(counts))
+
+
+def run_config(system: str, nodes: int, quick: bool, rllib: bool, logdir: Path) -> dict[str, Any]:
+    """One configuration in its own process (its own session: a timeout ends everything it started)."""
+    mode = "quick" if quick else "full"
+    iters, warmup = ITERS[mode]
+    out = logdir / f"{system}_{nodes}.json"
+    cmd = [sys.executable, str(HERE / "scaling_measure_tq.py"), "--system", system, "--nodes", str(nodes),
+           "--workload", json.dumps(asdict(QUICK_WORKLOAD if quick else WORKLOAD)), "--iters", str(iters),
+           "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
+    if rllib:
+        cmd += ["--rllib-steps", str(RLLIB_STEPS[mode])]
+    log = logdir / f"{system}_{nodes}.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=CONFIG_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session this call started, nothing else
+            proc.wait()
+            rc = -9
+    if rc != 0 or not out.exists():
+        tail = log.read_text()[-1500:]
+        return {"system": system, "nodes": nodes, "error": f"exit {rc}; log {log}:\n{tail}"}
+    return json.loads(out.read_text())
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": float(np.percentile(values, 50)),
+        "p99": float(np.percentile(values, 99)),
+    }
+
+
+def tq_row(r: dict[str, Any], workload: Workload) -> dict[str, Any]:
+    """A measured row (medians over the measured iterations) of one TQ configuration."""
+    its = r["iterations"]
+    med = {k: statistics.median(i[k] for i in its) for k in
+           ("data_path_s", "controller_requests", "controller_request_s", "cross_node_bytes", "local_bytes")}  # fmt: skip
+    calls = [c for i in its for c in i["calls"]]
+    ops = sorted({c["op"] for c in calls})
+    prompt, response = workload.lengths(0)
+    return {
+        "kind": "measured",
+        "system": DESIGN[r["system"]],
+        "backend": r["system"],
+        "nodes": r["nodes"],
+        "gpus": r["nodes"],
+        "gpus_note": "training ranks on CPU, one per node (no GPU here)",
+        "measured_s": round(med["data_path_s"], 4),
+        "data_path_s": round(med["data_path_s"], 4),
+        "data_path_share": 1.0,
+        "controller_requests": med["controller_requests"],
+        "controller_request_s": round(med["controller_request_s"], 4),
+        "cross_node_bytes": med["cross_node_bytes"],
+        "local_bytes": med["local_bytes"],
+        "per_call_s": {op: percentiles([c["seconds"] for c in calls if c["op"] == op]) for op in ops},
+        "phases_s": {
+            k: round(statistics.median(i["phases_s"][k] for i in its), 4) for k in its[0]["phases_s"]
+        },
+        "iterations": len(its),
+        "store_nodes": r["store_nodes"],
+        "startup_s": round(r["startup_s"], 1),
+        "work": {
+            "responses": workload.responses,
+            "response_tokens": int(response.sum()),
+            "prompt_tokens": int(prompt.sum()),
+            "agent_puts": sum(c["op"] == "agent_put" for c in calls) // len(its),
+        },  # fmt: skip
+    }
+
+
+def rllib_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Measured rows of RLlib DQN at one node count: data path (exposed) seconds per iteration, medians."""
+    from rllib_native_timing import ratio_or_refusal, work_totals
+
+    rows = r["rows"]
+    work = {s: work_totals(rows, s) for s in ("native", "conduit")}
+    out = []
+    for s in ("native", "conduit"):
+        mine = [x for x in rows if x["system"] == s]
+        exposed = statistics.median(x["exposed_s"] for x in mine)
+        wall = statistics.median(x["wall_s"] for x in mine)
+        out.append({"kind": "measured", "system": f"rllib_{s}", "nodes": r["nodes"], "gpus": None,
+                    "env_runners": r["nodes"], "runner_nodes": r["runner_nodes"].get(s),
+                    "measured_s": round(exposed, 4), "wall_s": round(wall, 4), "data_path_share": round(exposed / wall, 4),
+                    "iterations": len(mine), "work": work[s]})  # fmt: skip
+    n, c = out
+    for key, field in (("ratio_exposed", "measured_s"), ("ratio_wall", "wall_s")):
+        ratio, refused = ratio_or_refusal(n[field], c[field], work["native"], work["conduit"])
+        c[key], c["ratio_refused"] = None if ratio is None else round(ratio, 3), refused
+    return out
+
+
+def backend_ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Conduit / SimpleStorage data path per node count, refused where the work differs."""
+    out: dict[str, Any] = {}
+    for n in sorted({r["nodes"] for r in rows}):
+        by = {r["system"]: r for r in rows if r["nodes"] == n}
+        if {"conduit", "tq_simplestorage"} - set(by):
+            continue
+        c, t = by["conduit"], by["tq_simplestorage"]
+        if c["work"] != t["work"]:
+            out[str(n)] = {
+                "ratio": None,
+                "refused": f"work differs: conduit {c['work']}, tq_simplestorage {t['work']}",
+            }
+        else:
+            out[str(n)] = {"ratio": round(c["measured_s"] / t["measured_s"], 3), "refused": None}
+    return out
+
+
+def validate(
+    rows: list[dict[str, Any]], raw: list[dict[str, Any]], cal: Calibration, workload: Workload
+) -> dict[str, Any]:
+    """The per-call and per-iteration tables (+-25%) and the verdicts, stated as met or missed."""
+    calls = []
+    for r in raw:
+        groups: dict[tuple, list[float]] = {}
+        for it in r["iterations"]:
+            for c in it["calls"]:
+                if c["caller"] == "driver":
+                    key = (c["op"].removeprefix("driver_"), c["samples"], c["bytes"])
+                    groups.setdefault(key, []).append(c["seconds"])
+        for (op, samples, nbytes), secs in sorted(groups.items()):
+            calls.append({"system": r["system"], "op": op, "nodes": r["nodes"], "samples": samples, "bytes": nbytes,
+                          "seconds": statistics.median(secs)})  # fmt: skip
+    per_call = call_validation(calls, cal, LOOPBACK_BYTES_PER_S)
+    tq = [r for r in rows if r["system"] in ("conduit", "tq_simplestorage")]
+    iters = [{"system": r["system"], "nodes": r["nodes"], "gpus_per_node": 1, "agent_workers": r["nodes"],
+              "data_path_s": r["measured_s"]} for r in tq]  # fmt: skip
+    per_iteration = iteration_validation(
+        iters, replace(cal, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S
+    )
+    for v in per_iteration:
+        v.pop("agent_workers", None)
+        row = next(r for r in tq if (r["system"], r["nodes"]) == (v["system"], v["nodes"]))
+        row["predicted_s"] = round(v["predicted_s"], 4)
+
+    def verdict(table: list[dict[str, Any]]) -> dict[str, Any]:
+        within = sum(bool(t["within"]) for t in table)
+        return {"within": within, "of": len(table), "met": bool(table) and within == len(table)}
+
+    return {"per_call": per_call, "per_iteration": per_iteration,
+            "per_call_verdict": verdict(per_call), "per_iteration_verdict": verdict(per_iteration),
+            "tolerance": TOLERANCE}  # fmt: skip
+
+
+def measure(nodes: list[int], quick: bool, cal: Calibration) -> dict[str, Any]:
+    """Every configuration, printed as it ends; the measured rows, the ratios and the validation."""
+    logdir = Path(tempfile.mkdtemp(prefix="scaling-measure-"))
+    workload = QUICK_WORKLOAD if quick else WORKLOAD
+    print(
+        f"measure: nodes {nodes}, systems {SYSTEMS} (+ RLlib DQN on Conduit's cluster); logs in {logdir}",
+        flush=True,
+    )
+    raw, rows, errors = [], [], []
+    for n in nodes:
+        for system in SYSTEMS:
+            t = time.perf_counter()
+            r = run_config(system, n, quick, rllib=system == "Conduit", logdir=logdir)
+            if "error" in r:
+                errors.append(r)
+                print(f"{n} node(s) {system}: FAILED ({r['error'][:300]})", flush=True)
+                continue
+            raw.append(r)
+            rows.append(tq_row(r, workload))
+            row = rows[-1]
+            print(f"{n} node(s) {system:13s} data path {row['measured_s']:.3f} s/iteration, {row['controller_requests']} "
+                  f"controller requests ({row['controller_request_s']:.3f} s), {row['cross_node_bytes']} B across "
+                  f"nodes  [{time.perf_counter() - t:.0f} s]", flush=True)  # fmt: skip
+            if "rllib" in r:
+                rows += rllib_rows(r["rllib"])
+                nat, con = rows[-2], rows[-1]
+                print(f"{n} node(s) RLlib DQN     exposed native {nat['measured_s']:.3f} s, conduit {con['measured_s']:.3f} s"
+                      f" (ratio {con['ratio_exposed'] if con['ratio_exposed'] is not None else 'refused'}); runners on "
+                      f"nodes {nat['runner_nodes']} / {con['runner_nodes']}", flush=True)  # fmt: skip
+    return {"rows": rows, "errors": errors, "ratios": backend_ratios([r for r in rows if r["system"] in DESIGN.values()]),
+            "validation": validate(rows, raw, cal, workload), "workload": asdict(workload),
+            "setup": setup(quick)}  # fmt: skip
+
+
+def setup(quick: bool) -> dict[str, Any]:
+    mode = "quick" if quick else "full"
+    iters, warmup = ITERS[mode]
+    return {
+        "ray": "ray.cluster_utils.Cluster on 127.0.0.1, 2 logical CPUs and 160 MiB object store per node",
+        "iterations": {"measured": iters, "warmup": warmup, "statistic": "median over measured iterations"},
+        "tq": "per node one client actor (agent-loop worker and rank); the driver on node 0; see scaling_measure_tq.py",
+        "poll_s": POLL_S,
+        "rllib": f"DQN CartPole-v1, train batch 32, {RLLIB_STEPS[mode]} env steps an iteration, one env runner per node "
+        "per system, overlap async; data path = the exposed experience path (rllib_native_timing wrappers)",
+        "data_path_share": "TQ rows: 1.0 (no compute in the measured iteration); RLlib rows: exposed / wall",
+        "cross_node_bytes": "payload bytes of each call's samples whose store (global index mod stores) is on "
+        "another node than the caller, counted in every client process",
+        "controller_requests": "every client's round trips to TransferQueue's controller (its request socket and "
+        "the storage manager's notify), with the seconds each caller waited on them",
+        "no_compute": asdict(NO_COMPUTE),
+        "loopback_bytes_per_s": LOOPBACK_BYTES_PER_S,
+        "caveat": "2 shared cores for every node, store, client and runner: calibration points, not scaling figures",
+    }
