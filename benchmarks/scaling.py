@@ -303,6 +303,8 @@ def main() -> int:
     )
     p.add_argument("--nodes", default=None, help=f"--measure's node counts, a comma list from {NODE_COUNTS} "
                    f"(default all; --quick {QUICK_NODES})")  # fmt: skip
+    p.add_argument("--measured-from", type=Path, default=None,
+                   help="a folder of an earlier --measure's per-configuration JSONs: reuse those, run the rest")  # fmt: skip
     args = p.parse_args()
     if not (args.model or args.measure):
         p.error("nothing to do: pass --model and/or --measure")
@@ -315,10 +317,10 @@ def main() -> int:
     cal0 = (
         Calibration.from_dict(json.loads(args.calibration.read_text())) if args.calibration else Calibration()
     )
-    measured = measure(nodes, args.quick, cal0) if args.measure else None
+    measured = measure(nodes, args.quick, cal0, args.measured_from) if args.measure else None
     m = run_model(args)
-    rows, w, cal = m["rows"], m["workload"], m["calibration"]
-    rows += measured["rows"] if measured else []
+    modelled, w, cal = m["rows"], m["workload"], m["calibration"]
+    rows = modelled + (measured["rows"] if measured else [])
     prompt, response = w.lengths(args.seed)
     measured = json.loads(MEASURED_CALLS.read_text())["rows"] if MEASURED_CALLS.exists() else []
     nic = Cluster.from_topology(m["topology"], 16).nic_bytes_per_s
@@ -348,7 +350,7 @@ def main() -> int:
         "saturation": m["saturation"],
         "sensitivity": m["sensitivity"],
         "assumptions": ASSUMPTIONS,
-        "summary": summary(rows),
+        "summary": summary(modelled),
         "validation": {
             "per_call": call_validation(measured, cal, nic),
             "per_call_source": f"{MEASURED_CALLS.name}: 1 and 3 Ray nodes on one 2-core machine (in sample: the constants were fitted to these calls)",

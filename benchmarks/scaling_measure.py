@@ -209,8 +209,10 @@ def validate(
             "tolerance": TOLERANCE}  # fmt: skip
 
 
-def measure(nodes: list[int], quick: bool, cal: Calibration) -> dict[str, Any]:
-    """Every configuration, printed as it ends; the measured rows, the ratios and the validation."""
+def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None = None) -> dict[str, Any]:
+    """Every configuration, printed as it ends; the measured rows, the ratios and the validation.
+    ``reuse``: a folder of an earlier run's per-configuration JSONs (``<system>_<nodes>.json``), taken as
+    measured there; the configurations missing from it are run."""
     logdir = Path(tempfile.mkdtemp(prefix="scaling-measure-"))
     workload = QUICK_WORKLOAD if quick else WORKLOAD
     print(
@@ -221,7 +223,11 @@ def measure(nodes: list[int], quick: bool, cal: Calibration) -> dict[str, Any]:
     for n in nodes:
         for system in SYSTEMS:
             t = time.perf_counter()
-            r = run_config(system, n, quick, rllib=system == "Conduit", logdir=logdir)
+            done = reuse / f"{system}_{n}.json" if reuse else None
+            if done is not None and done.exists():
+                r = json.loads(done.read_text())
+            else:
+                r = run_config(system, n, quick, rllib=system == "Conduit", logdir=logdir)
             if "error" in r:
                 errors.append(r)
                 print(f"{n} node(s) {system}: FAILED ({r['error'][:300]})", flush=True)
@@ -240,7 +246,7 @@ def measure(nodes: list[int], quick: bool, cal: Calibration) -> dict[str, Any]:
                       f"nodes {nat['runner_nodes']} / {con['runner_nodes']}", flush=True)  # fmt: skip
     return {"rows": rows, "errors": errors, "ratios": backend_ratios([r for r in rows if r["system"] in DESIGN.values()]),
             "validation": validate(rows, raw, cal, workload), "workload": asdict(workload),
-            "setup": setup(quick)}  # fmt: skip
+            "setup": setup(quick), "reused": str(reuse) if reuse else None, "logs": str(logdir)}  # fmt: skip
 
 
 def setup(quick: bool) -> dict[str, Any]:
