@@ -317,10 +317,10 @@ def main() -> int:
     cal0 = (
         Calibration.from_dict(json.loads(args.calibration.read_text())) if args.calibration else Calibration()
     )
-    measured = measure(nodes, args.quick, cal0, args.measured_from) if args.measure else None
+    runs = measure(nodes, args.quick, cal0, args.measured_from) if args.measure else None
     m = run_model(args)
     modelled, w, cal = m["rows"], m["workload"], m["calibration"]
-    rows = modelled + (measured["rows"] if measured else [])
+    rows = modelled + (runs["rows"] if runs else [])
     prompt, response = w.lengths(args.seed)
     measured = json.loads(MEASURED_CALLS.read_text())["rows"] if MEASURED_CALLS.exists() else []
     nic = Cluster.from_topology(m["topology"], 16).nic_bytes_per_s
@@ -354,9 +354,9 @@ def main() -> int:
         "validation": {
             "per_call": call_validation(measured, cal, nic),
             "per_call_source": f"{MEASURED_CALLS.name}: 1 and 3 Ray nodes on one 2-core machine (in sample: the constants were fitted to these calls)",
-            **measured_validation(measured),
+            **measured_validation(runs),
         },
-        "measured": {k: v for k, v in (measured or {}).items() if k not in ("rows", "validation")},
+        "measured": {k: v for k, v in (runs or {}).items() if k not in ("rows", "validation")},
         "wall_seconds": round(time.perf_counter() - t, 1),
         "machine": provenance.finish(prov),
     }
