@@ -61,7 +61,7 @@ import provenance  # noqa: E402
 import script  # noqa: E402
 from autotune_calibration import CALIB_CONFIGS, CALIB_DIMS, Calibration, calibrate, describe_overlap  # noqa: E402
 from autotune_loop import EVAL_DIMS, FRAG, GETS, PROBE_ITERS, PROBE_WARMUP, PUTS, Probes, SyntheticLoop  # noqa: E402
-from autotune_rank import kendall, repeatability, split_halves  # noqa: E402
+from autotune_rank import kendall, prediction_panel, repeatability, split_halves  # noqa: E402
 from autotune_refit import refit  # noqa: E402
 
 from conduit.costmodel import Knobs, link_bandwidth  # noqa: E402
@@ -192,21 +192,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = script.pyplot()
     fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 4), squeeze=False)
     for ax, row in zip(axes[0], rows, strict=True):
-        pred = [p * 1e3 for p in row["predicted_s"]]
-        meas = [m * 1e3 for m in row["measured_s"]]
-        ax.scatter(pred, meas, c="0.6", s=18, label="manual (32)")
         pick = [describe(Knobs(**c)) for c in row["configs"]].index(row["auto"]["config"])
-        ax.scatter([pred[pick]], [meas[pick]], c="tab:red", marker="*", s=160, label="auto")
-        lo, hi = min(pred + meas), max(pred + meas)
-        ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
         gap, again = row["auto"]["gap_to_best_grid"], row["auto"].get("gap_to_best_confirmed")
         redo = "" if again is None else f" (re-measured {again:+.1%})"
-        ax.set_title(
-            f"{row['item_bytes']} B/item: tau={row['kendall_tau']:.2f}, auto {gap:+.1%}{redo}", fontsize=8
-        )
-        ax.set_xlabel("predicted ms/iter")
-        ax.set_ylabel("measured ms/iter")
-        ax.legend(fontsize=7)
+        title = f"{row['item_bytes']} B/item: tau={row['kendall_tau']:.2f}, auto {gap:+.1%}{redo}"
+        prediction_panel(ax, row, pick, "manual (32)", title, "iter")
     script.save_figure(fig, path)
 
 

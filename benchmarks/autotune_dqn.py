@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cartpole  # noqa: E402
 import provenance  # noqa: E402
 import script  # noqa: E402
-from autotune_rank import kendall, split_halves  # noqa: E402
+from autotune_rank import kendall, prediction_panel, split_halves  # noqa: E402
 from rllib_native_timing import WorkCounter  # noqa: E402
 
 LEARNING_STARTS = 64  # env steps sampled before the first update
@@ -168,22 +168,14 @@ def confirm(pick: Any, best: Any, batch: int, steps: int, warmup: int) -> dict[s
 def plot(row: dict[str, Any], path: Path) -> None:
     plt = script.pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
-    pred = [p * 1e3 for p in row["predicted_s"]]
-    meas = [m * 1e3 for m in row["measured_s"]]
-    ax.scatter(pred, meas, c="0.6", s=18, label=f"manual ({len(meas)})")
-    pick = row["configs"].index(row["auto"]["config"])
-    ax.scatter([pred[pick]], [meas[pick]], c="tab:red", marker="*", s=160, label="auto")
-    lo, hi = min(pred + meas), max(pred + meas)
-    ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
 
     def pct(gap: float | None) -> str:
         return "refused (work differs)" if gap is None else f"{gap:+.1%}"
 
     gaps = f"{pct(row['auto']['gap_to_best_grid'])} (re-measured {pct(row['auto'].get('gap_to_best_confirmed'))})"
-    ax.set_title(f"DQN CartPole b{row['batch']}: tau={row['kendall_tau']:.2f}, auto {gaps}", fontsize=8)
-    ax.set_xlabel("predicted ms/step")
-    ax.set_ylabel("measured ms/step")
-    ax.legend(fontsize=7)
+    title = f"DQN CartPole b{row['batch']}: tau={row['kendall_tau']:.2f}, auto {gaps}"
+    pick = row["configs"].index(row["auto"]["config"])
+    prediction_panel(ax, row, pick, f"manual ({len(row['measured_s'])})", title, "step")
     script.save_figure(fig, path)
 
 

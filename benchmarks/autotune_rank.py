@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 
 def kendall(xs: list[float], ys: list[float]) -> float:
@@ -25,3 +26,18 @@ def split_halves(rounds: list[list[float]]) -> float | None:
         return None
     halves = [[statistics.median(r[i] for r in rounds[h::2]) for i in range(len(rounds[0]))] for h in (0, 1)]
     return kendall(*halves)
+
+
+def prediction_panel(ax: Any, row: dict[str, Any], pick: int, manual: str, title: str, unit: str) -> None:
+    """One panel of a tuner plot: measured against predicted ms per ``unit`` for every configuration of
+    ``row`` (grey, labelled ``manual``), the tuner's ``pick`` starred, the diagonal dotted."""
+    pred = [p * 1e3 for p in row["predicted_s"]]
+    meas = [m * 1e3 for m in row["measured_s"]]
+    ax.scatter(pred, meas, c="0.6", s=18, label=manual)
+    ax.scatter([pred[pick]], [meas[pick]], c="tab:red", marker="*", s=160, label="auto")
+    lo, hi = min(pred + meas), max(pred + meas)
+    ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel(f"predicted ms/{unit}")
+    ax.set_ylabel(f"measured ms/{unit}")
+    ax.legend(fontsize=7)

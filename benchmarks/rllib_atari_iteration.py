@@ -34,8 +34,6 @@ and a PNG beside it. ``--quick`` (200 steps, 2 iterations) is a smoke run writin
 
 from __future__ import annotations
 
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -284,24 +282,13 @@ def main(argv: list[str] | None = None) -> Path:
     }
     from importlib.metadata import version
 
-    machine = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "ray": ray.__version__,
-        "ale_py": version("ale-py"),
-        "gymnasium": version("gymnasium"),
-        "run_s": round(time.perf_counter() - t0, 1),
-        **provenance.finish(prov),
-    }
-    record = {
-        "machine": machine,
-        "settings": settings,
-        "rows": rows,
-        "ratios": rat,
-        "targets": TARGETS,
-        "targets_met": targets_met(rat),
-    }
+    machine = rllib_iteration.machine(
+        prov,
+        ale_py=version("ale-py"),
+        gymnasium=version("gymnasium"),
+        run_s=round(time.perf_counter() - t0, 1),
+    )
+    record = rllib_iteration.record(machine, settings, rows, rat, TARGETS)
     title = (
         f"DQN {w.env} (RLlib Atari wrappers, dim 64, 4 frames, n-step 3, PER, batch 32): native vs Conduit"
     )

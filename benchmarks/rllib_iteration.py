@@ -256,6 +256,39 @@ def targets_met(rat: dict[str, Any], targets: dict[str, float]) -> dict[str, boo
     return {k: None if rat[k] is None else rat[k] <= limit for k, limit in targets.items()}
 
 
+def machine(prov: Any, **extra: Any) -> dict[str, Any]:
+    """What a result file records about the run's machine: CPUs, platform, torch and Ray versions, then
+    ``extra`` (package versions, settings, run time) and the provenance begun as ``prov``."""
+    import ray
+
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        **extra,
+        **provenance.finish(prov),
+    }
+
+
+def record(
+    mach: dict[str, Any],
+    settings: dict[str, Any],
+    rows: list[dict],
+    rat: dict[str, Any],
+    targets: dict[str, float],
+) -> dict[str, Any]:
+    """The result file of one workload's side-by-side run: ``machine``, settings, rows, ratios and targets."""
+    return {
+        "machine": mach,
+        "settings": settings,
+        "rows": rows,
+        "ratios": rat,
+        "targets": targets,
+        "targets_met": targets_met(rat, targets),
+    }
+
+
 def plot_side_by_side(
     rows: list[dict[str, Any]],
     rat: dict[str, Any],
@@ -353,26 +386,22 @@ def main() -> None:
     for w in sweep:
         rows += run_workload(w, iters, warmup=1, steps=steps, overlap=a.overlap, timer=timer)
     rat = ratios(rows)
-    machine = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "ray": ray.__version__,
-        "overlap": a.overlap,
-        "quick": a.quick,
-        "settings": {
+    mach = machine(
+        prov,
+        overlap=a.overlap,
+        quick=a.quick,
+        settings={
             "dqn_env_steps_per_iteration": steps,
             "train_batch_sizes": {w.name: w.train_batch_size for w in sweep},
             "measured_iterations": iters,
             "warmup_iterations": 1,
             "exposed_timing": "benchmark wrappers on both systems (rllib_native_timing.install(conduit=True))",
         },
-        **provenance.finish(prov),
-    }
+    )
     default = "/tmp/rllib_iteration_quick.json" if a.quick else "benchmarks/results/rllib_iteration.json"
     out = Path(a.out or default)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "rows": rows, "ratios": rat}, indent=1))
+    out.write_text(json.dumps({"machine": mach, "rows": rows, "ratios": rat}, indent=1))
     plot(rat, out.with_suffix(".png"))
     print("\n" + table(rat))
     print(f"wrote {out} and {out.with_suffix('.png')}")

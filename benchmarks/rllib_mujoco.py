@@ -30,8 +30,6 @@ otherwise.
 
 from __future__ import annotations
 
-import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -169,24 +167,10 @@ def main(argv: list[str] | None = None) -> Path:
     for r in rows:
         r["env_runners"] = a.env_runners
     rat = rllib_iteration.ratios(rows)[w.name]
-    machine = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "ray": ray.__version__,
-        "mujoco": _version("mujoco"),
-        "metaworld": _version("metaworld"),
-        "gymnasium": _version("gymnasium"),
-        **provenance.finish(prov),
-    }
-    record = {
-        "machine": machine,
-        "settings": settings,
-        "rows": rows,
-        "ratios": rat,
-        "targets": TARGETS,
-        "targets_met": targets_met(rat),
-    }
+    machine = rllib_iteration.machine(
+        prov, mujoco=_version("mujoco"), metaworld=_version("metaworld"), gymnasium=_version("gymnasium")
+    )
+    record = rllib_iteration.record(machine, settings, rows, rat, TARGETS)
     title = f"PPO {a.env}, {a.env_runners} env runners, batch {tb}: native RLlib vs Conduit ({a.overlap})"
     out = script.write_result(NAME, a, record, lambda png: plot(rows, rat, title, png))
     print("\n" + rllib_iteration.table({w.name: rat}))

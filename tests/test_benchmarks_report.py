@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from blank_values import blank
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import report  # noqa: E402
@@ -37,17 +39,9 @@ def test_a_missing_results_file_renders_without_crashing(tmp_path) -> None:
     assert "`verl_crash_resume.json`: no results file." in page
 
 
-def _blank(x: object) -> object:
-    if isinstance(x, dict):
-        return {k: _blank(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_blank(v) for v in x]
-    return None
-
-
 def test_every_section_renders_results_whose_values_are_all_missing(tmp_path) -> None:
     for path in report.RESULTS.glob("*.json"):
-        (tmp_path / path.name).write_text(json.dumps(_blank(json.loads(path.read_text()))))
+        (tmp_path / path.name).write_text(json.dumps(blank(json.loads(path.read_text()))))
     page = report.render(results=tmp_path, notes=tmp_path)
     assert "- Run `rllib_iteration.json`: commit —, dirty=—, load — → —, date —." in page
     assert "no results file" not in page

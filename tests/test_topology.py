@@ -29,6 +29,14 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def load_edited(tmp_path: Path, good: str, edit: tuple[str, str], message: str) -> None:
+    """``good`` with ``edit`` (old, new) applied must fail to load, with an error matching ``message``."""
+    text = good.replace(*edit)
+    assert text != good
+    with pytest.raises(ConfigError, match=message):
+        load(write(tmp_path, text))
+
+
 GOOD = """
 tiers = [
   { name = "node0/host", kind = "host", capacity_bytes = 1000, copy_gb_per_s = 10, copy_latency_us = 1 },
@@ -101,10 +109,7 @@ def test_duplicate_tier_names_and_links():
     ],
 )
 def test_malformed_file_names_the_problem(tmp_path, edit, message):
-    text = GOOD.replace(*edit)
-    assert text != GOOD
-    with pytest.raises(ConfigError, match=message):
-        load(write(tmp_path, text))
+    load_edited(tmp_path, GOOD, edit, message)
 
 
 def test_missing_file_and_hbm_without_device(tmp_path):
@@ -207,10 +212,7 @@ latency_us = 1
     ],
 )
 def test_node_count_is_checked(tmp_path, edit, message):
-    text = TWO_NODES.replace(*edit)
-    assert text != TWO_NODES
-    with pytest.raises(ConfigError, match=message):
-        load(write(tmp_path, text))
+    load_edited(tmp_path, TWO_NODES, edit, message)
 
 
 def test_node_count_defaults_to_the_written_nodes(tmp_path):

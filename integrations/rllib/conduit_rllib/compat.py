@@ -173,6 +173,11 @@ def _missing_property(cls: Any, name: str) -> str | None:
     return f"{cls.__name__} property `{name}` not found"
 
 
+def _missing_method(cls: Any, name: str) -> str | None:
+    """``None`` when ``cls`` has the method ``name``, else what is missing."""
+    return None if callable(getattr(cls, name, None)) else f"{cls.__name__} method `{name}` not found"
+
+
 def _read(obj: Any, attr: str, missing: str) -> Any:
     """``obj.attr``; without it, the version error that says ``missing``."""
     try:
@@ -227,9 +232,7 @@ def _check_iterator_hook() -> str | None:
     fields = getattr(TrainingData, "__dataclass_fields__", {})
     if not {"batch", "episodes"} <= set(fields):
         return "TrainingData fields `batch`, `episodes` not found"
-    if not callable(getattr(Learner, "should_module_be_updated", None)):
-        return "Learner method `should_module_be_updated` not found"
-    return None
+    return _missing_method(Learner, "should_module_be_updated")
 
 
 class LearnerIteratorHook:
@@ -286,8 +289,8 @@ def sample_episodes(
 
 @_seam("learner results: TD errors as Stats", "dqn.py: priorities from the learner's TD errors")
 def _check_td_errors() -> str | None:
-    if not callable(getattr(StatsBase, "peek", None)):
-        return "StatsBase method `peek` not found"
+    if missing := _missing_method(StatsBase, "peek"):
+        return missing
     if not _assigns(DQNTorchLearner.compute_loss_for_module, "TD_ERROR_KEY"):
         return "DQNTorchLearner.compute_loss_for_module does not log `TD_ERROR_KEY`"
     return None
@@ -305,7 +308,7 @@ def pop_td_errors(learner_results: list[dict[str, Any]]) -> dict[str, np.ndarray
 
 @_seam("CallResult.get", "ppo.py: a remote learner's value estimates")
 def _check_call_result() -> str | None:
-    return None if callable(getattr(CallResult, "get", None)) else "CallResult method `get` not found"
+    return _missing_method(CallResult, "get")
 
 
 def call_first_learner(learner_group: Any, fn: Callable[[Any], Any]) -> Any:
@@ -532,11 +535,13 @@ INPUT_ENV_SINGLE_SPACES = _import("ray.rllib.env", "INPUT_ENV_SINGLE_SPACES", "d
     "dqn.py: a FrameStacking learner piece makes the replay store frames once and stack at delivery",
 )
 def _check_frame_stacking() -> str | None:
-    if not callable(getattr(AlgorithmConfig, "build_learner_connector", None)):
-        return "AlgorithmConfig method `build_learner_connector` not found"
-    if not _assigns(FrameStacking.__init__, "num_frames"):
-        return "FrameStacking attribute `num_frames` not found"
-    return None
+    if missing := _missing_method(AlgorithmConfig, "build_learner_connector"):
+        return missing
+    return (
+        None
+        if _assigns(FrameStacking.__init__, "num_frames")
+        else "FrameStacking attribute `num_frames` not found"
+    )
 
 
 def learner_frame_stack(config: Any, algo: Any) -> int | None:

@@ -23,3 +23,23 @@ def frame_replay(capacity: int, overlap: str = "sync", gamma: float = 0.9, **set
         seed=0,
         frame_stack=4,
     )
+
+
+def episode_chunk(
+    eid: str, frames: Any, actions: Any, rewards: Any, terminated: bool, space: Any, t_started: int = 0
+):  # noqa: ANN201
+    """Steps ``t_started``..``t_started + len(actions)`` of episode ``eid`` as the ``SingleAgentEpisode`` an
+    env runner hands the replay (numpy form, no lookback): ``frames`` are its ``len(actions) + 1``
+    observations in ``space``."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    return SingleAgentEpisode(
+        id_=eid,
+        observations=list(frames),
+        actions=list(actions),
+        rewards=list(rewards),
+        terminated=terminated,
+        observation_space=space,
+        t_started=t_started,
+        len_lookback_buffer=0,
+    ).to_numpy()

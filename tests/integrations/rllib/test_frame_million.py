@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from benchmark_modules import load
-from frame_replays import frame_replay
+from frame_replays import episode_chunk, frame_replay
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +28,6 @@ memory = load("rllib_atari").memory  # this process's resident memory (rss, anon
 
 def _rounds(steps: int):
     """Rounds of two interleaved episodes' chunks; frame pixel (y, x) at step t of episode k is (k*31+t+x)%256."""
-    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
-
     space = gym.spaces.Box(0, 255, (DIM, DIM, 1), np.uint8)
     row = np.arange(DIM, dtype=np.int64)[None, None, :, None]
     rng = np.random.default_rng(0)
@@ -43,17 +41,8 @@ def _rounds(steps: int):
                 obs = np.broadcast_to(
                     ((ep * 31 + ts + row) % 256).astype(np.uint8), (t1 - t0 + 1, DIM, DIM, 1)
                 )
-                c = SingleAgentEpisode(
-                    id_=f"ep{ep}",
-                    observations=list(obs),
-                    actions=list(rng.integers(0, 6, t1 - t0)),
-                    rewards=list(np.ones(t1 - t0, np.float32)),
-                    terminated=t1 == EPISODE,
-                    observation_space=space,
-                    t_started=t0,
-                    len_lookback_buffer=0,
-                )
-                out.append(c.to_numpy())
+                actions, rewards = rng.integers(0, 6, t1 - t0), np.ones(t1 - t0, np.float32)
+                out.append(episode_chunk(f"ep{ep}", obs, actions, rewards, t1 == EPISODE, space, t0))
             yield out
             made += 2 * (t1 - t0)
             if made >= steps:

@@ -13,8 +13,7 @@ import torch
 from conduit_rllib.common import FRAMES
 from conduit_rllib.replay import ConduitReplay
 from conduit_rllib.settings import ConduitSettings
-from frame_replays import frame_replay
-from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from frame_replays import episode_chunk, frame_replay
 
 from conduit.errors import ConfigError
 from conduit.persist.tree import load_tree, save_tree
@@ -38,17 +37,8 @@ def chunks(rng: np.random.Generator, steps: int, start: int = 0):
             ts = np.arange(t0, t1 + 1)
             obs = ((k * 31 + ts[:, None, None] + np.arange(64)[None, :, None]) % 256).astype(np.uint8)
             obs = np.broadcast_to(obs[..., None], (len(ts), 64, 64, 1)).copy()
-            c = SingleAgentEpisode(
-                id_=eid,
-                observations=list(obs),
-                actions=list(rng.integers(0, 4, t1 - t0)),
-                rewards=list(rng.random(t1 - t0).astype(np.float32)),
-                terminated=t1 == length,
-                observation_space=SPACE,
-                t_started=t0,
-                len_lookback_buffer=0,
-            )
-            out.append(c.to_numpy())
+            actions, rewards = rng.integers(0, 4, t1 - t0), rng.random(t1 - t0).astype(np.float32)
+            out.append(episode_chunk(eid, obs, actions, rewards, t1 == length, SPACE, t0))
             ep[3] = t1
             made += t1 - t0
         running = [ep for ep in running if ep[3] < ep[2]]

@@ -8,7 +8,7 @@ import torch
 from conduit_rllib.errors import FrameFormatError, FramesEvictedError
 from conduit_rllib.frame_packer import FramePacker
 from conduit_rllib.frames import FrameCodec, FrameStore
-from frame_replays import frame_replay
+from frame_replays import episode_chunk, frame_replay
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from conduit.errors import ConduitError
@@ -151,17 +151,9 @@ def _interleaved_chunks(rng, steps: int):
             codes = np.zeros((t1 - t0 + 1, 2, 3, 1), np.uint8)
             ts = np.arange(t0, t1 + 1)
             codes[:, 0, 0, 0], codes[:, 0, 1, 0], codes[:, 0, 2, 0] = 1 + n % 100, ts % 256, ts // 256
-            chunk = SingleAgentEpisode(
-                id_=eid,
-                observations=list(codes.astype(np.float32) / np.float32(128) - np.float32(1)),
-                actions=list(rng.integers(0, 3, t1 - t0)),
-                rewards=list(np.ones(t1 - t0, np.float32)),
-                terminated=t1 == length,
-                observation_space=space,
-                t_started=t0,
-                len_lookback_buffer=0,
-            )
-            chunks.append(chunk.to_numpy())
+            frames = codes.astype(np.float32) / np.float32(128) - np.float32(1)
+            actions, rewards = rng.integers(0, 3, t1 - t0), np.ones(t1 - t0, np.float32)
+            chunks.append(episode_chunk(eid, frames, actions, rewards, t1 == length, space, t0))
             ep[3] = t1
             made += t1 - t0
         running = [ep for ep in running if ep[3] < ep[2]]

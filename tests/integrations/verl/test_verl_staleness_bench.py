@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from blank_values import blank
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -323,14 +324,6 @@ def test_the_ratio_is_computed_where_conduit_trained_fresher_data(tmp_path: Path
     assert va.staleness_differs(by, "verl_colocate_async", "conduit_k1")  # the other way round: staler
 
 
-def _blank(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _blank(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_blank(v) for v in x]
-    return None
-
-
 def test_the_renderer_shows_rows_ratios_refusals_and_survives_blank_values(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -356,8 +349,8 @@ def test_the_renderer_shows_rows_ratios_refusals_and_survives_blank_values(
     assert "conduit_k2 ÷ verl_colocate_async | Conduit no staler | refused [1]" in page
     assert "- [1] refused: staleness differs" in page
     assert "storage backend" in page and "k1_wall<=0.9x" in page and "reward" in page
-    blank = "\n".join(report_staleness.staleness({"verl_staleness_grpo.json": _blank(doc)}))
-    assert "| GRPO |" not in blank and "—" in blank  # no algo left: the file's name labels it
+    empty = "\n".join(report_staleness.staleness({"verl_staleness_grpo.json": blank(doc)}))
+    assert "| GRPO |" not in empty and "—" in empty  # no algo left: the file's name labels it
 
 
 def test_help_works() -> None:
