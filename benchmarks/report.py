@@ -219,7 +219,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "scaling",
-        "Past one machine: GRPO to 1,024 GPUs (modelled)",
+        "Past one machine: 1-8 Ray nodes measured, GRPO to 1,024 GPUs modelled",
         ("scaling.json",),
         one(ops.scaling, "scaling.json"),
         ("scaling.png",),

@@ -278,7 +278,8 @@ def scaling(d: Doc) -> list[str]:
     """The modelled strong scaling (and, when present, measured rows): per scale and design."""
     by: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows_of(d):
-        by[str(r.get("system")), int(r.get("gpus") or 0)] = r
+        if r.get("kind", "modelled") == "modelled":
+            by[str(r.get("system")), int(r.get("gpus") or 0)] = r
     systems = sorted({s for s, _ in by})
     gpus = sorted({g for _, g in by})
     head = ["GPUs (kind)"]
@@ -324,4 +325,57 @@ def scaling(d: Doc) -> list[str]:
         )
     for a in d.get("assumptions") or []:
         out.append(f"- Assumption: {a}.")
+    return out + scaling_measured(d)
+
+
+def scaling_measured(d: Doc) -> list[str]:
+    """``scaling.py --measure``'s rows (1-8 Ray nodes on this machine) and the model's validation against them."""
+    measured = [r for r in rows_of(d) if r.get("kind") == "measured"]
+    v = d.get("validation") or {}
+    if not measured:
+        return ["", f"- Measured: {v.get('per_iteration_note', 'none')}."]
+    head = ["nodes", "system", "data path s/iteration (p50 over iterations)", "model s", "controller round trips (s)",
+            "bytes across nodes", "per call p50 / p99 ms"]  # fmt: skip
+    rows = []
+    for r in sorted(measured, key=lambda r: (r.get("nodes") or 0, str(r.get("system")))):
+        calls = r.get("per_call_s") or {}
+        per_call = "; ".join(f"{op} {ms(c.get('p50'), 1)} / {ms(c.get('p99'), 1)}" for op, c in calls.items())
+        trips = f"{num(r.get('controller_requests'), 0)} ({num(r.get('controller_request_s'), 3)})"
+        if str(r.get("system")).startswith("rllib"):
+            ratio = r.get("ratio_exposed")
+            per_call = f"exposed / wall {pct(r.get('data_path_share'))}" + (
+                f"; conduit ÷ native exposed {num(ratio, 3)}, wall {num(r.get('ratio_wall'), 3)}"
+                if ratio is not None
+                else (f"; ratio refused: {r['ratio_refused']}" if r.get("ratio_refused") else "")
+            )
+            trips = DASH
+        rows.append([num(r.get("nodes"), 0), str(r.get("system")), num(r.get("measured_s"), 3),
+                     num(r.get("predicted_s"), 3), trips, num(r.get("cross_node_bytes"), 0), per_call])  # fmt: skip
+    out = [
+        "",
+        f"Measured on this machine ({(d.get('measured') or {}).get('setup', {}).get('caveat', '')}):",
+        "",
+    ]
+    out += table(head, rows) + [""]
+    for name, key in (
+        ("per iteration", "per_iteration"),
+        ("per call (driver, out of sample)", "per_call_measured"),
+    ):
+        tab = v.get(key) or []
+        if not tab:
+            continue
+        out.append(f"Validation {name}: {(v.get('verdict') or {}).get(key.removesuffix('_measured'), DASH)} "
+                   f"({v.get('target', '±25%')}).")  # fmt: skip
+        out.append("")
+        vh = ["system", "nodes", "op / samples / bytes", "predicted s", "measured s", "ratio", "within ±25%"]
+        out += table(vh, [[str(t.get("system")), num(t.get("nodes"), 0),
+                          " / ".join(str(t[k]) for k in ("op", "samples", "bytes") if k in t) or "iteration",
+                          num(t.get("predicted_s"), 4), num(t.get("measured_s"), 4), num(t.get("ratio"), 3),
+                          verdict(t.get("within"))] for t in tab])  # fmt: skip
+        out.append("")
+    ratios = (d.get("measured") or {}).get("ratios") or {}
+    if ratios:
+        out.append("- Conduit ÷ SimpleStorage data path, measured: " + ", ".join(
+            f"{n} node(s) {num(x.get('ratio'), 3) if x.get('ratio') is not None else 'refused'}" for n, x in ratios.items()
+        ) + ".")  # fmt: skip
     return out
