@@ -3,7 +3,8 @@
 Fast: the flag's parsing and refusals, the vLLM server's environment (verl's ``rollout_env_vars``
 hook), pinning every thread of a process, and the affinity watch on a child process. Slow (vLLM,
 Ray): one ``--rollout vllm`` conduit-mode step whose summary reports each process's CPU affinity
-sampled during the run: vLLM's server, EngineCore and Worker on core 0, the driver, TaskRunner,
+sampled during the run: vLLM's server, EngineCore and Worker, verl's agent loops, reward workers and
+load balancer on core 0, the driver, TaskRunner,
 FSDP workers (WorkerDict), Conduit's storage actors and the rest of Ray on core 1.
 """
 
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -149,7 +151,50 @@ def test_pin_process_moves_every_thread_and_the_watch_sees_it(pin: bool) -> None
 def test_watch_puts_vllm_processes_and_their_children_on_vllms_side() -> None:
     assert vllm_cpu.is_vllm_side("VLLM::Worker_TP0") and vllm_cpu.is_vllm_side("VLLM::EngineCore")
     assert vllm_cpu.is_vllm_side("ray::vLLMHttpServer")
+    for actor in ("AgentLoopWorkerTQ", "_NotifyingWorker", "_JournalingWorker", "RewardLoopWorker"):
+        assert vllm_cpu.is_vllm_side(f"ray::{actor}"), actor
+    assert vllm_cpu.is_vllm_side("ray::GlobalRequestLoadBalancer")
     assert not vllm_cpu.is_vllm_side("ray::WorkerDict") and not vllm_cpu.is_vllm_side("raylet")
+    assert not vllm_cpu.is_vllm_side("ray::CompletionChannel")  # Conduit's: the trainer's side
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_rollout_side_actors_pin_to_vllms_cores_as_they_start(
+    split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S7: an instance of a rollout-side actor class (verl's agent-loop worker, reward worker, load
+    balancer: ``ROLLOUT_ACTORS``; their presence in verl is checked with the other seams) or of a
+    subclass pins its process to vLLM's cores before the class's own ``__init__`` runs, wrapped once
+    however often the hook fires; without a split (no ``CONDUIT_VLLM_CORES``) nothing moves.
+    ``pin_process`` itself: the child-process test above; the real actors: the slow run below."""
+    events: list[object] = []
+    module = types.ModuleType("rollout_side")  # stands in for verl's module of an actor class
+
+    class AgentLoopWorker:
+        def __init__(self, config: object) -> None:
+            events.append(("init", config))
+
+    module.AgentLoopWorker = AgentLoopWorker  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rollout_side", module)
+    monkeypatch.setattr(vllm_cpu, "pin_process", lambda cores, pid=None: events.append(("pin", cores)))
+    monkeypatch.delenv(vllm_cpu.VLLM_CORES_ENV, raising=False)
+    if split:
+        monkeypatch.setenv(vllm_cpu.VLLM_CORES_ENV, "0,2")
+    vllm_cpu._pin_on_start("rollout_side", "AgentLoopWorker")
+    vllm_cpu._pin_on_start("rollout_side", "AgentLoopWorker")  # a second hook: still one wrap
+
+    class Sub(AgentLoopWorker):  # the conduit mode's agent-loop workers are subclasses
+        pass
+
+    AgentLoopWorker("a")
+    Sub("b")
+    pins = [("pin", (0, 2))] if split else []
+    assert events == [*pins, ("init", "a"), *pins, ("init", "b")]
+    assert {name for _, name in vllm_cpu.ROLLOUT_ACTORS} == {
+        "AgentLoopWorker",
+        "RewardLoopWorker",
+        "GlobalRequestLoadBalancer",
+    }
 
 
 @pytest.mark.vllm
@@ -174,6 +219,7 @@ def test_vllm_step_runs_on_split_cores(tmp_path: Path) -> None:
     assert any(n.startswith("VLLM::EngineCore") for n in vllm_names), seen
     assert all(cores == [vllm_core] for cores in seen["vllm"].values()), seen
     trainer = seen["trainer"]
+    assert "ray::_NotifyingWorker" in vllm_names, seen  # the conduit mode's agent loops: the rollout's side
     for name in ("ray::TaskRunnerV1", "ray::WorkerDict", "ray::StorageActor", "raylet"):
         assert name in trainer, (name, seen)
     assert all(cores == rest for cores in trainer.values()), seen
