@@ -121,6 +121,9 @@ class Cluster:
     nic_bytes_per_s: float
     nic_latency_s: float
     source: str = "in memory"
+    #: 0: every node has cores to spare (a cluster); n: every node, store, client and the controller
+    #: share one host's n cores (the measured configurations: Ray nodes on one machine)
+    host_cores: int = 0
 
     @property
     def gpus(self) -> int:

@@ -174,9 +174,15 @@ def backend_ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def validate(
-    rows: list[dict[str, Any]], raw: list[dict[str, Any]], cal: Calibration, workload: Workload
+    rows: list[dict[str, Any]],
+    raw: list[dict[str, Any]],
+    cal: Calibration,
+    workload: Workload,
+    host_cores: int,
 ) -> dict[str, Any]:
-    """The per-call and per-iteration tables (+-25%) and the verdicts, stated as met or missed."""
+    """The per-call and per-iteration tables (+-25%) and the verdicts, stated as met or missed; the
+    per-iteration model puts every node, store, client and the controller on ``host_cores`` shared
+    cores, as they ran (``Cluster.host_cores``)."""
     calls = []
     for r in raw:
         groups: dict[tuple, list[float]] = {}
@@ -193,7 +199,7 @@ def validate(
     iters = [{"system": r["system"], "nodes": r["nodes"], "gpus_per_node": 1, "agent_workers": r["nodes"],
               "data_path_s": r["measured_s"]} for r in tq]  # fmt: skip
     per_iteration = iteration_validation(
-        iters, replace(cal, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S
+        iters, replace(cal, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S, host_cores
     )
     for v in per_iteration:
         v.pop("agent_workers", None)
@@ -245,8 +251,13 @@ def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None 
                       f" (ratio {con['ratio_exposed'] if con['ratio_exposed'] is not None else 'refused'}); runners on "
                       f"nodes {nat['runner_nodes']} / {con['runner_nodes']}", flush=True)  # fmt: skip
     return {"rows": rows, "errors": errors, "ratios": backend_ratios([r for r in rows if r["system"] in DESIGN.values()]),
-            "validation": validate(rows, raw, cal, workload), "workload": asdict(workload),
+            "validation": validate(rows, raw, cal, workload, host_cores()), "workload": asdict(workload),
             "setup": setup(quick), "reused": str(reuse) if reuse else None, "logs": str(logdir)}  # fmt: skip
+
+
+def host_cores() -> int:
+    """The cores this machine's Ray nodes share (a reused run is taken as measured on this machine)."""
+    return len(os.sched_getaffinity(0))
 
 
 def setup(quick: bool) -> dict[str, Any]:
@@ -266,5 +277,7 @@ def setup(quick: bool) -> dict[str, Any]:
         "the storage manager's notify), with the seconds each caller waited on them",
         "no_compute": asdict(NO_COMPUTE),
         "loopback_bytes_per_s": LOOPBACK_BYTES_PER_S,
-        "caveat": "2 shared cores for every node, store, client and runner: calibration points, not scaling figures",
+        "host_cores": host_cores(),
+        "caveat": "2 shared cores for every node, store, client and runner: calibration points, not scaling figures; "
+        "the per-iteration validation models that sharing (Cluster.host_cores)",
     }

@@ -8,7 +8,9 @@ of events gives that waiting without a queueing formula per case. Shared resourc
 schedule rather than from a formula: TransferQueue's controller (one process, one thread: every
 request of every client in turn), one store per node, one NIC per node for the stores' host traffic
 (send and receive apart), and each calling process (the driver, each agent-loop worker, each training
-rank; a process does its own side of its calls' parts one at a time, the stores theirs meanwhile). Each call's service time is the core's
+rank; a process does its own side of its calls' parts one at a time, the stores theirs meanwhile).
+Where the nodes share one host's cores (``Cluster.host_cores``: the measured configurations, Ray nodes on
+one machine) every such service also holds one of those cores while it works. Each call's service time is the core's
 cost-model equation (``OperatorCost``: a + b * samples + per_byte * bytes, constants from the
 ``Calibration``); the wire is bytes / the NIC's rate.
 
@@ -74,11 +76,22 @@ DESIGNS = {
 }
 
 
+def work(env: simpy.Environment, cpu: simpy.Resource | None, seconds: float) -> Proc:
+    """``seconds`` of a process's own work; on a shared host (``cpu``: its cores) while holding a core."""
+    if cpu is None:
+        yield env.timeout(seconds)
+        return
+    with cpu.request() as core:
+        yield core
+        yield env.timeout(seconds)
+
+
 class Controller:
     """A serial server: each request holds it ``service_s``; requests queue in arrival order."""
 
-    def __init__(self, env: simpy.Environment, capacity: int = 1) -> None:
+    def __init__(self, env: simpy.Environment, capacity: int = 1, cpu: simpy.Resource | None = None) -> None:
         self.env = env
+        self.cpu = cpu
         self.server = simpy.Resource(env, capacity=capacity)
         self.busy_s = 0.0
         self.wait_s = 0.0
@@ -92,7 +105,7 @@ class Controller:
             waited = self.env.now - start
             self.wait_s += waited
             self.max_wait_s = max(self.max_wait_s, waited)
-            yield self.env.timeout(service_s)
+            yield from work(self.env, self.cpu, service_s)
         self.busy_s += service_s
         self.requests += 1
 
@@ -137,7 +150,9 @@ class Iteration:
         self.d, self.cl, self.w, self.c, self.cal = design, cluster, workload, compute, cal
         self.relieve, self.free_calls = relieve, free_calls
         self.env = simpy.Environment()
-        self.ctrl = Controller(self.env, self._capacity("controller"))
+        #: a shared host's cores (``Cluster.host_cores``), held by every service the model charges
+        self.cpu = simpy.Resource(self.env, cluster.host_cores) if cluster.host_cores else None
+        self.ctrl = Controller(self.env, self._capacity("controller"), self.cpu)
         n = cluster.nodes
         self.stores = [simpy.Resource(self.env, self._capacity("stores")) for _ in range(n)]
         self.tx = [simpy.Resource(self.env, self._capacity("nics")) for _ in range(n)]
@@ -194,7 +209,7 @@ class Iteration:
             mine = (1 - self.cal.store_share) * svc
             with self._caller(caller).request() as me:
                 yield me
-                yield self.env.timeout(mine)  # the caller's own side of the part
+                yield from work(self.env, self.cpu, mine)  # the caller's own side of the part
             self.busy[caller] += mine
             parts.append(self.env.process(self._store_side(o, svc - mine, node, op, float(nbytes[o]))))
         yield simpy.AllOf(self.env, parts)
@@ -204,7 +219,7 @@ class Iteration:
     def _store_side(self, o: int, seconds: float, node: int, op: str, nbytes: float) -> Proc:
         with self.stores[o].request() as st:
             yield st
-            yield self.env.timeout(seconds)
+            yield from work(self.env, self.cpu, seconds)
             self.busy[f"store{o}"] += seconds
             if o != node and nbytes > 0:
                 yield from self.wire(*((node, o) if op == "put" else (o, node)), nbytes)
@@ -298,7 +313,7 @@ class Iteration:
         for o in range(min(self.cl.nodes, self.w.responses)):
             with self._caller("driver").request() as me:
                 yield me
-                yield self.env.timeout(mine)
+                yield from work(self.env, self.cpu, mine)
             self.busy["driver"] += mine
             parts.append(self.env.process(self._store_side(o, a - mine, o, "get", 0.0)))
         yield simpy.AllOf(self.env, parts)

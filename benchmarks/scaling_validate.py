@@ -154,15 +154,19 @@ def iteration_validation(
     workload: Workload,
     compute: Compute,
     nic_bytes_per_s: float,
+    host_cores: int = 0,
 ) -> list[dict[str, Any]]:
     """The per-iteration validation table: each measured iteration's data-path seconds (``system`` a
     design name, ``nodes`` x ``gpus_per_node`` workers, ``workload`` the measured run's shape, NICs at
     ``nic_bytes_per_s``: loopback on one machine; ``agent_workers`` where given, else verl's 8) against
-    the model's for the same configuration."""
+    the model's for the same configuration; ``host_cores``: the measuring machine's cores, shared by all
+    of its Ray nodes (``Cluster.host_cores``; 0: cores to spare)."""
     measured = list(measured)
     predicted = []
     for m in measured:
-        cluster = Cluster(m["nodes"], m["gpus_per_node"], nic_bytes_per_s, 0.0, "measured configuration")
+        cluster = Cluster(
+            m["nodes"], m["gpus_per_node"], nic_bytes_per_s, 0.0, "measured configuration", host_cores
+        )
         design = DESIGNS[m["system"]]
         got = simulate(design, cluster, workload, compute, cal, agent_workers=m.get("agent_workers", 8))[
             "data_path_s"

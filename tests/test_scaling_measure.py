@@ -93,14 +93,14 @@ def test_validation_states_met_and_missed_and_fills_predictions():
     for it in raw[0]["iterations"]:
         it["calls"][-1]["seconds"] = exact  # the driver's call exactly as the model predicts it
     rows = [tq_row(raw[0], QUICK_WORKLOAD)]
-    v = validate(rows, raw, cal, QUICK_WORKLOAD)
+    v = validate(rows, raw, cal, QUICK_WORKLOAD, 2)
     assert v["per_call"][0]["ratio"] == pytest.approx(1.0) and v["per_call_verdict"]["met"] is True
     assert rows[0]["predicted_s"] > 0 and v["per_iteration"][0]["measured_s"] == 0.5
     it = v["per_iteration"][0]
     assert v["per_iteration_verdict"]["met"] is it["within"]
     for r in raw[0]["iterations"]:
         r["calls"][-1]["seconds"] = exact * 2  # a miss beyond +-25% is stated as missed
-    v = validate([tq_row(raw[0], QUICK_WORKLOAD)], raw, cal, QUICK_WORKLOAD)
+    v = validate([tq_row(raw[0], QUICK_WORKLOAD)], raw, cal, QUICK_WORKLOAD, 2)
     assert v["per_call_verdict"] == {"within": 0, "of": 1, "met": False}
 
 

@@ -87,6 +87,20 @@ def test_one_call_on_an_idle_cluster_costs_what_call_seconds_says(design, op, no
     assert it.env.now == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("design", ["conduit", "tq_simplestorage"])
+def test_a_shared_hosts_cores_serialise_the_services_beyond_them(design):
+    """Ray nodes on one machine (``host_cores``): the controller, stores and callers hold one of the
+    host's cores while they work, so four nodes' parallel services on one core take longer than on
+    four, and a host with a core per service changes nothing. The work is the same."""
+    cluster = Cluster(nodes=4, gpus_per_node=1, nic_bytes_per_s=1e9, nic_latency_s=0.0)
+    free = run(design, cluster=cluster)
+    one = run(design, cluster=replace(cluster, host_cores=1))
+    many = run(design, cluster=replace(cluster, host_cores=10**6))
+    assert one["data_path_s"] > 1.02 * free["data_path_s"] > 0
+    assert many["iteration_s"] == pytest.approx(free["iteration_s"], rel=1e-9)
+    assert one["work"] == free["work"] == many["work"]
+
+
 def test_designs_do_equal_work_and_conduit_asks_the_controller_less():
     c, t = run("conduit"), run("tq_simplestorage")
     assert c["work"] == t["work"]
