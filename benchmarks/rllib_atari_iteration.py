@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> Path:
     from importlib.metadata import version
 
     machine = rllib_iteration.machine(
-        prov,
+        provenance.finish(prov),
         ale_py=version("ale-py"),
         gymnasium=version("gymnasium"),
         run_s=round(time.perf_counter() - t0, 1),

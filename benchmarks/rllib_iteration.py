@@ -256,9 +256,9 @@ def targets_met(rat: dict[str, Any], targets: dict[str, float]) -> dict[str, boo
     return {k: None if rat[k] is None else rat[k] <= limit for k, limit in targets.items()}
 
 
-def machine(prov: Any, **extra: Any) -> dict[str, Any]:
+def machine(finished: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """What a result file records about the run's machine: CPUs, platform, torch and Ray versions, then
-    ``extra`` (package versions, settings, run time) and the provenance begun as ``prov``."""
+    ``extra`` (package versions, settings, run time) and ``finished`` (``provenance.finish``'s record)."""
     import ray
 
     return {
@@ -267,7 +267,7 @@ def machine(prov: Any, **extra: Any) -> dict[str, Any]:
         "torch": torch.__version__,
         "ray": ray.__version__,
         **extra,
-        **provenance.finish(prov),
+        **finished,
     }
 
 
@@ -387,7 +387,7 @@ def main() -> None:
         rows += run_workload(w, iters, warmup=1, steps=steps, overlap=a.overlap, timer=timer)
     rat = ratios(rows)
     mach = machine(
-        prov,
+        provenance.finish(prov),
         overlap=a.overlap,
         quick=a.quick,
         settings={

@@ -168,7 +168,10 @@ def main(argv: list[str] | None = None) -> Path:
         r["env_runners"] = a.env_runners
     rat = rllib_iteration.ratios(rows)[w.name]
     machine = rllib_iteration.machine(
-        prov, mujoco=_version("mujoco"), metaworld=_version("metaworld"), gymnasium=_version("gymnasium")
+        provenance.finish(prov),
+        mujoco=_version("mujoco"),
+        metaworld=_version("metaworld"),
+        gymnasium=_version("gymnasium"),
     )
     record = rllib_iteration.record(machine, settings, rows, rat, TARGETS)
     title = f"PPO {a.env}, {a.env_runners} env runners, batch {tb}: native RLlib vs Conduit ({a.overlap})"
