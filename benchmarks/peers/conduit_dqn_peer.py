@@ -18,12 +18,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from harness import ALPHA, BETA, Cell
+from harness import ALPHA, BETA, Cell, prefill
 from rllib_peer import GAMMA, N_PRIORITY_SETS, DQNCellSystem, _episode
 
 from conduit.build_buffer import build_buffer
 
-PREFILL_CHUNK = 8192
 MODULE = "default_policy"
 
 
@@ -72,11 +71,7 @@ class ConduitDQNSystem(DQNCellSystem):
 
         cfg = BufferConfig(capacity=capacity, sampler=sampler, alpha=ALPHA, beta=BETA)
         self._buf = build_buffer(cfg, _schema(dim))
-        filled = 0
-        while filled < capacity:
-            n = min(PREFILL_CHUNK, capacity - filled)
-            self._buf.extend(_random_transitions(n, dim))
-            filled += n
+        prefill(lambda n: self._buf.extend(_random_transitions(n, dim)), capacity)
 
     def step_fn(self, cell: Cell) -> Callable[[], object]:
         if cell.op == "insert":

@@ -6,12 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from harness import ALPHA, BETA, Cell, System, work_record
+from harness import ALPHA, BETA, N_PRIORITY_SETS, Cell, System, prefill, work_record
 
 from conduit.build_buffer import build_buffer
-
-PREFILL_CHUNK = 8192
-N_PRIORITY_SETS = 16
 
 
 class ConduitSystem(System):
@@ -25,11 +22,7 @@ class ConduitSystem(System):
         schema = Schema([Column("obs", torch.float32, (dim,))])
         cfg = BufferConfig(capacity=capacity, sampler=sampler, alpha=ALPHA, beta=BETA)
         self._buf: Any = build_buffer(cfg, schema)
-        filled = 0
-        while filled < capacity:
-            n = min(PREFILL_CHUNK, capacity - filled)
-            self._buf.extend(ColumnBatch({"obs": torch.randn(n, dim)}))
-            filled += n
+        prefill(lambda n: self._buf.extend(ColumnBatch({"obs": torch.randn(n, dim)})), capacity)
 
     def step_fn(self, cell: Cell) -> Callable[[], object]:
         from conduit import ColumnBatch

@@ -20,6 +20,17 @@ LARGE_DIM = 4096
 LARGE_DIM_CAPACITY = 8192
 ALPHA = 0.6
 BETA = 0.4
+PREFILL_CHUNK = 8192  # rows a prefill adds per call
+N_PRIORITY_SETS = 16  # prioritized sample cells cycle through this many sets of new priorities
+
+
+def prefill(extend: Callable[[int], None], capacity: int) -> None:
+    """Fill a buffer to ``capacity`` rows: ``extend(n)`` adds ``n`` random rows, ``PREFILL_CHUNK`` at most."""
+    filled = 0
+    while filled < capacity:
+        n = min(PREFILL_CHUNK, capacity - filled)
+        extend(n)
+        filled += n
 
 
 def capacity_for(dim: int) -> int:

@@ -17,11 +17,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-from harness import ALPHA, BETA, Cell, System, work_record
+from harness import ALPHA, BETA, N_PRIORITY_SETS, Cell, System, work_record
 
 PREFILL_EPISODE_LEN = 200
 GAMMA = 0.99
-N_PRIORITY_SETS = 16
 
 
 def _spaces(dim: int) -> tuple[Any, Any]:

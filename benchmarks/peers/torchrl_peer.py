@@ -21,10 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from harness import ALPHA, BETA, Cell, System, work_record
-
-PREFILL_CHUNK = 8192
-N_PRIORITY_SETS = 16
+from harness import ALPHA, BETA, N_PRIORITY_SETS, Cell, System, prefill, work_record
 
 
 class TorchRLSystem(System):
@@ -38,11 +35,7 @@ class TorchRLSystem(System):
 
         smp = PrioritizedSampler(capacity, ALPHA, BETA) if sampler == "prioritized" else RandomSampler()
         self._rb: Any = ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=smp)
-        filled = 0
-        while filled < capacity:
-            n = min(PREFILL_CHUNK, capacity - filled)
-            self._rb.extend(TensorDict({"obs": torch.randn(n, dim)}, batch_size=[n]))
-            filled += n
+        prefill(lambda n: self._rb.extend(TensorDict({"obs": torch.randn(n, dim)}, batch_size=[n])), capacity)
 
     def step_fn(self, cell: Cell) -> Callable[[], object]:
         from tensordict import TensorDict
