@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import provenance
 from scaling_config import Calibration, Compute, Workload
 from scaling_measure_tq import DESIGN, POLL_S, SYSTEMS
 from scaling_validate import TOLERANCE, call_validation, iteration_validation
@@ -219,6 +220,7 @@ def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None 
     """Every configuration, printed as it ends; the measured rows, the ratios and the validation.
     ``reuse``: a folder of an earlier run's per-configuration JSONs (``<system>_<nodes>.json``), taken as
     measured there; the configurations missing from it are run."""
+    tok = provenance.start()  # the measuring phase's load, apart from the model's
     logdir = Path(tempfile.mkdtemp(prefix="scaling-measure-"))
     workload = QUICK_WORKLOAD if quick else WORKLOAD
     print(
@@ -252,7 +254,8 @@ def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None 
                       f"nodes {nat['runner_nodes']} / {con['runner_nodes']}", flush=True)  # fmt: skip
     return {"rows": rows, "errors": errors, "ratios": backend_ratios([r for r in rows if r["system"] in DESIGN.values()]),
             "validation": validate(rows, raw, cal, workload, host_cores()), "workload": asdict(workload),
-            "setup": setup(quick), "reused": str(reuse) if reuse else None, "logs": str(logdir)}  # fmt: skip
+            "setup": setup(quick), "reused": str(reuse) if reuse else None, "logs": str(logdir),
+            "machine": provenance.finish(tok)}  # fmt: skip
 
 
 def host_cores() -> int:

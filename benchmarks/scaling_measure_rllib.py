@@ -21,6 +21,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # nodes bind 127.0.0.1 (local_ray.py)
 
+import provenance  # noqa: E402
+
 MIB = 2**20
 
 
@@ -83,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=400, help="env steps sampled per DQN iteration")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    a.out.write_text(json.dumps(run(a.nodes, a.iters, a.warmup, a.steps), default=str))
+    tok = provenance.start()  # this configuration's commit and the load around it
+    out = run(a.nodes, a.iters, a.warmup, a.steps)
+    a.out.write_text(json.dumps(out | {"machine": provenance.finish(tok)}, default=str))
     return 0
 
 

@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # nodes bind 127.0.0.1 (local_ray.py)
 
+import provenance  # noqa: E402
 from scaling_config import ADVANTAGE_READS, FIELDS, LOGPROB_READS, ROLLOUT_FIELDS, UPDATE_READS, Workload  # noqa: E402
 
 PARTITION = "scaling"
@@ -399,8 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
+    tok = provenance.start()  # this configuration's commit and the load around it
     out = run(a.system, a.nodes, Workload(**json.loads(a.workload)), a.iters, a.warmup, a.rllib_steps)
-    a.out.write_text(json.dumps(out, default=str))
+    a.out.write_text(json.dumps(out | {"machine": provenance.finish(tok)}, default=str))
     return 0
 
 
