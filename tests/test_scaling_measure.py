@@ -118,23 +118,26 @@ def test_the_command_line_refuses_an_unknown_node_count():
 
 
 @pytest.mark.ray
-def test_one_node_tq_on_both_backends(tmp_path):
-    """The smallest real configuration: one node, one iteration per backend; counters and checks hold."""
+@pytest.mark.parametrize(
+    "system", ["Conduit", pytest.param("SimpleStorage", marks=pytest.mark.slow)]
+)  # the same client path: SimpleStorage's run is the slow suite's (~20 s a backend)
+def test_one_node_tq_configuration(tmp_path, system):
+    """The smallest real configuration: one node, one iteration; counters, checks and provenance hold."""
     pytest.importorskip("transfer_queue")
     from dataclasses import asdict, replace
 
     w = replace(QUICK_WORKLOAD, prompts=2, n=2)
-    for system in ("Conduit", "SimpleStorage"):
-        out = tmp_path / f"{system}.json"
-        cmd = [sys.executable, str(BENCH / "scaling_measure_tq.py"), "--system", system, "--nodes", "1",
-               "--workload", json.dumps(asdict(w)), "--iters", "1", "--warmup", "0", "--out", str(out)]  # fmt: skip
-        subprocess.run(cmd, check=True, timeout=600, capture_output=True)
-        r = json.loads(out.read_text())
-        it = r["iterations"][0]
-        assert it["cross_node_bytes"] == 0 and it["local_bytes"] > 0  # one node: nothing crosses
-        assert it["controller_requests"] >= 3 * w.responses  # each trajectory's put: 3 requests
-        ops = {c["op"] for c in it["calls"]}
-        assert {"agent_put", "rank_get", "rank_put", "driver_get", "driver_put"} <= ops
+    out = tmp_path / f"{system}.json"
+    cmd = [sys.executable, str(BENCH / "scaling_measure_tq.py"), "--system", system, "--nodes", "1",
+           "--workload", json.dumps(asdict(w)), "--iters", "1", "--warmup", "0", "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=600, capture_output=True)
+    r = json.loads(out.read_text())
+    it = r["iterations"][0]
+    assert it["cross_node_bytes"] == 0 and it["local_bytes"] > 0  # one node: nothing crosses
+    assert it["controller_requests"] >= 3 * w.responses  # each trajectory's put: 3 requests
+    ops = {c["op"] for c in it["calls"]}
+    assert {"agent_put", "rank_get", "rank_put", "driver_get", "driver_put"} <= ops
+    assert {"git_commit", "git_dirty", "load_average_start", "load_average_end"} <= set(r["machine"])
 
 
 @pytest.mark.slow
