@@ -81,6 +81,37 @@ def per_iteration(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: the stages whose time the wall gap is read from (verl's timers; the data path's and the same work's)
+GAP_STAGES = (
+    "gen",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "update_weights",
+)
+
+
+def stage_gaps(
+    rows: list[dict[str, Any]], a: str = "conduit", b: str = SYSTEMS[0]
+) -> list[tuple[str, float]]:
+    """Per stage, ``a``'s seconds less ``b``'s summed over the iterations both measured, largest first
+    (stages run one after another in verl's sync trainer; in the conduit mode ingestion stages partly
+    overlap generation, so their sum is work, not exposed time)."""
+    its = {r["iteration"] for r in rows if r["system"] == a} & {
+        r["iteration"] for r in rows if r["system"] == b
+    }
+    total = dict.fromkeys(GAP_STAGES, 0.0)
+    for r in rows:
+        if r["iteration"] in its and r["system"] in (a, b):
+            sign = 1.0 if r["system"] == a else -1.0
+            for stage in GAP_STAGES:
+                total[stage] += sign * float(r["stages"].get(stage) or 0.0)
+    return sorted(((k, v) for k, v in total.items() if abs(v) >= 0.05), key=lambda kv: -abs(kv[1]))
+
+
 def equal_losses(rows: list[dict[str, Any]], rel: float = 1e-4) -> tuple[int, int]:
     """(iterations whose actor losses agree, iterations both systems have), with
     ``verl_analysis.losses_equal``'s tolerance."""
@@ -152,10 +183,11 @@ def report(result: dict[str, Any], out: Path, args_poll: float) -> int:
         print(f"generation / ingestion (R, conduit, vLLM's busy time over ingestion): {gen.get('R')}")
         wall = r.get("wall/conduit_over_verl_sync_tuned")
         if isinstance(wall, (int, float)) and wall >= 1.0:
+            gaps = ", ".join(f"{k} {v:+.2f} s" for k, v in stage_gaps(rows)[:4])
             print(
                 "conduit is not faster here: with R near or below 1 there is little generation to hide "
-                "ingestion behind, and on 2 cores the early ingestion shares the trainer's core with the "
-                "agent loop (BENCHMARKS.md, 'verl on vLLM'); --rollout paced models long generation"
+                "ingestion behind (--rollout paced models long generation). Where the time went, conduit "
+                f"less verl_sync_tuned summed over the iterations, by verl's stage timers: {gaps or '-'}"
             )
         print(f"losses equal at {same} of {both} iterations (shown, not claimed)")
     elif both and same == both:

@@ -1,0 +1,33 @@
+"""``benchmarks/verl_demo.py``'s reading of where the wall time went: per stage, conduit's seconds less
+verl_sync_tuned's over the iterations both measured (rows as the benchmark writes them)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+pytest.importorskip("verl")
+import verl_demo  # noqa: E402
+
+
+def _row(system: str, iteration: int, **stages: float) -> dict:
+    return {"system": system, "iteration": iteration, "stages": stages}
+
+
+def test_stage_gaps_sum_common_iterations_and_rank_by_size() -> None:
+    rows = [
+        _row("verl_sync_tuned", 2, gen=4.0, old_log_prob=0.8, update_actor=11.0),
+        _row("conduit", 2, gen=4.5, old_log_prob=1.6, update_actor=12.5),
+        _row("verl_sync_tuned", 3, gen=4.0, old_log_prob=0.5, update_actor=7.0),
+        _row("conduit", 3, gen=4.0, old_log_prob=1.4, update_actor=9.0, ref=0.01),
+        _row("conduit", 4, gen=9.0, update_actor=50.0),  # sync has no iteration 4: not compared
+    ]
+    gaps = verl_demo.stage_gaps(rows)
+    assert [k for k, _ in gaps] == ["update_actor", "old_log_prob", "gen"]  # ref's 0.01 s is under the floor
+    assert dict(gaps) == pytest.approx({"update_actor": 3.5, "old_log_prob": 1.7, "gen": 0.5})
+    assert verl_demo.stage_gaps([_row("conduit", 2, gen=1.0)]) == []
