@@ -1,6 +1,6 @@
 """scaling.py --measure (issue 32): the aggregation of measured rows, the refused ratios, the validation
-verdicts and bad input, on fakes of our own records (fast); one real node of TQ on both backends
-(ray, a minute); the full 1-8 node sweep is slow."""
+verdicts and bad input, on fakes of our own records (fast); one real node of TQ on Conduit's backend
+(ray, ~20 s; SimpleStorage's and the full 1-8 node sweep are slow)."""
 
 from __future__ import annotations
 

@@ -67,19 +67,17 @@ def request_seed(seed: int, version: int, prompt_ids: list[int], occurrence: int
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-#: verl's agent-loop worker and the conduit mode's subclasses of it (conduit_verl.completion, .journal_worker)
-_AGENT_LOOP_CLASSES = ("AgentLoopWorker", "_NotifyingWorker", "_JournalingWorker")
-
-
 def _agent_loop_pids() -> list[int]:
     """The processes of verl's live agent-loop workers, from Ray's actor table."""
     import ray
+
+    from conduit_verl_cpu.vllm_cpu import AGENT_LOOP_CLASSES
 
     actors = ray._private.state.actors().values()  # noqa: SLF001
     return [
         int(a["Pid"])
         for a in actors
-        if a["State"] == "ALIVE" and a["ActorClassName"].endswith(_AGENT_LOOP_CLASSES) and a.get("Pid")
+        if a["State"] == "ALIVE" and a["ActorClassName"].endswith(AGENT_LOOP_CLASSES) and a.get("Pid")
     ]
 
 

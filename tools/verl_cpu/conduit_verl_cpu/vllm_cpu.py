@@ -26,6 +26,8 @@ _TRANSFER = "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer"
 _AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
 _REWARD_LOOP = "verl.experimental.reward_loop.reward_loop"
 _ROUTER = "verl.workers.rollout.router"
+#: verl's agent-loop worker and the conduit mode's subclasses of it (conduit_verl.completion, .journal_worker)
+AGENT_LOOP_CLASSES = ("AgentLoopWorker", "_NotifyingWorker", "_JournalingWorker")
 #: verl's rollout-side CPU actors (module, class), pinned to vLLM's cores when they start (S7): the
 #: agent loops that send requests, take responses and write them to TransferQueue, the streaming
 #: reward workers they call, and the request load balancer in front of the servers
@@ -435,12 +437,8 @@ def _children(root: int) -> dict[int, int]:
 
 #: process titles of the rollout side besides vLLM's: verl's agent-loop workers (and the conduit mode's
 #: subclasses of it), reward workers and load balancer (``ROLLOUT_ACTORS``)
-ROLLOUT_TITLES = (
-    "ray::AgentLoopWorker",
-    "ray::_NotifyingWorker",
-    "ray::_JournalingWorker",
-    "ray::RewardLoopWorker",
-    "ray::GlobalRequestLoadBalancer",
+ROLLOUT_TITLES = tuple(
+    f"ray::{name}" for name in (*AGENT_LOOP_CLASSES, "RewardLoopWorker", "GlobalRequestLoadBalancer")
 )
 
 
