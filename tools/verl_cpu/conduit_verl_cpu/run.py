@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conduit_verl_cpu.overrides import TQ_BACKENDS
-from conduit_verl_cpu.patches import CPU_ENV
+from conduit_verl_cpu.patches import ALLOCATOR_ENV, CPU_ENV
 
 if TYPE_CHECKING:
     from conduit_verl_cpu.vllm_cpu import AffinityWatch, CoreSplit
@@ -82,13 +82,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument(
         "--g-schedule",
         default=None,
-        help="conduit mode, benchmarks: g_ing of step 1, 2, ... (comma list, last repeats; 0 = whole step); "
+        help="conduit mode, benchmarks: piece_groups of step 1, 2, ... (comma list, last repeats; 0 = whole step); "
         "the policy still fits and chooses as auto (piece_trace.py)",
     )
     p.add_argument(
         "--tuner-cache",
         default=None,
-        help="conduit mode: where g_ing=auto keeps its decision per workload "
+        help="conduit mode: where piece_groups=auto keeps its decision per workload "
         "(trainer.v1.conduit.tuner_cache; default <work-dir>/tuner_cache, so runs start fresh)",
     )
     p.add_argument("--dump-samples", action="store_true", help="write <work-dir>/samples.jsonl per step")
@@ -260,6 +260,8 @@ def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int 
     from conduit_verl_cpu.vllm_cpu import ENGINE_STATS_ENV
 
     os.environ.update(CPU_ENV)
+    for key, value in ALLOCATOR_ENV.items():
+        os.environ.setdefault(key, value)
     stats = metrics_path.parent / "tq_stats.json"
     stats.unlink(missing_ok=True)  # a reused work dir: never report an earlier run's backend
     os.environ[STATS_ENV] = str(stats)
@@ -389,6 +391,7 @@ def write_summary(
         "cores": args.core_split.as_dict() if args.core_split else None,  # --core-split (None: not split)
         "affinity": watch.report() if watch else None,  # side -> process name -> cores, last seen
         "response_length": args.response_length,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # the allocator every process ran with
         "tq_backend": TQ_BACKENDS[args.tq_backend],  # what was asked for
         "tq_placement": dict(args.tq_placement),
         "tq_backend_ran": stats.get("backend"),  # what verl's TransferQueue storage was (None: unknown)
