@@ -112,6 +112,18 @@ def stage_gaps(
     return sorted(((k, v) for k, v in total.items() if abs(v) >= 0.05), key=lambda kv: -abs(kv[1]))
 
 
+def paired_ratios(rows: list[dict[str, Any]], key: str) -> list[float]:
+    """conduit's ``key`` over verl_sync_tuned's at each iteration both measured (the same prompts and
+    seeds: a pair differs by the system and by the machine's drift, not by the work)."""
+    val = {(r["system"], r["iteration"]): r.get(key) for r in rows}
+    its = sorted(it for s, it in val if s == SYSTEMS[1] and (SYSTEMS[0], it) in val)
+    return [
+        val[SYSTEMS[1], it] / val[SYSTEMS[0], it]  # type: ignore[operator]
+        for it in its
+        if isinstance(val[SYSTEMS[1], it], (int, float)) and val[SYSTEMS[0], it]
+    ]
+
+
 def equal_losses(rows: list[dict[str, Any]], rel: float = 1e-4) -> tuple[int, int]:
     """(iterations whose actor losses agree, iterations both systems have), with
     ``verl_analysis.losses_equal``'s tolerance."""
@@ -164,8 +176,11 @@ def report(result: dict[str, Any], out: Path, args_poll: float) -> int:
     print(per_iteration(rows))
     r = result["ratios"]
     for key in ("wall", "exposed"):
+        paired = paired_ratios(rows, f"{key}_s")
+        spread = f"; iteration by iteration {min(paired):.3f}-{max(paired):.3f}" if paired else ""
         print(
-            f"{key:>8}: conduit / verl_sync_tuned = {r.get(f'{key}/conduit_over_verl_sync_tuned')} (medians)"
+            f"{key:>8}: conduit / verl_sync_tuned = {r.get(f'{key}/conduit_over_verl_sync_tuned')} "
+            f"(medians{spread})"
         )
     same, both = equal_losses(rows)
     if rollout == "vllm":

@@ -31,3 +31,17 @@ def test_stage_gaps_sum_common_iterations_and_rank_by_size() -> None:
     assert [k for k, _ in gaps] == ["update_actor", "old_log_prob", "gen"]  # ref's 0.01 s is under the floor
     assert dict(gaps) == pytest.approx({"update_actor": 3.5, "old_log_prob": 1.7, "gen": 0.5})
     assert verl_demo.stage_gaps([_row("conduit", 2, gen=1.0)]) == []
+
+
+def test_paired_ratios_pair_the_same_iteration_of_both_systems() -> None:
+    rows = [
+        {"system": "verl_sync_tuned", "iteration": 2, "wall_s": 10.0},
+        {"system": "conduit", "iteration": 2, "wall_s": 9.0},
+        {"system": "verl_sync_tuned", "iteration": 3, "wall_s": 8.0},
+        {"system": "conduit", "iteration": 3, "wall_s": 10.0},
+        {"system": "conduit", "iteration": 4, "wall_s": 1.0},  # sync has no iteration 4: not paired
+        {"system": "verl_sync_tuned", "iteration": 5, "wall_s": 0.0},  # nothing to divide by
+        {"system": "conduit", "iteration": 5, "wall_s": 1.0},
+    ]
+    assert verl_demo.paired_ratios(rows, "wall_s") == pytest.approx([0.9, 1.25])
+    assert verl_demo.paired_ratios(rows, "exposed_s") == []
