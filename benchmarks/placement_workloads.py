@@ -100,8 +100,9 @@ def grpo_fields(tokens: int, samples: int, usable: dict[str, str]) -> list[Field
 def grpo_setup(tokens: int, samples: int, tiers: dict[str, str]) -> Callable[[], None]:
     from conduit_verl.tq_store.backend import _layout
     from conduit_verl.tq_store.columns import column_of, from_wire, to_wire
-    from conduit_verl.tq_store.fields import read_mapped
     from conduit_verl.tq_store.store import NodeStore
+
+    from conduit.buffer.mapped import read_mapped
 
     store = NodeStore(placement=dict(tiers), default_tier="shm")
     gis = np.arange(samples)
@@ -122,8 +123,7 @@ def grpo_setup(tokens: int, samples: int, tiers: dict[str, str]) -> Callable[[],
                     read_mapped(
                         _layout(layout),
                         torch.from_numpy(rows),
-                        torch.from_numpy(np.array(lengths, copy=True)),
-                        kind,
+                        None if lengths is None else torch.from_numpy(np.array(lengths, copy=True)),
                     )
                 else:
                     from_wire(entry, writable=True)

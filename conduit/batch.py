@@ -111,6 +111,44 @@ class Ragged:
         lengths = torch.cat([p.lengths for p in parts])
         return Ragged.from_lengths(torch.cat([p.values for p in parts]), lengths)
 
+    # ``nt.values()``, ``nt.offsets()`` and ``nested_tensor_from_jagged`` each go through torch's
+    # ``__torch_function__`` / dispatch layers (~25-75 us a call); the nested tensor's own fields and
+    # constructor give the same tensors in a few microseconds. Where this torch lacks them (or the values
+    # need an autograd view) the public calls are used.
+
+    @classmethod
+    def from_nested(cls, nt: torch.Tensor) -> Ragged:
+        """The values and offsets of a contiguous jagged nested tensor (ragged along dim 1), no copy."""
+        values, offsets = getattr(nt, "_values", None), getattr(nt, "_offsets", None)
+        if not (isinstance(values, torch.Tensor) and isinstance(offsets, torch.Tensor)):
+            values, offsets = nt.values(), nt.offsets()  # type: ignore[attr-defined]
+        return cls(values, offsets.to(torch.int64))
+
+    def to_nested(self) -> torch.Tensor:
+        """A jagged nested tensor over the same values and offsets, carrying its shortest and longest
+        item (without them ``to_padded_tensor`` pads every item to the total length)."""
+        if not len(self):
+            return torch.nested.nested_tensor_from_jagged(self.values, self.offsets)
+        low, high = (int(x) for x in torch.aminmax(self.lengths))
+        if _NESTED is not None and not self.values.requires_grad:
+            nested, store = _NESTED
+            cache = {"min_seqlen": store(low), "max_seqlen": store(high)}
+            return nested(self.values, self.offsets, _ragged_idx=1, _metadata_cache=cache)
+        return torch.nested.nested_tensor_from_jagged(
+            self.values, self.offsets, min_seqlen=low, max_seqlen=high
+        )
+
+
+def _nested_internals() -> tuple[Any, Any] | None:
+    try:
+        from torch.nested._internal.nested_tensor import NestedTensor, _store_val_in_tensor
+    except ImportError:
+        return None
+    return NestedTensor, _store_val_in_tensor
+
+
+_NESTED = _nested_internals()
+
 
 ColumnData = torch.Tensor | Ragged
 
@@ -242,7 +280,7 @@ class ColumnBatch:
         data: dict[str, torch.Tensor] = {}
         for k, c in self.columns.items():
             if isinstance(c, Ragged):
-                data[k] = torch.nested.nested_tensor_from_jagged(c.values, c.offsets)
+                data[k] = c.to_nested()
             else:
                 data[k] = c
         return TensorDict(data, batch_size=[self.size])
@@ -274,7 +312,7 @@ def _jagged_to_ragged(name: str, v: Any) -> Ragged:  # a NestedTensor: typed loo
             f"column {name!r} is a jagged nested tensor with holes or ragged past dim 1; pass contiguous "
             "items ragged along dim 1 (nested_tensor_from_jagged(values, offsets))"
         )
-    return Ragged(v.values(), v.offsets())
+    return Ragged.from_nested(v)
 
 
 def _item_count(name: str, data: object) -> int:

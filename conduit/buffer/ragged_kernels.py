@@ -7,7 +7,9 @@ of ragged rows travels flat: ``values[offsets[i]:offsets[i + 1]]`` is row ``i``.
 - :func:`gather_prefixes` copies the valid prefix of rows ``slots`` into a flat tensor;
 - :func:`scatter_prefixes` writes flat rows into the prefixes of rows ``slots``;
 - :func:`copy_segments` copies segments between two flat tensors (a ragged batch's rows taken in
-  another order, or parts of a batch placed back into one).
+  another order, or parts of a batch placed back into one);
+- :func:`scatter_tokens` and :func:`gather_tokens` do the first two for an array on a device (torch:
+  the valid tokens cross once, then one ``index_copy_`` / ``index_select`` there).
 
 Each is one numba call that copies each byte once (the torch route pads or gathers whole padded rows
 first: two copies and a padded temporary the size of the batch). The copy runs on machine words as
@@ -21,6 +23,8 @@ import math
 
 import torch
 from numba import njit
+
+from conduit.errors import RaggedLengthError
 
 _WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
 
@@ -142,6 +146,41 @@ def copy_segments(src: torch.Tensor, src_starts: torch.Tensor, dst: torch.Tensor
 
     _segments(words(src), scaled(src_starts), words(dst), scaled(dst_starts), scaled(lengths))
     return dst
+
+
+def token_positions(
+    rows: torch.Tensor, offsets: torch.Tensor, max_len: int, device: torch.device
+) -> torch.Tensor:
+    """Flat positions, in a ``[capacity, max_len]`` array viewed as ``[capacity * max_len]``, of every
+    valid token of a batch whose row ``i`` is the prefix of row ``rows[i]`` with ``offsets[i + 1] -
+    offsets[i]`` tokens, in the batch's token order; built on ``device`` (token ``k`` of row ``i`` sits
+    at ``rows[i] * max_len + k - offsets[i]``)."""
+    total = int(offsets[-1]) if offsets.numel() else 0
+    rows, offsets = rows.to(device), offsets.to(device)
+    starts = rows * max_len - offsets[:-1]
+    within = torch.repeat_interleave(starts, offsets[1:] - offsets[:-1], output_size=total)
+    return within + torch.arange(total, device=device, dtype=within.dtype)
+
+
+def _flat(array: torch.Tensor) -> torch.Tensor:
+    return array.view(array.shape[0] * array.shape[1], *array.shape[2:])
+
+
+def scatter_tokens(
+    array: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor
+) -> None:
+    """:func:`scatter_prefixes` for an array on a device; :class:`RaggedLengthError` (nothing written)
+    for a row longer than the array's."""
+    lengths = offsets[1:] - offsets[:-1]
+    if lengths.numel() and int(lengths.max()) > array.shape[1]:
+        raise RaggedLengthError(f"a row of {int(lengths.max())} tokens in rows of {array.shape[1]}")
+    positions = token_positions(rows, offsets, array.shape[1], array.device)
+    _flat(array).index_copy_(0, positions, values.to(array.device, array.dtype))
+
+
+def gather_tokens(array: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The valid tokens of ``rows`` (lengths from ``offsets``), flat, on the array's device: one gather."""
+    return _flat(array).index_select(0, token_positions(rows, offsets, array.shape[1], array.device))
 
 
 _warmed = False

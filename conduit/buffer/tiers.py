@@ -136,11 +136,25 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, tier: str, disk_dir: s
             check_free_space("/dev/shm", nbytes, tier)
         return torch.zeros(shape, dtype=dtype).share_memory_()
     if tier == "disk":
-        directory = disk_dir or tempfile.gettempdir()
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"conduit-{uuid.uuid4().hex}.bin")
-        reserve_file(path, nbytes, tier)
-        flat = torch.from_file(path, shared=True, size=max(numel, 1), dtype=dtype)
-        os.unlink(path)  # the mapping stays valid; the file disappears with the last reference
-        return flat[:numel].view(shape)
+        return map_file(shape, dtype, tier, disk_dir or tempfile.gettempdir())[0]
     return torch.zeros(shape, dtype=dtype, device=tier)
+
+
+def map_file(shape: tuple[int, ...], dtype: torch.dtype, tier: str, directory: str, what: str = "a column",
+             keep_open: bool = False) -> tuple[torch.Tensor, int]:  # fmt: skip
+    """A zero-filled tensor of ``shape``/``dtype`` backed by a new file under ``directory``, and (with
+    ``keep_open``) an open read-write descriptor of that file, else -1.
+
+    The file's blocks are reserved first (:func:`reserve_file`: a full file system is an error here,
+    never SIGBUS on a later write through the mapping); the file is unlinked at once, so nothing is left
+    behind: the mapping stays valid, and another process on the node maps the same memory through the
+    kept descriptor (``/proc/<pid>/fd/<fd>``) until the owner closes it.
+    """
+    os.makedirs(directory, exist_ok=True)
+    numel = math.prod(shape)
+    path = os.path.join(directory, f"conduit-{uuid.uuid4().hex}.bin")
+    reserve_file(path, max(numel, 1) * torch.empty((), dtype=dtype).element_size(), tier, what)
+    flat = torch.from_file(path, shared=True, size=max(numel, 1), dtype=dtype)
+    fd = os.open(path, os.O_RDWR) if keep_open else -1
+    os.unlink(path)
+    return flat[:numel].view(shape), fd

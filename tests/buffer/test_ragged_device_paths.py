@@ -1,17 +1,19 @@
-"""The store's paths for a field on a device (the ``cuda`` tier): token positions, one scatter, one
-gather. Pure torch, so they run here on CPU tensors against the CPU kernels they stand in for."""
+"""The ragged rows' paths for an array on a device (the ``cuda`` tier): token positions, one scatter,
+one gather. Pure torch, so they run here on CPU tensors against the CPU kernels they stand in for."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-pytest.importorskip("transfer_queue")
-
-from conduit_verl.errors import StorageBackendError  # noqa: E402
-from conduit_verl.tq_store.fields import gather_tokens, scatter_tokens, token_positions  # noqa: E402
-
-from conduit.buffer.ragged_kernels import gather_prefixes, scatter_prefixes  # noqa: E402
+from conduit.buffer.ragged_kernels import (
+    gather_prefixes,
+    gather_tokens,
+    scatter_prefixes,
+    scatter_tokens,
+    token_positions,
+)
+from conduit.errors import RaggedLengthError
 
 
 def batch(lengths: list[int], rest: tuple[int, ...], dtype: torch.dtype, seed: int = 0):
@@ -57,6 +59,6 @@ def test_empty_batch_and_empty_rows():
 def test_an_overlong_row_is_refused_and_nothing_written():
     array = torch.zeros(4, 3, dtype=torch.int64)
     offsets, values = batch([2, 4], (), torch.int64)
-    with pytest.raises(StorageBackendError, match="row of 4 tokens in rows of 3"):
+    with pytest.raises(RaggedLengthError, match="row of 4 tokens in rows of 3"):
         scatter_tokens(array, torch.tensor([0, 1]), offsets, values)
     assert not array.any()

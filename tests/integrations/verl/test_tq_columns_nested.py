@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("transfer_queue")
 
-import conduit_verl.tq_store.columns as columns  # noqa: E402
 from conduit_verl.tq_store.columns import JAGGED, Column, column_of, field_of  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
+import conduit.batch as columns  # noqa: E402
 from conduit import Ragged  # noqa: E402
 
 

@@ -11,11 +11,12 @@ import torch
 
 pytest.importorskip("transfer_queue")
 
-import conduit_verl.tq_store.data_port as data_port  # noqa: E402
 from conduit_verl.errors import StorageBackendError  # noqa: E402
 from conduit_verl.tq_store.columns import column_of, field_of, from_wire, to_wire  # noqa: E402
-from conduit_verl.tq_store.data_port import PortClient, StorePort  # noqa: E402
-from conduit_verl.tq_store.store import NodeStore  # noqa: E402
+from conduit_verl.tq_store.store import PROTOCOL, NodeStore  # noqa: E402
+
+import conduit.port as data_port  # noqa: E402
+from conduit.port import DataPort, PortClient  # noqa: E402
 
 
 def jagged(lengths: list[int], start: int = 0) -> torch.Tensor:
@@ -27,7 +28,7 @@ def jagged(lengths: list[int], start: int = 0) -> torch.Tensor:
 @pytest.fixture
 def port():
     store = NodeStore(default_tier="shm")
-    server = StorePort(store, threading.Lock(), "127.0.0.1")
+    server = DataPort(store, PROTOCOL, threading.Lock(), "127.0.0.1")
     yield server
     server.close()
     store.close()
@@ -39,7 +40,7 @@ async def _never_dead() -> None:
 
 def test_calls_round_trip_and_many_in_flight_are_matched_by_id(port):
     async def main() -> list:
-        client = PortClient(port.address, port.key)
+        client = PortClient(port.address, port.key, PROTOCOL)
         puts = [
             client.call(
                 "put",
@@ -64,7 +65,7 @@ def test_calls_round_trip_and_many_in_flight_are_matched_by_id(port):
 
 def test_the_stores_error_is_raised_at_the_caller_and_unknown_methods_are_refused(port):
     async def main() -> None:
-        client = PortClient(port.address, port.key)
+        client = PortClient(port.address, port.key, PROTOCOL)
         with pytest.raises(StorageBackendError, match=r"field 'r' is not stored for global indexes \[5\]"):
             await client.call("get", (np.array([5]), ["r"]), 10, _never_dead)
         with pytest.raises(StorageBackendError, match="does not answer 'close'"):
@@ -82,7 +83,7 @@ def test_a_silent_port_asks_whether_the_store_lives_then_times_out(monkeypatch):
         asked.append(1)
 
     async def main() -> None:
-        client = PortClient("tcp://127.0.0.1:9", bytes(32))  # nobody answers there
+        client = PortClient("tcp://127.0.0.1:9", bytes(32), PROTOCOL)  # nobody answers there
         with pytest.raises(TimeoutError, match="get unanswered after 0.5s"):
             await client.call("get", (np.array([0]), ["r"]), 0.5, alive)
         client.close()
@@ -97,7 +98,7 @@ def test_a_silent_port_asks_whether_the_store_lives_then_times_out(monkeypatch):
         raise Dead("the store's actor died")
 
     async def main_dead() -> None:
-        client = PortClient("tcp://127.0.0.1:9", bytes(32))
+        client = PortClient("tcp://127.0.0.1:9", bytes(32), PROTOCOL)
         with pytest.raises(Dead):
             await client.call("get", (np.array([0]), ["r"]), 30, dead)
         client.close()
@@ -119,7 +120,7 @@ def test_garbage_on_the_port_is_not_answered_and_the_port_keeps_serving(port):
     assert port.refused["unsigned"] == 1
 
     async def main() -> None:
-        client = PortClient(port.address, port.key)
+        client = PortClient(port.address, port.key, PROTOCOL)
         await client.call("clear", (np.array([0]),), 10, _never_dead)
         client.close()
 

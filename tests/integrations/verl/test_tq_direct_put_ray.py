@@ -205,7 +205,8 @@ def test_two_writer_processes_put_disjoint_keys_at_once(one_node):
 @ray.remote(num_cpus=0, max_retries=0)
 def _plan_write_and_die(actor, gis: np.ndarray) -> None:
     from conduit_verl.tq_store.backend import _layout
-    from conduit_verl.tq_store.fields import write_mapped
+
+    from conduit.buffer.mapped import write_mapped
 
     td = grpo_batch([6, 6], seed=4)
     cols = {k: column_of(k, td[k]) for k in td.keys()}
@@ -216,7 +217,7 @@ def _plan_write_and_die(actor, gis: np.ndarray) -> None:
     )
     assert set(entries) == set(PAYLOAD)
     for k, (layout, rows) in entries.items():
-        write_mapped(_layout(layout), torch.from_numpy(np.array(rows, copy=True)), cols[k])
+        write_mapped(_layout(layout), torch.from_numpy(np.array(rows, copy=True)), cols[k].data)
     os._exit(1)  # killed between the write and the commit
 
 
@@ -248,14 +249,16 @@ def test_a_put_of_another_dtype_is_refused_naming_the_field(one_node):
 
 
 def test_large_puts_and_gets_copy_their_fields_on_threads_and_read_back_bit_identical(one_node, monkeypatch):
+    from conduit.buffer import mapped
+
     used: list[int] = []
-    real = backend._copy_pool
+    real = mapped.copy_pool
 
     def spy():
         used.append(1)
         return real()
 
-    monkeypatch.setattr(backend, "_copy_pool", spy)
+    monkeypatch.setattr(mapped, "copy_pool", spy)
     monkeypatch.setattr(backend, "PARALLEL_COPY_MIN_BYTES", 0)  # every put and get here goes on threads
     s0 = stats()
     for round_ in range(3):  # rows grow round by round (the fields move to larger files)

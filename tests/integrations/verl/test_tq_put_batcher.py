@@ -1,4 +1,4 @@
-"""PutBatcher: puts queued behind an in-flight call go together, each caller answered for its own put."""
+"""The TQ backend's put batcher (conduit.port.Coalescer): puts queued behind an in-flight call go together, each caller answered for its own put."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import torch
 pytest.importorskip("transfer_queue")
 
 from conduit_verl.errors import StorageBackendError  # noqa: E402
-from conduit_verl.tq_store.columns import column_of  # noqa: E402
-from conduit_verl.tq_store.put_batcher import PutBatcher  # noqa: E402
+from conduit_verl.tq_store.columns import (
+    column_of,  # noqa: E402
+    put_batcher,  # noqa: E402
+)
 
 
 def cols(k: int, dtype=torch.int64) -> dict:
@@ -44,7 +46,7 @@ def test_puts_queued_behind_two_calls_in_flight_go_in_one_call_and_each_is_store
     store = FakeStore()
 
     async def main() -> None:
-        b = PutBatcher(store.send)
+        b = put_batcher(store.send)
         await asyncio.gather(*(b.put(np.array([k]), cols(k)) for k in range(10)))
 
     asyncio.run(main())
@@ -57,7 +59,7 @@ def test_a_bad_put_fails_alone_and_the_others_in_its_call_are_stored():
     store = FakeStore()
     outcomes: dict[int, object] = {}
 
-    async def one(b: PutBatcher, k: int) -> None:
+    async def one(b, k: int) -> None:
         try:
             await b.put(np.array([k]), cols(k, torch.float32 if k == 4 else torch.int64))
             outcomes[k] = "ok"
@@ -65,7 +67,7 @@ def test_a_bad_put_fails_alone_and_the_others_in_its_call_are_stored():
             outcomes[k] = e
 
     async def main() -> None:
-        b = PutBatcher(store.send)
+        b = put_batcher(store.send)
         await asyncio.gather(*(one(b, k) for k in range(8)))
 
     asyncio.run(main())
@@ -77,7 +79,7 @@ def test_puts_behind_a_call_in_flight_wait_for_it_and_the_same_key_or_other_fiel
     store = FakeStore()
 
     async def main() -> None:
-        b = PutBatcher(store.send)
+        b = put_batcher(store.send)
         first = asyncio.ensure_future(b.put(np.array([0]), cols(0)))
         await asyncio.sleep(0)  # the first call is in flight
         await asyncio.gather(

@@ -12,9 +12,10 @@ pytest.importorskip("transfer_queue")
 
 from conduit_verl.errors import StorageBackendError  # noqa: E402
 from conduit_verl.tq_store.columns import JAGGED, OBJECT, SCALAR, column_of, field_of, from_wire, to_wire  # noqa: E402
-from conduit_verl.tq_store.fields import StaleLayoutError, read_mapped  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
 from tensordict import NonTensorStack, TensorDict  # noqa: E402
+
+from conduit.buffer.mapped import StaleLayoutError, read_mapped  # noqa: E402
 
 
 def jagged(lengths: list[int], dtype=torch.int64, start: int = 0) -> torch.Tensor:
@@ -85,8 +86,8 @@ def test_growth_keeps_contents_and_a_stale_layout_is_detected():
     plan = s.read_plan(np.array([1]), ["r"], same_node=True)["r"]
     assert plan[0] == "mapped"
     _, kind, layout, lengths, plan_rows = plan
-    got = read_mapped(layout, torch.as_tensor(plan_rows), torch.as_tensor(lengths), kind)
-    assert got.data.values.tolist() == [2, 3, 4]
+    got = read_mapped(layout, torch.as_tensor(plan_rows), torch.as_tensor(lengths))
+    assert kind == JAGGED and got.values.tolist() == [2, 3, 4]
     s.put(
         np.array([500]), wires(TensorDict({"r": jagged([200], start=7)}, [1]))
     )  # grows capacity and max_len
@@ -96,7 +97,7 @@ def test_growth_keeps_contents_and_a_stale_layout_is_detected():
     ]
     stale = type(layout)(layout.path, layout.inode + 1, layout.dtype, layout.shape)
     with pytest.raises(StaleLayoutError):
-        read_mapped(stale, torch.as_tensor(plan_rows), torch.as_tensor(lengths), kind)
+        read_mapped(stale, torch.as_tensor(plan_rows), torch.as_tensor(lengths))
     s.close()
 
 

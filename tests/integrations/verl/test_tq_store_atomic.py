@@ -10,8 +10,9 @@ import torch
 pytest.importorskip("transfer_queue")
 from conduit_verl.errors import StorageBackendError  # noqa: E402
 from conduit_verl.tq_store.columns import column_of, spec_of, to_wire  # noqa: E402
-from conduit_verl.tq_store.fields import write_mapped  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
+
+from conduit.buffer.mapped import write_mapped  # noqa: E402
 
 MAX_GLOBAL_INDEX = 2**31  # store.MAX_GLOBAL_INDEX
 from hypothesis import given, settings  # noqa: E402
@@ -34,7 +35,7 @@ def values(s: NodeStore, name: str, keys: list[int]) -> list:
     slots = torch.tensor(keys)
     missing = set(field.missing(slots))
     present = [k for k in keys if k not in missing]
-    got = field.get(torch.tensor(present, dtype=torch.int64)).data if present else []
+    got = field.read(torch.tensor(present, dtype=torch.int64)) if present else []
     got = got.tolist() if isinstance(got, torch.Tensor) else list(got)
     out = dict(zip(present, got))
     return [out.get(k) for k in keys]
@@ -100,7 +101,7 @@ def test_a_commit_whose_data_fields_do_not_fit_makes_nothing_of_the_plan_visible
     plan_id, entries = s.write_plan(gis, {f: spec_of(c) for f, c in cols.items()}, same_node=True)
     assert set(entries) == {"responses"}  # values is pinned to host: it goes with the commit, as data
     layout, rows = entries["responses"]
-    lengths = write_mapped(layout, torch.from_numpy(rows), cols["responses"]).numpy()
+    lengths = write_mapped(layout, torch.from_numpy(rows), cols["responses"].data).numpy()
     with pytest.raises(StorageBackendError, match=r"field 'values' needs \d+ bytes"):
         s.commit(plan_id, gis, {"responses": lengths}, {"values": to_wire(cols["values"])})
     assert s.fields["responses"].missing(torch.from_numpy(gis)) == [0, 1], "the plan's field became visible"
@@ -172,8 +173,9 @@ def test_a_large_key_costs_memory_for_the_keys_held_not_for_its_value():
     )
 )
 def test_the_key_index_maps_keys_as_a_dict_does(ops):
-    from conduit_verl.tq_store.fields import KeyIndex
     from conduit_verl.tq_store.store import MAX_GLOBAL_INDEX as bound
+
+    from conduit.buffer.rows import KeyIndex
 
     assert bound == MAX_GLOBAL_INDEX
     index, model = KeyIndex(), {}

@@ -25,9 +25,10 @@ from conduit_verl.tq_store.columns import (
     spec_of,
     to_wire,
 )  # noqa: E402
-from conduit_verl.tq_store.fields import StaleLayoutError, read_mapped, write_mapped  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
 from tensordict import NonTensorStack, TensorDict  # noqa: E402
+
+from conduit.buffer.mapped import StaleLayoutError, read_mapped, write_mapped  # noqa: E402
 
 
 def ragged(lengths: list[int], dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -69,7 +70,7 @@ def plan_and_write(s: NodeStore, gis: np.ndarray, cols: dict[str, Column]) -> tu
     plan_id, entries = s.write_plan(gis, {f: spec_of(c) for f, c in cols.items()}, same_node=True)
     lengths = {}
     for f, (layout, rows) in entries.items():
-        lens = write_mapped(layout, torch.from_numpy(rows), cols[f])
+        lens = write_mapped(layout, torch.from_numpy(rows), cols[f].data)
         lengths[f] = None if lens is None else lens.numpy()
     rest = {f: to_wire(c) for f, c in cols.items() if f not in entries}
     return plan_id, lengths, rest
@@ -85,7 +86,7 @@ def direct_put(s: NodeStore, gis: np.ndarray, td: TensorDict, lock: threading.Lo
         try:
             lengths = {}
             for f, (layout, rows) in entries.items():
-                lens = write_mapped(layout, torch.from_numpy(rows), cols[f])
+                lens = write_mapped(layout, torch.from_numpy(rows), cols[f].data)
                 lengths[f] = None if lens is None else lens.numpy()
         except StaleLayoutError:
             with lock:
@@ -122,7 +123,7 @@ def read_back(s: NodeStore, gis: np.ndarray, names: list[str]) -> dict:
         if entry[0] == "mapped":
             _, kind, layout, lengths, rows = entry
             lens = None if lengths is None else torch.from_numpy(lengths)
-            col = read_mapped(layout, torch.from_numpy(rows), lens, kind)
+            col = Column(kind, read_mapped(layout, torch.from_numpy(rows), lens))
         else:
             col = from_wire(entry, writable=True)
         out[name] = field_of(col)
@@ -226,7 +227,7 @@ def test_a_write_with_longer_rows_than_planned_is_refused_not_written():
     layout, rows = entries["responses"]
     longer = column_of("responses", ragged([layout.shape[1] + 1], torch.int64, 0))
     with pytest.raises(StaleLayoutError, match="responses"):
-        write_mapped(layout, torch.from_numpy(rows), longer)
+        write_mapped(layout, torch.from_numpy(rows), longer.data)
     with pytest.raises(StorageBackendError, match=r"field '\w+': commit of 1 lengths"):
         s.commit(plan_id, gis, {f: np.array([10**6]) if f != "rm_scores" else None for f in entries}, {})
     assert s.stats()["plans_open"] == 0 and int(s.fields["responses"].used.sum()) == 0

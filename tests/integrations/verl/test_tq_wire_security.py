@@ -21,15 +21,16 @@ import torch
 
 pytest.importorskip("transfer_queue")
 zmq = pytest.importorskip("zmq")
-import conduit_verl.tq_store.data_port as data_port  # noqa: E402
 from conduit_verl.errors import StorageBackendError  # noqa: E402
 from conduit_verl.tq_store.columns import column_of, to_wire  # noqa: E402
-from conduit_verl.tq_store.data_port import PortClient, StorePort  # noqa: E402
-from conduit_verl.tq_store.store import NodeStore  # noqa: E402
+from conduit_verl.tq_store.store import PROTOCOL, NodeStore  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-LOGGER = "conduit_verl.tq_store.data_port"
+from conduit import wire  # noqa: E402
+from conduit.port import DataPort, PortClient  # noqa: E402
+
+LOGGER = "conduit.port"
 
 
 class Evil:
@@ -50,7 +51,7 @@ def scalar_wire(values: list[float]) -> tuple:
 def port():
     store = NodeStore(default_tier="shm")
     store.put(np.array([0, 1]), {"v": scalar_wire([1.0, 2.0])})
-    server = StorePort(store, threading.Lock(), "127.0.0.1")
+    server = DataPort(store, PROTOCOL, threading.Lock(), "127.0.0.1")
     yield server
     server.close()
     store.close()
@@ -69,12 +70,12 @@ def raw(port):
 
 def stored(store: NodeStore) -> list[float]:
     """Field ``v`` of keys 0 and 1, read from the store's array (not through the port, counting nothing)."""
-    return store.fields["v"].get(torch.tensor([0, 1])).data.tolist()
+    return store.fields["v"].read(torch.tensor([0, 1])).tolist()
 
 
 def request(key: bytes, method: str, args: tuple, session: str | None = None, seq: int = 1, **over) -> list:
     """A request as a client signs it (``over``: header fields replaced)."""
-    body, arrays = data_port.encode(method, args)
+    body, arrays = PROTOCOL.encode(method, args)
     header = {
         "d": "q",
         "s": session or os.urandom(16).hex(),
@@ -83,12 +84,12 @@ def request(key: bytes, method: str, args: tuple, session: str | None = None, se
         "id": seq,
         "m": method,
     }
-    return data_port.seal(key, {**header, **over}, body, arrays)
+    return wire.seal(key, {**header, **over}, body, arrays)
 
 
 def forge(key: bytes, header: bytes, buffers: list[bytes]) -> list[bytes]:
     """Any header bytes and buffers under a valid MAC."""
-    return [data_port._mac(key, [header, *buffers]), header, *buffers]
+    return [wire.mac(key, [header, *buffers]), header, *buffers]
 
 
 def probe(sock, key: bytes, refusals: int = 0) -> dict:
@@ -109,9 +110,9 @@ async def _never_dead() -> None:
     return None
 
 
-def call(port: StorePort, method: str, *args):
+def call(port: DataPort, method: str, *args):
     async def main():
-        client = PortClient(port.address, port.key)
+        client = PortClient(port.address, port.key, PROTOCOL)
         try:
             return await client.call(method, args, 10, _never_dead)
         finally:
@@ -132,17 +133,17 @@ def test_a_crafted_pickle_runs_nothing_and_is_logged(port, raw, tmp_path, caplog
     assert not target.exists()
     assert port.refused["unsigned"] == 1 and port.refused["forged"] == 1
     assert "refused a frame (unsigned)" in caplog.text and "refused a frame (forged)" in caplog.text
-    assert stored(port.store) == [1.0, 2.0]
+    assert stored(port.target) == [1.0, 2.0]
 
 
 def test_an_unauthenticated_clear_does_not_clear(port, raw):
     raw.send_multipart([pickle.dumps((1, "clear", (np.array([0, 1]),)), protocol=5)])
     raw.poll(1000)
-    assert stored(port.store) == [1.0, 2.0], "an unauthenticated clear cleared"
+    assert stored(port.target) == [1.0, 2.0], "an unauthenticated clear cleared"
     other_key = os.urandom(32)  # a store's key is its own: another's does not open it
     raw.send_multipart(request(other_key, "clear", (np.array([0, 1]),)))
     probe(raw, port.key)
-    assert stored(port.store) == [1.0, 2.0]
+    assert stored(port.target) == [1.0, 2.0]
     assert port.refused["forged"] == 1
     assert call(port, "get", np.array([1]), ["v"])["v"][2].tolist() == [2.0]
 
@@ -157,7 +158,7 @@ def test_unsigned_and_replayed_frames_are_refused_and_logged(port, raw, caplog):
             await super()._send(socket, frames)
 
     async def legit() -> None:
-        client = Recording(port.address, port.key)
+        client = Recording(port.address, port.key, PROTOCOL)
         await client.call("put", (np.array([5]), {"v": scalar_wire([9.0])}), 10, _never_dead)
         await client.call("clear", (np.array([5]),), 10, _never_dead)
         client.close()
@@ -169,10 +170,10 @@ def test_unsigned_and_replayed_frames_are_refused_and_logged(port, raw, caplog):
     raw.send_multipart([bytes(32), *put_frames[1:]])  # with a zero MAC
     raw.send_multipart(clear_frames)  # the captured clear: it would clear key 5 again
     probe(raw, port.key)  # the first reply on this connection is the probe's: none of the above answered
-    assert port.store.fields["v"].missing(torch.tensor([5])) == [5], "a replayed put stored its data again"
+    assert port.target.fields["v"].missing(torch.tensor([5])) == [5], "a replayed put stored its data again"
     assert port.refused["replayed"] == 2 and port.refused["unsigned"] == 1 and port.refused["forged"] == 1
     assert "refused a frame (replayed)" in caplog.text and "refused a frame (unsigned)" in caplog.text
-    assert stored(port.store) == [1.0, 2.0]
+    assert stored(port.target) == [1.0, 2.0]
 
 
 def test_a_reordered_or_stale_frame_is_refused(port, raw):
@@ -185,13 +186,13 @@ def test_a_reordered_or_stale_frame_is_refused(port, raw):
     assert raw.poll(5000)
     assert json.loads(raw.recv_multipart()[1])["ok"] is True  # seq 5: taken
     probe(raw, port.key)  # seq 4 after 5, and the hour-old one: no answer
-    assert port.store.fields["v"].missing(torch.tensor([6, 7, 8])) == [7, 8]
+    assert port.target.fields["v"].missing(torch.tensor([6, 7, 8])) == [7, 8]
     assert port.refused["replayed"] == 2
 
 
 def test_dtypes_outside_the_list_are_refused_and_nothing_is_stored(port, raw):
     # a buffer declaring a dtype that is not on the list, under a valid MAC
-    body, arrays = data_port.encode("put", (np.array([3]), {"v": scalar_wire([3.0])}))
+    body, arrays = PROTOCOL.encode("put", (np.array([3]), {"v": scalar_wire([3.0])}))
     for dtype in ("object", "V8", ">i8", "O"):
         header = {"v": 1, "d": "q", "s": os.urandom(16).hex(), "n": 1, "t": time.time(), "id": 1, "m": "put",
                   "a": [[dtype, list(a.shape), a.nbytes] for a in arrays], "b": body}  # fmt: skip
@@ -206,8 +207,8 @@ def test_dtypes_outside_the_list_are_refused_and_nothing_is_stored(port, raw):
             call(port, "put", np.array([3]), {"v": ("scalar", name, np.zeros(1, dtype=np.float32))})
     with pytest.raises(StorageBackendError, match="dtype 'load' is not one of"):
         call(port, "write_plan", np.array([3]), {"v": ("scalar", "load", (), 0)}, True)
-    assert port.store.fields["v"].missing(torch.tensor([3])) == [3]
-    assert stored(port.store) == [1.0, 2.0]
+    assert port.target.fields["v"].missing(torch.tensor([3])) == [3]
+    assert stored(port.target) == [1.0, 2.0]
     probe(raw, port.key)
 
 
@@ -221,7 +222,7 @@ def test_what_is_not_data_is_refused_by_the_writer_naming_field_and_type(port):
         call(port, "put", np.array([4, 5]), {"uid": ("object", ["a", Opaque()])})
     with pytest.raises(StorageBackendError, match="field 'uid'.*dtype \\|O"):
         call(port, "put", np.array([4]), {"uid": ("object", [np.array([object()])])})
-    assert "uid" not in port.store.fields
+    assert "uid" not in port.target.fields
     # what verl's object columns hold does travel: strings, numbers, dicts, lists, tensors (strided nested)
     items = [
         "text",
@@ -240,8 +241,8 @@ def test_what_is_not_data_is_refused_by_the_writer_naming_field_and_type(port):
 def test_a_store_error_is_raised_at_the_caller_as_its_class_never_unpickled(port):
     with pytest.raises(StorageBackendError, match=r"global index -1 is outside"):
         call(port, "get", np.array([-1]), ["v"])
-    assert data_port._error_body(ValueError("x")) == ["StorageBackendError", "ValueError: x"]
-    assert isinstance(data_port._error_of(["NotAClass", "m"]), StorageBackendError)
+    assert PROTOCOL.error_body(ValueError("x")) == ["StorageBackendError", "ValueError: x"]
+    assert isinstance(PROTOCOL.error_of(["NotAClass", "m"]), StorageBackendError)
 
 
 def test_a_client_refuses_an_unsigned_reply_and_runs_nothing(tmp_path, caplog):
@@ -262,7 +263,7 @@ def test_a_client_refuses_an_unsigned_reply_and_runs_nothing(tmp_path, caplog):
     thread.start()
 
     async def main() -> None:
-        client = PortClient(address, os.urandom(32))
+        client = PortClient(address, os.urandom(32), PROTOCOL)
         with pytest.raises(TimeoutError):
             await client.call("get", (np.array([0]), ["v"]), 1.0, _never_dead)
         client.close()
@@ -276,15 +277,15 @@ def test_a_client_refuses_an_unsigned_reply_and_runs_nothing(tmp_path, caplog):
 
 
 def test_sessions_are_bounded_and_forgotten_once_their_frames_are_stale():
-    sessions = data_port._Sessions(window_s=10.0, limit=2)
+    sessions = wire.Sessions(window_s=10.0, limit=2)
     sessions.admit("a", 1, 100.0, 100.0)
     sessions.admit("b", 1, 100.0, 100.0)
-    with pytest.raises(data_port._Refused, match="2 sessions are open"):
+    with pytest.raises(wire.Refused, match="2 sessions are open"):
         sessions.admit("c", 1, 100.0, 100.0)
-    with pytest.raises(data_port._Refused, match="sequence number 1 after 1"):
+    with pytest.raises(wire.Refused, match="sequence number 1 after 1"):
         sessions.admit("a", 1, 100.0, 100.5)
     for ts in (80.0, 130.0):  # too old, too far ahead
-        with pytest.raises(data_port._Refused, match="timestamp"):
+        with pytest.raises(wire.Refused, match="timestamp"):
             sessions.admit("a", 2, ts, 100.0)
     sessions.admit("c", 1, 115.0, 115.0)  # a and b idle past the window: forgotten, c fits
     assert set(sessions.seen) == {"c"}
@@ -339,7 +340,7 @@ def malformed(draw) -> tuple[str, object]:
         return kind, draw(_json)
     if kind == "huge":
         return kind, (
-            draw(st.sampled_from(sorted(data_port.WIRE_DTYPES))),
+            draw(st.sampled_from(sorted(wire.WIRE_DTYPES))),
             draw(_huge),
             draw(st.integers(0, 64)),
         )
@@ -352,7 +353,7 @@ def _still_valid(head: dict, field: str, value: object) -> bool:
         or (field == "s" and isinstance(value, str) and 1 <= len(value) <= 64)
         or (field in ("n", "id") and type(value) is int)
         or (field == "t" and type(value) in (int, float))
-        or (field == "m" and isinstance(value, str) and value in data_port.METHODS)
+        or (field == "m" and isinstance(value, str) and value in PROTOCOL.methods)
     )
 
 
@@ -388,7 +389,7 @@ def _frames(key: bytes, recipe: tuple[str, object]) -> list[bytes]:
 def test_random_malformed_frames_are_refused_with_nothing_changed_and_memory_bounded():
     store = NodeStore(default_tier="shm")
     store.put(np.array([0, 1]), {"v": scalar_wire([1.0, 2.0])})
-    port = StorePort(store, threading.Lock(), "127.0.0.1")
+    port = DataPort(store, PROTOCOL, threading.Lock(), "127.0.0.1")
     before = (stored(store), store.stats())
 
     @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,41 +1,30 @@
-"""TransferQueue storage backend ``Conduit``: verl's token-level experience in Conduit's storage.
+"""TransferQueue storage backend ``Conduit``: TQ's put/get/clear mapped onto Conduit's keyed store.
 
 Select it with ``transfer_queue.backend.storage_backend=Conduit`` (knobs under
 ``+transfer_queue.backend.Conduit.*``: ``placement.<field>=<tier>``, ``budgets.<tier>=<bytes>``,
-``default_tier`` (``auto``: planned, see ``planning.py``), ``timeout_s``, ``direct_put_min_bytes``).
-verl's workers, TQ's clients and TQ's controller are unchanged; the controller stays metadata-only.
+``default_tier`` (``auto``: planned), ``timeout_s``, ``direct_put_min_bytes``). verl's workers, TQ's
+clients and its controller (metadata only) are unchanged.
 
-- ``tq.init`` (verl's task runner) starts one storage actor per alive Ray node (:func:`bootstrap`,
-  ``num_cpus=0``, pinned to its node) and writes their names into the config every process reads.
-  Each actor answers its store's calls on a data port (``data_port.py``: one ZMQ socket, on loopback
-  when the cluster has one node, else on the node's address; a data-only wire, every frame signed
-  with the actor's key, which it hands out through Ray; payloads as raw frames; ~0.2 ms a call where
-  a Ray actor call costs ~1.3 ms, and no trip through Ray's object stores between nodes); Ray places
-  it, keeps it alive and reports its death.
-- Every process that uses TQ builds a :class:`ConduitStorageManager`. A put of at least
-  ``direct_put_min_bytes`` (1 MiB) to the actor owning the samples (global index mod number of nodes)
-  on the writer's own node asks it for a write plan (fresh rows of each field's shared-memory file),
-  scatters each field's rows straight into the mapped file (one copy), and commits (metadata only:
-  the lengths; the samples become visible then, all fields at once). A plan refused as stale (the
-  field grew into a new file meanwhile) is made again. Fields the writer cannot map (objects,
-  host/pinned/cuda tiers), smaller puts and puts to an actor on another node travel whole — one
-  column per field, not one object per sample — over the data port. Then the put tells the
-  controller.
-- A get from the actor's node maps the field's shared-memory file and gathers the requested tokens
-  straight into its own tensor (memory from a :class:`~conduit.buffer.recycled.HostPool`): one copy,
-  no serialisation. From another node the actor gathers the field and sends it whole over the data
-  port (per field, never per sample).
-- Clear forgets every field of the samples (TQ reuses global indexes).
+- ``tq.init`` starts one :class:`StorageActor` per alive Ray node (:func:`bootstrap`, ``num_cpus=0``,
+  pinned to its node): a :class:`~conduit_verl.tq_store.store.NodeStore` answering on a data port
+  (:mod:`conduit.port`; on loopback when the cluster has one node, else on the node's address; its key
+  handed out through Ray). Ray places the actor, keeps it alive and reports its death.
+- Every process that uses TQ builds a :class:`ConduitStorageManager`: samples go to the actor of their
+  global index mod the number of nodes. A put of at least ``direct_put_min_bytes`` to the writer's own
+  node is written in place (a write plan, :func:`conduit.buffer.mapped.write_mapped`, a commit; a plan
+  refused as stale is made again); other puts travel whole, one column per field, small ones combined
+  (:func:`~conduit_verl.tq_store.columns.put_batcher`). A get from the actor's node gathers straight from
+  the mapped fields (:func:`conduit.buffer.mapped.read_mapped`), from another node over the port. Clear
+  forgets every field of the samples (TQ reuses global indexes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -47,7 +36,9 @@ from tensordict import TensorDict
 from transfer_queue.metadata import BatchMeta
 from transfer_queue.storage.managers.base import StorageManager
 
+from conduit.buffer.mapped import Layout, StaleLayoutError, read_mapped, run_copies, write_mapped
 from conduit.buffer.ragged_kernels import warm_ragged_kernels
+from conduit.port import Coalescer, DataPort, PortClient
 from conduit_verl.errors import StorageActorError, StorageBackendError
 from conduit_verl.tq_store.columns import (
     Column,
@@ -55,13 +46,11 @@ from conduit_verl.tq_store.columns import (
     field_of,
     field_schema,
     from_wire,
+    put_batcher,
     spec_of,
     to_wire,
 )
-from conduit_verl.tq_store.data_port import METHODS, PortClient, StorePort
-from conduit_verl.tq_store.fields import Layout, StaleLayoutError, read_mapped, write_mapped
-from conduit_verl.tq_store.put_batcher import PutBatcher
-from conduit_verl.tq_store.store import AUTO, NodeStore, check_placement
+from conduit_verl.tq_store.store import AUTO, PROTOCOL, NodeStore, check_placement
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +77,7 @@ class StorageActor:
         self.store = NodeStore(**kwargs)
         self.node = ray.get_runtime_context().get_node_id()
         self.lock = threading.Lock()
-        self.port = StorePort(self.store, self.lock, port_host())
+        self.port = DataPort(self.store, PROTOCOL, self.lock, port_host())
 
     def node_id(self) -> str:
         return self.node
@@ -232,7 +221,7 @@ class ConduitStorageManager(StorageManager):
         self._actors: list[Any] | None = None
         self._nodes: list[str] = []
         self._ports: list[PortClient] = []
-        self._batchers: dict[int, PutBatcher] = {}
+        self._batchers: dict[int, Coalescer] = {}
         self.node = ray.get_runtime_context().get_node_id()
         warm_ragged_kernels()  # load the compiled copy kernels now, not in the first get
 
@@ -247,7 +236,7 @@ class ConduitStorageManager(StorageManager):
             except Exception as e:  # noqa: BLE001
                 raise StorageActorError(f"Conduit storage actors {self.names} are not reachable: {e}") from e
             self._actors, self._nodes = actors, nodes
-            self._ports = [PortClient(address, key) for address, key in ports]
+            self._ports = [PortClient(address, key, PROTOCOL) for address, key in ports]
         return self._actors
 
     def _routes(self, gis: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
@@ -258,10 +247,10 @@ class ConduitStorageManager(StorageManager):
         return [(i, pos) for i in range(n) if (pos := torch.nonzero(owner == i).flatten()).numel()]
 
     async def _call(self, i: int, method: str, *args: Any) -> Any:
-        """``method`` of store ``i``: over its data port (``data_port.METHODS``), else through Ray."""
+        """``method`` of store ``i``: over its data port (``store.PROTOCOL``), else through Ray."""
         actor = self._handles()[i]
         try:
-            if method not in METHODS:
+            if method not in PROTOCOL.methods:
                 return await asyncio.wait_for(getattr(actor, method).remote(*args), self.timeout_s)
             if method in ("write_plan", "read_plan"):  # the store is told whether the caller shares its node
                 args = (*args[:-1], args[-1] == self._nodes[i])
@@ -344,10 +333,10 @@ class ConduitStorageManager(StorageManager):
     async def _send_put(self, i: int, gis: np.ndarray, columns: dict[str, Column]) -> None:
         await self._call(i, "put", gis, {f: to_wire(c) for f, c in columns.items()})
 
-    def _batcher(self, i: int) -> PutBatcher:
+    def _batcher(self, i: int) -> Coalescer:
         batcher = self._batchers.get(i)
         if batcher is None:
-            batcher = self._batchers[i] = PutBatcher(lambda gis, cols: self._send_put(i, gis, cols))
+            batcher = self._batchers[i] = put_batcher(lambda gis, cols: self._send_put(i, gis, cols))
         return batcher
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
@@ -385,13 +374,8 @@ class ConduitStorageManager(StorageManager):
             lens = None if lengths is None else torch.from_numpy(np.array(lengths, copy=True))
             mapped[name] = (_layout(layout), torch.from_numpy(np.array(rows, copy=True)), lens, kind)
         nbytes = sum(int(e[2].sum()) * 8 for e in mapped.values() if e[2] is not None)
-        if len(mapped) > 1 and nbytes >= PARALLEL_COPY_MIN_BYTES:
-            loop = asyncio.get_running_loop()
-            results = await asyncio.gather(
-                *(loop.run_in_executor(_copy_pool(), _read_field, *e) for e in mapped.values())
-            )
-        else:
-            results = [_read_field(*e) for e in mapped.values()]
+        jobs = [functools.partial(_read_field, *e) for e in mapped.values()]
+        results = await run_copies(jobs, nbytes, PARALLEL_COPY_MIN_BYTES)
         retry = [name for name, col in zip(mapped, results) if col is None]
         out.update({name: col for name, col in zip(mapped, results) if col is not None})
         if retry:  # those fields grew into new files since the plan
@@ -442,58 +426,24 @@ async def _write_planned(
     entries: dict[str, tuple], columns: dict[str, Column]
 ) -> dict[str, np.ndarray | None]:
     """Each planned field's rows scattered into the store's mapped file (one copy; large puts one field
-    per copy thread); the lengths to commit. Every field's copy has ended before an error is raised
-    (a stale plan's rows go back to the store, and no thread may still write into them)."""
-    jobs = [
-        (name, _layout(layout), torch.from_numpy(np.array(rows, copy=True)))
-        for name, (layout, rows) in entries.items()
-    ]
-    nbytes = sum(columns[name].nbytes for name, _, _ in jobs)
-    if len(jobs) > 1 and nbytes >= PARALLEL_COPY_MIN_BYTES:
-        loop = asyncio.get_running_loop()
-        results = await asyncio.gather(
-            *(
-                loop.run_in_executor(_copy_pool(), write_mapped, lay, rows, columns[name])
-                for name, lay, rows in jobs
-            ),
-            return_exceptions=True,
+    per copy thread, :func:`conduit.buffer.mapped.run_copies`); the lengths to commit."""
+    jobs = {
+        name: functools.partial(
+            write_mapped, _layout(layout), torch.from_numpy(np.array(rows, copy=True)), columns[name].data
         )
-    else:
-        results = []
-        for name, lay, rows in jobs:
-            try:
-                results.append(write_mapped(lay, rows, columns[name]))
-            except Exception as e:  # noqa: BLE001  (raised below, once every field is done)
-                results.append(e)
-                break
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return {name: None if r is None else r.numpy() for (name, _, _), r in zip(jobs, results)}
+        for name, (layout, rows) in entries.items()
+    }
+    nbytes = sum(columns[name].nbytes for name in jobs)
+    results = await run_copies(list(jobs.values()), nbytes, PARALLEL_COPY_MIN_BYTES)
+    return {name: None if r is None else r.numpy() for name, r in zip(jobs, results)}
 
 
 def _read_field(layout: Layout, rows: torch.Tensor, lengths: torch.Tensor | None, kind: str) -> Column | None:
     """A mapped field's gather; None if its file was replaced since the plan (the caller asks again)."""
     try:
-        return read_mapped(layout, rows, lengths, kind)
+        return Column(kind, read_mapped(layout, rows, lengths))
     except StaleLayoutError:
         return None
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _copy_pool() -> ThreadPoolExecutor:
-    """This process's threads for large mapped reads and writes (two: the cores of the smallest machine
-    this targets; the copies release the GIL)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(
-                max_workers=min(2, os.cpu_count() or 1), thread_name_prefix="conduit-tq-read"
-            )
-        return _POOL
 
 
 def _layout(layout: Any) -> Layout:

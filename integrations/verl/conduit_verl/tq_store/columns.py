@@ -15,7 +15,7 @@ other tensor field as a jagged nested tensor, objects as a ``NonTensorStack``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,43 +23,22 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack
 
-from conduit import Ragged
+from conduit import Ragged, wire
 from conduit.buffer.ragged_kernels import copy_segments
 from conduit.buffer.recycled import host_pool
+from conduit.errors import DTypeError
+from conduit.port import Coalescer
 from conduit_verl.errors import StorageBackendError
 
 SCALAR, JAGGED, OBJECT = "scalar", "jagged", "object"
 
-#: dtypes numpy cannot hold travel as a same-width integer view
-_VIEWS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
-
-#: the tensor dtypes a field may have (by name, as they travel): nothing else is looked up
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    str(d): d
-    for d in (
-        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-        torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
-    )
-}  # fmt: skip
-
 
 def torch_dtype(name: object) -> torch.dtype:
-    """The dtype named ``name`` (``"torch.float32"`` or ``"float32"``) from :data:`TORCH_DTYPES`;
-    :class:`StorageBackendError` for any other name."""
-    if isinstance(name, str):
-        dtype = TORCH_DTYPES.get(name if name.startswith("torch.") else f"torch.{name}")
-        if dtype is not None:
-            return dtype
-    raise StorageBackendError(f"dtype {name!r} is not one of {sorted(TORCH_DTYPES)}")
-
-
-#: per dtype of :data:`TORCH_DTYPES` the numpy dtype its tensors travel as
-_NUMPY_DTYPES = {d: torch.empty(0, dtype=_VIEWS.get(d, d)).numpy().dtype for d in TORCH_DTYPES.values()}
-
-
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    """The numpy dtype a tensor of ``dtype`` travels as."""
-    return _NUMPY_DTYPES[dtype]
+    """The dtype named ``name`` (:func:`conduit.wire.torch_dtype`); :class:`StorageBackendError` else."""
+    try:
+        return wire.torch_dtype(name)
+    except DTypeError as e:
+        raise StorageBackendError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -138,6 +117,20 @@ class Column:
         return Column(JAGGED, Ragged(values, offsets))
 
 
+def put_batcher(send: Callable[[np.ndarray, dict[str, Column]], Awaitable[None]]) -> Coalescer:
+    """Puts to one store that queue behind calls in flight, sent together (:class:`conduit.port.Coalescer`:
+    verl's agent loop puts one trajectory at a time, many at once): puts that bring the same fields of
+    the same kinds, dtypes and shapes are joined field by field."""
+
+    def join(parts: list[dict[str, Column]]) -> dict[str, Column]:
+        return {name: Column.cat([p[name] for p in parts]) for name in parts[0]}
+
+    def signature(columns: dict[str, Column]) -> tuple:
+        return tuple(sorted((name, c.kind, str(c.dtype), c.rest) for name, c in columns.items()))
+
+    return Coalescer(send, join, signature)
+
+
 def column_of(name: str, value: Any) -> Column:
     """The column of TensorDict field ``name`` (no copy for dense and jagged tensors)."""
     if isinstance(value, torch.Tensor):
@@ -145,8 +138,7 @@ def column_of(name: str, value: Any) -> Column:
             if value.layout == torch.jagged and getattr(value, "_lengths", None) is not None:
                 value = value.contiguous()  # a jagged view with holes (explicit lengths): compact it
             if value.layout == torch.jagged and getattr(value, "_ragged_idx", 1) == 1:
-                values, offsets = _jagged_parts(value)
-                return Column(JAGGED, Ragged(values, offsets.to(torch.int64)))
+                return Column(JAGGED, Ragged.from_nested(value))
             return Column(OBJECT, list(value.unbind()))
         if value.dim() == 1:
             return Column(SCALAR, value)
@@ -203,14 +195,7 @@ def field_of(column: Column) -> Any:
     if column.kind == SCALAR:
         return column.data
     if column.kind == JAGGED:
-        r: Ragged = column.data
-        # the min/max length travel with the nested tensor (as TQ's own `as_nested_tensor` gives them):
-        # without them `to_padded_tensor` pads every row to the total number of tokens
-        lengths = r.lengths
-        if not len(lengths):
-            return torch.nested.nested_tensor_from_jagged(r.values, r.offsets)
-        low, high = torch.aminmax(lengths)
-        return _jagged_tensor(r.values, r.offsets, int(low), int(high))
+        return column.data.to_nested()  # with its min/max length, as TQ's own storage gives them
     items = column.data
     if items and all(isinstance(x, torch.Tensor) for x in items):
         try:
@@ -220,59 +205,19 @@ def field_of(column: Column) -> Any:
     return NonTensorStack(*items)
 
 
-# -- jagged nested tensors without the dispatcher ---------------------------------------------------
-# ``nt.values()``, ``nt.offsets()`` and ``nested_tensor_from_jagged`` each go through torch's
-# ``__torch_function__`` / dispatch layers (~25-75 us a call, 5 fields per put and get); the nested
-# tensor's own fields and constructor give the same tensors in a few microseconds. Where this torch
-# lacks them the public calls are used (tests compare both).
-
-
-def _jagged_parts(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(nt.values(), nt.offsets())`` of a contiguous jagged nested tensor."""
-    values, offsets = getattr(nt, "_values", None), getattr(nt, "_offsets", None)
-    if isinstance(values, torch.Tensor) and isinstance(offsets, torch.Tensor):
-        return values, offsets
-    return nt.values(), nt.offsets()
-
-
-def _jagged_tensor(values: torch.Tensor, offsets: torch.Tensor, low: int, high: int) -> torch.Tensor:
-    """``nested_tensor_from_jagged(values, offsets, min_seqlen=low, max_seqlen=high)`` (the nested
-    tensor holds ``values`` itself; fresh memory here, so no autograd view is needed)."""
-    if _NESTED is not None and not values.requires_grad:
-        cls, store = _NESTED
-        cache = {"min_seqlen": store(low), "max_seqlen": store(high)}
-        return cls(values, offsets, _ragged_idx=1, _metadata_cache=cache)
-    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=low, max_seqlen=high)
-
-
-def _nested_internals() -> tuple[Any, Any] | None:
-    try:
-        from torch.nested._internal.nested_tensor import NestedTensor, _store_val_in_tensor
-    except ImportError:
-        return None
-    return NestedTensor, _store_val_in_tensor
-
-
-_NESTED = _nested_internals()
-
-
 # -- the wire: numpy arrays travel through Ray's shared-memory object store without pickling -------
 
 
 def _to_numpy(t: torch.Tensor) -> tuple[str, np.ndarray]:
     torch_dtype(str(t.dtype))  # a dtype the store does not take is refused here, by the writer
-    t = t.detach().to("cpu").contiguous()
-    view = _VIEWS.get(t.dtype)
-    return str(t.dtype), (t.view(view) if view is not None else t).numpy()
+    return wire.to_numpy(t)
 
 
 def _from_numpy(dtype: str, a: np.ndarray) -> torch.Tensor:
-    want = torch_dtype(dtype)
-    if not isinstance(a, np.ndarray) or a.dtype != _numpy_dtype(want):
-        got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
-        raise StorageBackendError(f"a {dtype} column travels as {_numpy_dtype(want)}, not {got}")
-    t = torch.from_numpy(a)
-    return t.view(want) if want in _VIEWS else t
+    try:
+        return wire.from_numpy(dtype, a)
+    except DTypeError as e:
+        raise StorageBackendError(str(e)) from None
 
 
 def to_wire(column: Column) -> tuple:
