@@ -321,7 +321,8 @@ def scaling(d: Doc) -> list[str]:
     if calls:
         within = sum(1 for c in calls if c.get("within"))
         out.append(
-            f"- Validation, per call (in sample: the constants were fitted to these calls): {within} of {len(calls)} within ±25%."
+            f"- Validation, per call ({(d.get('validation') or {}).get('per_call_source', DASH)}): "
+            f"{within} of {len(calls)} within ±25%."
         )
     for a in d.get("assumptions") or []:
         out.append(f"- Assumption: {a}.")
@@ -372,6 +373,19 @@ def scaling_measured(d: Doc) -> list[str]:
                           " / ".join(str(t[k]) for k in ("op", "samples", "bytes") if k in t) or "iteration",
                           num(t.get("predicted_s"), 4), num(t.get("measured_s"), 4), num(t.get("ratio"), 3),
                           verdict(t.get("within"))] for t in tab])  # fmt: skip
+        out.append("")
+    refit = v.get("refit") or {}
+    if refit:
+        out.append(f"Refit ({refit.get('source', DASH)}); the model above runs on it. Validation: "
+                   f"per call held out {(v.get('verdict') or {}).get('refit_per_call_held_out', DASH)}, "
+                   f"per iteration {(v.get('verdict') or {}).get('refit_per_iteration', DASH)}.")  # fmt: skip
+        out.append("")
+        vh = ["system", "nodes", "op / samples / bytes", "predicted s", "measured s", "ratio", "within ±25%"]
+        tabs = (refit.get("per_call_held_out") or []) + (refit.get("per_iteration") or [])
+        out += table(vh, [[str(t.get("system")), num(t.get("nodes"), 0),
+                          " / ".join(str(t[k]) for k in ("op", "samples", "bytes") if k in t) or "iteration",
+                          num(t.get("predicted_s"), 4), num(t.get("measured_s"), 4), num(t.get("ratio"), 3),
+                          verdict(t.get("within"))] for t in tabs])  # fmt: skip
         out.append("")
     ratios = (d.get("measured") or {}).get("ratios") or {}
     if ratios:

@@ -31,11 +31,12 @@ from typing import Any
 
 import numpy as np
 import provenance
-from scaling_config import Calibration, Compute, Workload
+from scaling_config import TOPOLOGY, Calibration, Cluster, Compute, Workload
 from scaling_measure_tq import DESIGN, POLL_S, SYSTEMS
-from scaling_validate import TOLERANCE, call_validation, iteration_validation
+from scaling_validate import FIT_NODES, TOLERANCE, call_validation, iteration_validation, refit_calls
 
 from conduit.errors import ConfigError
+from conduit.topology import load
 
 HERE = Path(__file__).resolve().parent
 NODE_COUNTS = (1, 2, 4, 8)
@@ -45,6 +46,8 @@ WORKLOAD = Workload(prompts=8, n=4, prompt_median=128, response_median=256, max_
 QUICK_WORKLOAD = replace(WORKLOAD, prompts=4)
 #: no GPU compute in the measured iteration: the model's compute made negligible (every field must be > 0)
 NO_COMPUTE = Compute(peak_flops=1e30, decode_step_s=1e-12, decode_per_seq_s=1e-12)
+#: the calls the default constants were fitted to (64-1,024 samples), refitted together with this run's
+LARGE_CALLS = HERE / "results" / "tq_backends.json"
 LOOPBACK_BYTES_PER_S = 2e9  # loopback TCP on this machine, an order of magnitude (< 1 MB moves per iteration)
 CONFIG_TIMEOUT_S = 1200.0
 RLLIB_STEPS = {"quick": 200, "full": 400}
@@ -211,9 +214,39 @@ def validate(
         within = sum(bool(t["within"]) for t in table)
         return {"within": within, "of": len(table), "met": bool(table) and within == len(table)}
 
-    return {"per_call": per_call, "per_iteration": per_iteration,
-            "per_call_verdict": verdict(per_call), "per_iteration_verdict": verdict(per_iteration),
-            "tolerance": TOLERANCE}  # fmt: skip
+    out = {"per_call": per_call, "per_iteration": per_iteration,
+           "per_call_verdict": verdict(per_call), "per_iteration_verdict": verdict(per_iteration),
+           "tolerance": TOLERANCE}  # fmt: skip
+    if set(FIT_NODES) <= {c["nodes"] for c in calls}:  # a (quick) run without them: no refit
+        out["refit"] = refit_validation(calls, iters, cal, workload, host_cores)
+        out["refit"]["per_call_held_out_verdict"] = verdict(out["refit"]["per_call_held_out"])
+        out["refit"]["per_iteration_verdict"] = verdict(out["refit"]["per_iteration"])
+    return out
+
+
+def refit_validation(
+    calls: list[dict[str, Any]],
+    iters: list[dict[str, Any]],
+    cal: Calibration,
+    workload: Workload,
+    host_cores: int,
+) -> dict[str, Any]:
+    """The store constants refitted to the driver's calls on ``FIT_NODES`` (``refit_calls``), validated on
+    the calls of the other node counts (held out) and on every measured iteration."""
+    large = json.loads(LARGE_CALLS.read_text())["rows"]
+    nic = Cluster.from_topology(load(TOPOLOGY), 16).nic_bytes_per_s  # as scaling.py validates those calls
+    refit = refit_calls(cal, calls, LOOPBACK_BYTES_PER_S, large, nic)
+    per_call = call_validation(calls, refit, LOOPBACK_BYTES_PER_S)
+    per_iteration = iteration_validation(
+        iters, replace(refit, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S, host_cores
+    )
+    for v in per_iteration:
+        v.pop("agent_workers", None)
+    return {"fit_nodes": list(FIT_NODES), "stores": refit.stores, "source": refit.source,
+            "per_call_held_out": [t for t in per_call if t["nodes"] not in FIT_NODES],
+            "per_call_in_sample": [t for t in per_call if t["nodes"] in FIT_NODES],
+            "per_call_large_in_sample": call_validation(large, refit, nic),
+            "per_iteration": per_iteration}  # fmt: skip
 
 
 def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None = None) -> dict[str, Any]:

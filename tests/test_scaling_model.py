@@ -22,6 +22,7 @@ from scaling_validate import (  # noqa: E402
     call_validation,
     fit_stores,
     iteration_validation,
+    refit_calls,
     validation_table,
 )
 
@@ -181,6 +182,38 @@ def test_fit_recovers_synthetic_store_constants_and_validates_them():
     assert len(table) == len(rows) and all(r["within"] for r in table)
     off = replace(truth, controller={**truth.controller, "fixed_s": 0.05})  # 50 ms per request: a miss
     assert not all(r["within"] for r in call_validation(rows, off))
+
+
+def test_refit_recovers_a_and_b_from_small_and_large_calls_and_keeps_the_rest():
+    truth = Calibration()
+    truth = replace(
+        truth,
+        stores={
+            **truth.stores,
+            "Conduit": {**truth.stores["Conduit"], "put": {"a": 3e-3, "b": 4e-5, "per_byte": 4.36e-11}},
+        },
+    )
+
+    def calls(nodes, samples, nic):
+        rows = [{"system": "Conduit", "op": op, "nodes": n, "samples": s, "bytes": s * 4_000, "seconds": 0.0}
+                for op in ("put", "get") for n in nodes for s in samples]  # fmt: skip
+        for r in rows:
+            r["seconds"] = call_seconds(truth, "Conduit", r["op"], r["nodes"], r["samples"], r["bytes"], nic)
+        return rows
+
+    small = calls((1, 2, 4, 8), (32,), 2e9)  # the 2- and 4-node calls are held out: not fitted
+    held_out = [r for r in small if r["nodes"] in (2, 4)]
+    for r in held_out:
+        r["seconds"] *= 100  # a fit that used them would move far from the truth
+    refit = refit_calls(Calibration(), small, 2e9, calls((1, 3), (64, 1024), 50e9), 50e9)
+    for op in ("put", "get"):
+        for k in ("a", "b"):
+            assert refit.stores["Conduit"][op][k] == pytest.approx(truth.stores["Conduit"][op][k], rel=1e-6)
+        assert refit.stores["Conduit"][op]["per_byte"] == truth.stores["Conduit"][op]["per_byte"]
+    assert refit.stores["SimpleStorage"] == Calibration().stores["SimpleStorage"]  # no calls: unchanged
+    assert refit.source.startswith("refit")
+    with pytest.raises(ConfigError, match="needs two measured calls"):
+        refit_calls(Calibration(), small[:1], 2e9)
 
 
 def test_iteration_validation_compares_the_model_with_measured_iterations():
