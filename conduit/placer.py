@@ -27,7 +27,7 @@ from conduit.buffer.tiers import check_tier_available
 from conduit.errors import ConduitError, ConfigError
 from conduit.placement import Access, Field, PlacementCapacityError, Plan, plan, price, should_replan
 from conduit.schema import Column, Schema
-from conduit.topology import Topology
+from conduit.topology import Tier, Topology
 
 logger = logging.getLogger("conduit.placement")
 
@@ -334,3 +334,52 @@ def explain_history(history: Sequence[Replan]) -> str:
             f"{h.reason}: {moved} ({h.migration.nbytes / 1e6:.3g} MB, max pause {h.migration.max_pause_s * 1e3:.3g} ms)"
         )
     return "\n".join(lines)
+
+
+MAPPED_TIERS = ("shm", "disk")  # the tiers a same-node reader maps: a planned choice keeps reads in place
+
+
+def plan_mapped_tiers(
+    sizes: Mapping[str, int],
+    writes: Mapping[str, int],
+    reads: Mapping[str, int],
+    budgets: Mapping[str, int | None],
+    topology: Topology,
+) -> dict[str, str] | None:
+    """A tier (``shm`` or ``disk``) per column of ``sizes`` (projected bytes) of a
+    :class:`~conduit.buffer.keyed.KeyedStore`, priced by the planner with each column's observed
+    traffic (``writes`` from host, ``reads`` into shm, plus one of each so a new column is not free) on
+    ``topology``'s first node, within ``budgets`` (bytes per tier kind); None when no placement fits
+    (the store's spill rule then decides)."""
+    node = topology.nodes[0]
+    chosen: list[Tier] = []
+    names: dict[str, str] = {}
+    for t in topology.tiers_on(node):  # host only as the writers' tier (no capacity: not a candidate)
+        if t.kind not in ("host", *MAPPED_TIERS) or t.kind in names:
+            continue
+        cap = 0 if t.kind == "host" else t.capacity_bytes
+        limit = budgets.get(t.kind)
+        chosen.append(Tier(t.name, t.kind, t.node, cap if limit is None else min(cap, limit), t.device))
+        names[t.kind] = t.name
+    if not all(k in names for k in ("host", *MAPPED_TIERS)):
+        return None
+    kept = set(names.values())
+    links = tuple(lk for lk in topology.links if lk.src in kept and lk.dst in kept)
+    fields = [
+        Field(
+            n,
+            nbytes,
+            1,
+            (Access(names["host"], 1 + writes.get(n, 0)),),
+            (Access(names["shm"], 1 + reads.get(n, 0)),),
+        )
+        for n, nbytes in sizes.items()
+    ]
+    try:
+        placed = plan(fields, Topology(tuple(chosen), links, topology.source))
+    except ConduitError as e:
+        logger.info("conduit keyed store: no planned placement (%s); the spill rule decides", e)
+        return None
+    back = {v: k for k, v in names.items()}
+    logger.info("conduit keyed store: planned placement\n%s", placed.explain())
+    return {name: back[tier] for name, tier in placed.assignment.items()}

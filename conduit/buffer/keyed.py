@@ -13,8 +13,8 @@ written into the old file): the writer plans again. Every write is all or nothin
 spec and growth within the budgets is checked, and the arrays grown, before any column is written.
 
 Tiers: a column pinned by hand stays on its tier (or spills, :data:`~conduit.buffer.rows.SPILL_ORDER`);
-with ``default_tier="auto"`` the others are planned by the placement planner (:func:`plan_tiers`) as
-they grow.
+with ``default_tier="auto"`` the others are planned by the placement planner as they grow
+(:func:`conduit.placer.plan_mapped_tiers`, on this machine's measured tiers).
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from conduit.batch import Ragged
 from conduit.buffer.mapped import Layout
 from conduit.buffer.rows import MAPPABLE, TIERS, RowArray, TierBudgets
 from conduit.discovery import local_topology
-from conduit.errors import ConduitError, ConfigError, SchemaError
-from conduit.placement import Access, Field, plan
-from conduit.topology import Tier, Topology
+from conduit.errors import ConfigError, SchemaError
+from conduit.placer import plan_mapped_tiers
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +338,9 @@ class KeyedStore:
             left = budgets.get(c.tier)
             if left is not None:
                 budgets[c.tier] = left + c.nbytes
-        for name, tier in (plan_tiers(sizes, self.puts, self.reads, budgets) or {}).items():
+        for name, tier in (
+            plan_mapped_tiers(sizes, self.puts, self.reads, budgets, local_topology()) or {}
+        ).items():
             arrays[name].wanted_tier = tier
 
     # -- reads -------------------------------------------------------------------------------------
@@ -411,50 +412,3 @@ def _nbytes(data: Data) -> int:
 def _mapped_bytes(column: RowArray, lengths: torch.Tensor | None, n: int) -> int:
     tokens = n if lengths is None else int(lengths.sum())
     return tokens * math.prod(column.shape) * column.dtype.itemsize
-
-
-CANDIDATES = ("shm", "disk")  # the tiers a same-node reader maps: every planned choice keeps reads in place
-
-
-def plan_tiers(
-    sizes: dict[str, int], puts: dict[str, int], reads: dict[str, int], budgets: dict[str, int | None]
-) -> dict[str, str] | None:
-    """A tier (``shm`` or ``disk``) per column of ``sizes`` (projected bytes), priced by the placement
-    planner with its observed traffic (writes from host, reads into shm; plus one of each, so a new
-    column is not free) over this machine's measured links; None when the planner finds no placement
-    within ``budgets`` (bytes per tier; the spill rule then decides)."""
-    try:
-        base = local_topology()
-        node = base.nodes[0]
-        chosen: list[Tier] = []
-        names: dict[str, str] = {}
-        for t in base.tiers_on(node):  # host only as the writers' tier (no capacity: not a candidate)
-            if t.kind not in ("host", *CANDIDATES) or t.kind in names:
-                continue
-            cap = 0 if t.kind == "host" else t.capacity_bytes
-            limit = budgets.get(t.kind)
-            chosen.append(Tier(t.name, t.kind, t.node, cap if limit is None else min(cap, limit), t.device))
-            names[t.kind] = t.name
-        if not all(k in names for k in ("host", *CANDIDATES)):
-            return None
-        kept = set(names.values())
-        topo = Topology(
-            tuple(chosen), tuple(lk for lk in base.links if lk.src in kept and lk.dst in kept), base.source
-        )
-        fields = [
-            Field(
-                n,
-                nbytes,
-                1,
-                (Access(names["host"], 1 + puts.get(n, 0)),),
-                (Access(names["shm"], 1 + reads.get(n, 0)),),
-            )
-            for n, nbytes in sizes.items()
-        ]
-        placed = plan(fields, topo)
-    except ConduitError as e:
-        logger.info("conduit keyed store: no planned placement (%s); the spill rule decides", e)
-        return None
-    back = {v: k for k, v in names.items()}
-    logger.info("conduit keyed store: planned placement\n%s", placed.explain())
-    return {name: back[tier] for name, tier in placed.assignment.items()}

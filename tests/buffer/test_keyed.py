@@ -83,3 +83,21 @@ def test_map_file_leaves_nothing_behind_and_reserves_its_blocks(tmp_path):
     import os
 
     os.close(fd)
+
+
+def test_the_planner_keeps_the_most_read_column_in_shm_and_sends_the_other_to_disk():
+    from conduit.placer import plan_mapped_tiers
+    from conduit.topology import Link, Tier, Topology
+
+    tiers = (
+        Tier("n/host", "host", "n", 1 << 30),
+        Tier("n/shm", "shm", "n", 1 << 30),
+        Tier("n/disk", "disk", "n", 1 << 40),
+    )
+    speed = {"n/host": 10.0, "n/shm": 10.0, "n/disk": 0.5}  # GB/s out of each tier
+    links = tuple(Link(a.name, b.name, min(speed[a.name], speed[b.name]), 5.0) for a in tiers for b in tiers)
+    topo = Topology(tiers, links)
+    sizes = {"read_often": 30_000, "read_once": 30_000}
+    got = plan_mapped_tiers(sizes, {}, {"read_often": 9}, {"shm": 40_000}, topo)
+    assert got == {"read_often": "shm", "read_once": "disk"}
+    assert plan_mapped_tiers(sizes, {}, {}, {"shm": 0, "disk": 0}, topo) is None  # nothing fits: spill rule
