@@ -16,13 +16,15 @@
    on a machine whose speed drifts (shared cores, a VM) a single probe of each can rank them by when
    they ran. Without ``measure`` the model's best is taken;
 4. **keep**: the fastest measured wins; a re-tune keeps the current configuration unless the winner
-   is measured ``HYSTERESIS`` faster. The choice is cached (JSON, written atomically) and logged with
-   its reason, the staleness it implies and what tuning cost.
+   is :func:`clearly_faster` (the one noise rule: ``HYSTERESIS`` faster, or more where the repeats
+   spread wider). The choice is cached (JSON, written atomically) and logged with its reason, the
+   staleness it implies and what tuning cost.
 
 Pins (``pins={"overlap": "async"}``) overwrite a knob in every configuration of the space, so a
 pinned value is honoured even where the space does not list it. :class:`DriftWatch` tells the caller
-when the signature has drifted far enough, for long enough, to tune again. :class:`ChoiceCache` is the
-on-disk store on its own, for a caller that measures in its own loop (the verl piece policy).
+when the signature has drifted far enough, for long enough, to tune again. A caller that can only
+time whole iterations of its own loop tunes with :class:`conduit.tuner_loop.LoopTuner`, the same
+cache, repeats, drift watch and noise rule told one iteration at a time (the verl piece policy).
 """
 
 from __future__ import annotations
@@ -48,8 +50,35 @@ log = logging.getLogger("conduit.tuner")
 
 C = TypeVar("C")
 
-#: relative measured gain a re-tune needs to replace the current configuration
+#: the noise rule's floor: the share of the incumbent's seconds a challenger must be faster by
 HYSTERESIS = 0.05
+
+
+def spread(seconds: Sequence[float]) -> float:
+    """Median absolute deviation from the median (0 for fewer than two values)."""
+    if len(seconds) < 2:
+        return 0.0
+    mid = statistics.median(seconds)
+    return statistics.median(abs(s - mid) for s in seconds)
+
+
+def noise(challenger: Sequence[float], incumbent: Sequence[float]) -> float:
+    """Seconds within which two measured (or predicted) candidates cannot be told apart: the larger
+    of ``HYSTERESIS`` times the incumbent's median and the larger :func:`spread` of the two."""
+    return max(HYSTERESIS * statistics.median(incumbent), spread(challenger), spread(incumbent))
+
+
+def clearly_faster(challenger: Sequence[float], incumbent: Sequence[float]) -> bool:
+    """The tuner's one noise rule: ``challenger`` replaces ``incumbent`` only when its median seconds
+    are shorter by more than the :func:`noise` (samples of one candidate each: ``HYSTERESIS`` of the
+    incumbent). Repeated samples that differ by their inputs (a step's responses, a shared core's
+    load) widen it: three steps of each cannot tell a difference smaller than their own spread.
+
+    Example:
+        >>> clearly_faster([0.98], [1.0]), clearly_faster([0.9], [1.0])
+        (False, True)
+    """
+    return statistics.median(challenger) < statistics.median(incumbent) - noise(challenger, incumbent)
 
 
 @dataclass(frozen=True)
@@ -186,14 +215,20 @@ class AutoTuner(Generic[C]):
                 break
             measured[name] = float(self.measure(config))
             configs[name] = (config, pred)
+        samples = {name: [s] for name, s in measured.items()}
         if self.repeats > 1 and len(measured) > 1:
-            measured = self._repeat(configs, measured)
+            samples = self._repeat(configs, measured)
+            measured = {name: statistics.median(s) for name, s in samples.items()}
         best = min(measured, key=measured.__getitem__)
         why = "fastest measured"
         if self.current is not None:
             now = describe(self.current.config)
-            if now in measured and measured[best] > measured[now] * (1 - HYSTERESIS):
-                best, why = now, f"kept (the fastest was not {HYSTERESIS:.0%} faster)"
+            if now in measured and best != now and not clearly_faster(samples[best], samples[now]):
+                margin = noise(samples[best], samples[now])
+                best, why = (
+                    now,
+                    f"kept (the fastest was not clearly faster: the noise rule needs {margin * 1e3:.3g} ms)",
+                )
         config, pred = configs[best]
         others = sorted(v for k, v in measured.items() if k != best)
         skipped = min(self.top_k, len(ranked)) - sum(rank[n] < self.top_k for n in measured)
@@ -210,8 +245,10 @@ class AutoTuner(Generic[C]):
         choice = Choice(config, pred, "measured", reason, measured, time.perf_counter() - t0)
         return self._keep(self.save(signature, choice))
 
-    def _repeat(self, configs: dict[str, tuple[C, Prediction]], first: dict[str, float]) -> dict[str, float]:
-        """Each of ``configs`` measured ``repeats`` times in all, rounds alternating the order; medians."""
+    def _repeat(
+        self, configs: dict[str, tuple[C, Prediction]], first: dict[str, float]
+    ) -> dict[str, list[float]]:
+        """Each of ``configs`` measured ``repeats`` times in all, rounds alternating the order."""
         assert self.measure is not None
         seconds = {name: [s] for name, s in first.items()}
         order = list(first)
@@ -219,7 +256,7 @@ class AutoTuner(Generic[C]):
             order.reverse()
             for name in order:
                 seconds[name].append(float(self.measure(configs[name][0])))
-        return {name: statistics.median(s) for name, s in seconds.items()}
+        return seconds
 
     def _uncertain(self, ranked: list[tuple[C, Prediction]]) -> list[tuple[C, Prediction]]:
         """The best predicted, then the best predicted of every overlap mode not among those
