@@ -5,13 +5,13 @@
 For each workload (median response length; tail and R as the paced defaults, calibrated per workload
 like ``verl_iteration.py``'s paced points):
 
-1. **Grid**: one conduit run whose ``g_ing`` follows a schedule (``--g-schedule``, harness only): three
+1. **Grid**: one conduit run whose ``piece_groups`` follows a schedule (``--g-schedule``, harness only): three
    settling steps (warm-up, 4, 2), then every ``g`` of the grid ``--reps`` times, each repetition in
    a new random order (seeded), so drift in the machine's load does not favour one ``g``. The policy
    fits every piece as ``auto`` does; before each step, its model predicts the exposed tail of every
    candidate ``g`` on that step's finish times from the fit of the *earlier* steps (the trace,
    ``pieces.jsonl``: the prediction has not seen the step it predicts).
-2. **Auto**: a conduit run with ``g_ing=auto`` (the default) on the same workload, with a fresh tuner
+2. **Auto**: a conduit run with ``piece_groups=auto`` (the default) on the same workload, with a fresh tuner
    cache, as many steps as the grid run; then a second ``auto`` run sharing that cache, which starts
    from the first run's decision (``cached``: what a later run of the same workload pays for tuning).
 
@@ -98,7 +98,7 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
         top.set_title(f"median response {point['median']} tokens")
         top.set_ylabel("exposed tail (s)")
         bottom.set_ylabel("iteration less modelled generation (s)")
-        bottom.set_xlabel("g_ing (groups per piece; 16 = whole batch)")
+        bottom.set_xlabel("piece_groups (groups per piece; 16 = whole batch)")
         top.legend(fontsize=7)
         bottom.legend(fontsize=7)
     fig.suptitle(
@@ -132,7 +132,7 @@ def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, An
     scale = args.R * cal["time_scale_per_R"]
     harness = harness_args(a, args.tail, scale)
     plan = schedule(args.grid, args.reps, args.seed + median)
-    extra = ["--g-schedule", ",".join(map(str, plan)), "+trainer.v1.conduit.g_ing=auto", *harness]
+    extra = ["--g-schedule", ",".join(map(str, plan)), "+trainer.v1.conduit.piece_groups=auto", *harness]
     point: dict[str, Any] = {"median": median, "calibration": cal, "time_scale": scale, "schedule": plan}
     point["errors"] = {}
     rc, log = run(here / "grid", "conduit", len(plan), a, extra)
@@ -142,7 +142,12 @@ def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, An
     rows = rows_for_run(here / "grid", "grpo", "conduit", len(SETTLE), {})
     trace = read_trace(here / "grid")
     # the auto run keeps its decision in a fresh tuner cache; a second auto run starts from it
-    auto_extra = ["+trainer.v1.conduit.g_ing=auto", "--tuner-cache", str(here / "tuner_cache"), *harness]
+    auto_extra = [
+        "+trainer.v1.conduit.piece_groups=auto",
+        "--tuner-cache",
+        str(here / "tuner_cache"),
+        *harness,
+    ]
     rc, log = run(here / "auto", "conduit", args.auto_steps + 1, a, auto_extra)
     auto_rows = [] if rc else rows_for_run(here / "auto", "grpo", "conduit", 1, {})
     if rc:
@@ -176,7 +181,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="one workload, one repetition (a smoke test: --grid 1,16 for less)",
     )
     p.add_argument("--medians", default=None, help="median response lengths (default 32,64,128; quick 64)")
-    p.add_argument("--grid", default="1,2,3,4,6,8,12,16", help="fixed g_ing values (16 = the whole batch)")
+    p.add_argument(
+        "--grid", default="1,2,3,4,6,8,12,16", help="fixed piece_groups values (16 = the whole batch)"
+    )
     p.add_argument("--reps", type=int, default=None, help="repetitions of the grid (default 3; quick 1)")
     p.add_argument(
         "--auto-steps",
@@ -246,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             "g's rest: what the tuner controls; target <= 10%), *_gap_iteration as a share of the grid's "
             "median iteration (end to end; target <= 5%); auto's on the same steps as the grid's "
             "(auto_steps_compared: the steps both runs measured; each g's median over its steps among them)",
-            "auto": f"a separate run, g_ing=auto, {args.auto_steps} measured steps after warm-up, with a "
+            "auto": f"a separate run, piece_groups=auto, {args.auto_steps} measured steps after warm-up, with a "
             "fresh tuner cache (trainer.v1.conduit.tuner_cache); probes and probe share over all its steps",
-            "cached": "a second g_ing=auto run of the same workload sharing the first auto run's tuner cache: "
-            "it starts from the decision the first run kept (piece_tuning.py)",
+            "cached": "a second piece_groups=auto run of the same workload sharing the first auto run's tuner cache: "
+            "it starts from the decision the first run kept (the core's LoopTuner cache)",
             "shape": "GRPO 16 prompts x n=8, responses <= 256 tokens, lognormal lengths (median per workload, "
             f"p99/median {args.tail:g}), R {args.R:g}",
         },

@@ -170,7 +170,7 @@ def sweep(d: Doc) -> list[str]:
         ["point"]
         + [f"{s} wall / exposed s" for s in systems]
         + [f"{x} ÷ {y}: wall / exposed" for x, y in compared]
-        + ["conduit's g_ing per iteration"]
+        + ["conduit's piece_groups per iteration"]
     )
     return table(head, rows) + [""] + refusals.lines() + targets(d.get("targets"))
 

@@ -1,8 +1,8 @@
-"""verl CPU mode: what ``g_ing=auto``'s tuning costs over a long run, fresh and from its cache.
+"""verl CPU mode: what ``piece_groups=auto``'s tuning costs over a long run, fresh and from its cache.
 
     python benchmarks/tuning_cost_verl.py [--steps 100] [--rollout hf|paced] [--quick]
 
-Two conduit runs of GRPO with ``g_ing=auto`` (the default), ``--steps`` measured iterations each
+Two conduit runs of GRPO with ``piece_groups=auto`` (the default), ``--steps`` measured iterations each
 after the warm-up step: the first with a fresh tuner cache, the second sharing that cache (it
 starts from the decision the first kept: what every later run of the workload pays). Per run:
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         harness = harness_args(args, args.tail, args.R * cal["time_scale_per_R"])
     groups = args.batch_size or 4  # the harness's default batch size: 4 prompts
     cache = root / "tuner_cache"
-    extra = ["+trainer.v1.conduit.g_ing=auto", "--tuner-cache", str(cache), *harness]
+    extra = ["+trainer.v1.conduit.piece_groups=auto", "--tuner-cache", str(cache), *harness]
     runs: dict[str, dict[str, Any]] = {}
     counters: dict[str, dict[str, int]] = {}
     for name in ("fresh", "cached"):
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "method": {
             "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-            "runs": f"GRPO, conduit g_ing=auto, {args.steps} measured steps after warm-up; 'fresh': an empty "
+            "runs": f"GRPO, conduit piece_groups=auto, {args.steps} measured steps after warm-up; 'fresh': an empty "
             "tuner cache; 'cached': the same workload sharing the first run's cache",
             "tuning": "sum over the steps run in the arm that did not settle of (iteration - median iteration "
             "of the settled arm's non-probe steps), as a share of the run's summed iterations",
@@ -213,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else RESULTS / f"tuning_cost_verl_{args.rollout}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    plot(runs, out.with_suffix(".png"), f"g_ing=auto tuning cost over {args.steps} iterations, {label}")
+    plot(
+        runs, out.with_suffix(".png"), f"piece_groups=auto tuning cost over {args.steps} iterations, {label}"
+    )
     print(f"[tuning_cost] wrote {out} and {out.with_suffix('.png')}", flush=True)
     return 0
 

@@ -84,7 +84,7 @@ def rows_for_run(
                 "exposed_s": round(wait + ingest, 4),
                 "actor_loss": m.get("actor/pg_loss"),
                 "critic_loss": m.get("critic/vf_loss"),
-                "g_ing": m.get("conduit/g_ing"),
+                "g_ing": m.get("conduit/piece_groups", m.get("conduit/g_ing")),  # result key kept
                 "score": m.get("critic/score/mean"),
                 "work": {k: int(g.get(k, 0)) for k in ("responses", "response_tokens")},
                 "ingest_s": round(sum(t.get(k, 0.0) for k in INGEST), 4),
@@ -141,7 +141,7 @@ def exposed_profile(rows: list[dict[str, Any]], system: str) -> dict[str, Any]:
     }
 
 
-#: conduit (``g_ing=auto``) measures its options over the first iterations after the warm-up one; the
+#: conduit (``piece_groups=auto``) measures its options over the first iterations after the warm-up one; the
 #: "steady" ratios take iterations from this one on, for every system alike
 STEADY_FROM = 8
 
@@ -227,7 +227,7 @@ def ratios(
 
     A ratio is refused (``refused/<system>_over_<base>``: the reason) when the two did different
     work (``work_differs``). ``steady_from``: also ``<key>/conduit_steady_over_<base>``, both
-    systems' iterations from that one on (after ``g_ing=auto`` has measured its options). A system
+    systems' iterations from that one on (after ``piece_groups=auto`` has measured its options). A system
     on the other storage backend of a trainer that also ran (``verl_sync_tuned+tq_conduit`` beside
     ``verl_sync_tuned``) gets ``backend/<key>/<system>_over_<trainer>``: the backend alone.
     A baseline in ``off_policy`` (verl's async trainers: they train on responses of the previous

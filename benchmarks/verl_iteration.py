@@ -107,8 +107,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="only the reward-curve runs (default out: verl_reward[_vllm]_<algo>.json)",
     )
-    p.add_argument("--g-ing", default="auto", help="conduit: prompt groups per ingestion piece (int or auto)")
-    p.add_argument("--stream-g-ing", type=int, default=2, help="conduit_stream: fixed groups per piece")
+    p.add_argument(
+        "--piece-groups", default="auto", help="conduit: prompt groups per ingestion piece (int or auto)"
+    )
+    p.add_argument(
+        "--stream-piece-groups", type=int, default=2, help="conduit_stream: fixed groups per piece"
+    )
     p.add_argument("--rounds", type=int, default=None, help="rounds of all systems (default 2, quick 1)")
     p.add_argument(
         "--systems",
@@ -244,7 +248,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         result["rows"] += rows
         base = [s for s in mine if not s.startswith("conduit")]
         off_policy = [s for s in base if split_system(s)[0] in OFF_POLICY]
-        # g_ing=auto measures 3 iterations with and 3 without streaming after the warm-up one
+        # piece_groups=auto measures 3 iterations with and 3 without streaming after the warm-up one
         found = ratios(
             rows, base, steady_from=STEADY_FROM if steps + 1 > STEADY_FROM else 0, off_policy=off_policy
         )
@@ -338,12 +342,12 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
         **run_method(rounds, steps),
         "iterations": "every system's medians and ratios over all its measured iterations (the same "
         "rule for every system); targets use these",
-        "conduit_stream": f"conduit with g_ing={args.stream_g_ing} fixed (always streams)",
+        "conduit_stream": f"conduit with piece_groups={args.stream_piece_groups} fixed (always streams)",
         "tq_backend": "TransferQueue storage per system: verl's modes on SimpleStorage, conduit on "
         f"Conduit's backend, unless the system name ends in {TQ_SUFFIX}simple / {TQ_SUFFIX}conduit; "
         "each row's tq_backend is what the run reported",
         "conduit_steady": f"conduit_steady_over_*: both systems' iterations {STEADY_FROM} and later "
-        "(after g_ing=auto's measurement phase), the same window for both; reported, not used by targets",
+        "(after piece_groups=auto's measurement phase), the same window for both; reported, not used by targets",
         "poll": "verl_sync_tuned (and its +tq_conduit control) run at the poll period with the lowest "
         "median wall in the sweep (sweep.chosen; sweep.resolved says whether the sweep ordered the periods)",
         "exposed": (sys.modules["verl_analysis"].__doc__ or "").strip(),

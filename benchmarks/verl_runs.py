@@ -168,8 +168,8 @@ def conduit_knobs(args: argparse.Namespace, system: str) -> list[str]:
     """The conduit mode's knobs for this benchmark (none for verl's own modes)."""
     base, _ = split_system(system)
     if base == "conduit_stream":  # always stream, in pieces of a fixed size
-        return [f"+trainer.v1.conduit.g_ing={args.stream_g_ing}"]
-    return [f"+trainer.v1.conduit.g_ing={args.g_ing}"] if base == "conduit" else []
+        return [f"+trainer.v1.conduit.piece_groups={args.stream_piece_groups}"]
+    return [f"+trainer.v1.conduit.piece_groups={args.piece_groups}"] if base == "conduit" else []
 
 
 def tq_seconds_per_iteration(work: Path) -> dict[str, float]:

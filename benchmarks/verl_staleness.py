@@ -104,7 +104,7 @@ REWARD_SYSTEMS = ("conduit_k1", "verl_colocate_async")
 REWARD_TAIL = 10
 
 
-def conduit_modes(systems: list[str], g_ing: str) -> dict[str, tuple[str, list[str]]]:
+def conduit_modes(systems: list[str], piece_groups: str) -> dict[str, tuple[str, list[str]]]:
     """``run_systems``' extra systems: ``conduit_k<k>`` -> trainer mode ``conduit`` with the bound
     and a group log in the run's work dir (``{work}``); ``verl_colocate_async_k<k>`` (and separate) ->
     verl's trainer under verl's own bound (``max_off_policy_threshold`` = k + 1, strategy drop)."""
@@ -126,7 +126,7 @@ def conduit_modes(systems: list[str], g_ing: str) -> dict[str, tuple[str, list[s
                 [
                     f"+trainer.v1.conduit.max_staleness={k}",
                     "+trainer.v1.conduit.group_log={work}/groups.jsonl",
-                    f"+trainer.v1.conduit.g_ing={g_ing}",
+                    f"+trainer.v1.conduit.piece_groups={piece_groups}",
                 ],
             )
     return out
@@ -223,7 +223,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pace-median", type=int, default=64, help="paced: median response tokens")
     p.add_argument("--core-split", default="0:1", help="vllm: VLLM_CORES:TRAINER_CORES")
     p.add_argument(
-        "--g-ing", default="auto", help="conduit_k*: prompt groups per ingestion piece (int or auto)"
+        "--piece-groups", default="auto", help="conduit_k*: prompt groups per ingestion piece (int or auto)"
     )
     p.add_argument(
         "--reward-steps",
@@ -279,7 +279,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
             "tail": args.tail if paced else None,
             "R": args.R if paced else None,
         },
-        "modes": conduit_modes([*systems, *REWARD_SYSTEMS], str(args.g_ing)),
+        "modes": conduit_modes([*systems, *REWARD_SYSTEMS], str(args.piece_groups)),
     }
     rows = run_systems(root, args, systems, plan, result)
     annotate(rows, result.get("work_dirs", {}), plan["label"], args.batch_size)
@@ -306,7 +306,7 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
     out = {
         **run_method(rounds, steps),
         "systems": "conduit_k<k>: trainer mode conduit, +trainer.v1.conduit.max_staleness=k, "
-        f"g_ing={args.g_ing}, a group log per run; verl_colocate_async / verl_separate_async: verl's async "
+        f"piece_groups={args.piece_groups}, a group log per run; verl_colocate_async / verl_separate_async: verl's async "
         "trainers (one batch generated ahead; no bound: the harness sets "
         "trainer.v1.sampler.max_off_policy_threshold=null), on SimpleStorage or, +tq_conduit, on Conduit's "
         "backend; verl_colocate_async_k<k> / verl_separate_async_k<k>: the same trainers under verl's own "

@@ -4,7 +4,10 @@
 # verl.trainer.main_ppo overrides that every recipe passes:
 #   DATA     data files, batch (BATCH), prompt and response lengths, the model path
 #   ACTOR    the actor's learning rate and mini/micro batch sizes (MINI)
-#   TRAINER  trainer mode (MODE), TransferQueue's storage, G_ING, this one node's GPUs, logger (LOGGER)
+#   TRAINER  trainer mode (MODE), TransferQueue's storage, PIECE_GROUPS, this one node's GPUs, logger (LOGGER)
+if [[ -n "${G_ING:-}" ]]; then  # renamed: verl's piece size is not the core's g_ing (fragments per call)
+  echo "G_ING was renamed PIECE_GROUPS (prompt groups per streamed piece: an int, 0 or auto)" >&2; exit 2
+fi
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 : "${TQ_BACKEND:=Conduit}" "${TQ_PLACEMENT:=}" "${TQ_BUDGETS:=}"
 if [[ "$TQ_BACKEND" != Conduit && -n "$TQ_PLACEMENT$TQ_BUDGETS" ]]; then
@@ -26,7 +29,7 @@ ACTOR=(
 TRAINER=(
   trainer.v1.trainer_mode=${MODE:-conduit}
   "${TQ[@]}"
-  +trainer.v1.conduit.g_ing=${G_ING:-auto}
+  +trainer.v1.conduit.piece_groups=${PIECE_GROUPS:-auto}
   trainer.n_gpus_per_node="$NGPU" trainer.nnodes=1
   trainer.logger="[${LOGGER:-console}]" trainer.total_epochs=1
 )

@@ -2,7 +2,7 @@
 # GRPO on GPUs with verl 0.9.1 (V1 trainer, vLLM rollout, FSDP workers) and Conduit's trainer mode.
 #   bash recipes/verl_grpo.sh MODEL_PATH TRAIN_PARQUET VAL_PARQUET [extra hydra overrides...]
 # Needs: pip install -e ".[verl]" (registers the verl.plugins entry point) and vLLM.
-# MODE=sync gives verl's own trainer for comparison; BATCH, MINI, LOGGER, G_ING (groups per ingestion piece, default auto) override the defaults.
+# MODE=sync gives verl's own trainer for comparison; BATCH, MINI, LOGGER, PIECE_GROUPS (prompt groups per ingestion piece, default auto) override the defaults.
 # TQ_BACKEND: TransferQueue's storage (where verl keeps the experience): Conduit (default: Conduit's
 #   backend) or SimpleStorage (verl's own; e.g. with MODE=sync for verl as shipped). Conduit only:
 #   TQ_PLACEMENT="old_log_probs=pinned,ref_log_prob=host" puts fields on tiers (shm default, host, disk,

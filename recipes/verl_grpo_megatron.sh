@@ -5,7 +5,7 @@
 # Needs: pip install -e ".[verl]" (registers the verl.plugins entry point), vLLM and Megatron-LM (mcore).
 # TP / PP / CP: the actor's tensor / pipeline / context parallel sizes (data-parallel ranks = GPUs / (TP*PP*CP);
 #   Conduit's pieces split over those ranks; the TP/PP/CP peers of one rank read the same samples).
-# MODE=sync gives verl's own trainer; BATCH, MINI, LOGGER, G_ING override the defaults.
+# MODE=sync gives verl's own trainer; BATCH, MINI, LOGGER, PIECE_GROUPS override the defaults.
 # TQ_BACKEND: Conduit (default) or SimpleStorage; Conduit only: TQ_PLACEMENT="old_log_probs=pinned,..." puts
 #   fields on tiers (shm default, host, disk, pinned, cuda); TQ_BUDGETS="shm=8000000000" caps a tier's bytes.
 set -euo pipefail

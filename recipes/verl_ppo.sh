@@ -2,8 +2,8 @@
 # PPO (GAE with a critic) on GPUs with verl 0.9.1 (V1 trainer, vLLM rollout, FSDP workers), Conduit mode.
 #   bash recipes/verl_ppo.sh MODEL_PATH TRAIN_PARQUET VAL_PARQUET [extra hydra overrides...]
 # Needs: pip install -e ".[verl]" (registers the verl.plugins entry point) and vLLM.
-# MODE=sync gives verl's own trainer; BATCH, MINI, LOGGER (e.g. console,file), G_ING (groups per
-# ingestion piece, default auto) override defaults.
+# MODE=sync gives verl's own trainer; BATCH, MINI, LOGGER (e.g. console,file), PIECE_GROUPS (prompt
+# groups per ingestion piece, default auto) override defaults.
 # TQ_BACKEND: TransferQueue's storage (where verl keeps the experience): Conduit (default: Conduit's
 #   backend) or SimpleStorage (verl's own; e.g. with MODE=sync for verl as shipped). Conduit only:
 #   TQ_PLACEMENT="old_log_probs=pinned,ref_log_prob=host" puts fields on tiers (shm default, host, disk,

@@ -34,7 +34,8 @@ UNITS = {
     "beta": "exponent",
     "priority_eps": "priority",
     "depth": "batches",
-    "g_ing": "fragments (core, RLlib) / prompt groups (verl)",
+    "g_ing": "rollout fragments",
+    "piece_groups": "prompt groups",
     "g_del": "mini-batches",
     "seed": "—",
     "stage_steps": "env steps",
@@ -52,9 +53,10 @@ a bare `Conduit` behaves like the native path until asked otherwise, and for sub
 inline is the faster choice. The RLlib plugin's default is `auto`: the core's tuner measures a warm-up
 and picks sync or async per workload (PPO stays `sync` under `auto`). verl's trainer mode defaults to
 `async` because streaming GRPO groups while others still generate is the point of that mode; `sync`
-there runs verl's own whole-batch stages. **`g_ing`** counts rollout fragments per ingestion call in
-the core and the RLlib plugin, and prompt groups per streamed piece in verl (where `auto` and 0 = the
-whole batch are also allowed).
+there runs verl's own whole-batch stages. **`g_ing`** counts rollout fragments per ingestion-operator call,
+in the core and the RLlib plugin alike; verl's trainer mode sizes its streamed pieces in prompt groups
+with **`piece_groups`** (an int, 0 = the whole batch in one piece, or `auto`), another quantity with
+another name (its old name there, `g_ing`, is an error that names `piece_groups`).
 """
 
 

@@ -75,11 +75,13 @@ def check_model_tokenizer(model_path: str, tokenizer: Any) -> None:
         check_vocab(len(tokenizer), int(vocab), where=model_path)
 
 
-def piece_unit(batch_size: int, n: int, micro: dict[str, int | None], g_ing: int | str, dp: int = 1) -> int:
+def piece_unit(
+    batch_size: int, n: int, micro: dict[str, int | None], piece_groups: int | str, dp: int = 1
+) -> int:
     """The fewest groups a streamed piece may hold: every piece is split over ``dp`` data-parallel
     ranks and each rank's share into whole inference micro-batches (verl asserts it in the worker,
     far from the cause), so pieces are whole multiples of this unit; the step's batch and a fixed
-    ``g_ing`` must be too (else ConfigError)."""
+    ``piece_groups`` must be too (else ConfigError)."""
     from conduit.errors import ConfigError
 
     unit = 1
@@ -93,9 +95,10 @@ def piece_unit(batch_size: int, n: int, micro: dict[str, int | None], g_ing: int
             f"micro-batches ({where}; rollout.n={n}: pieces need multiples of {unit} groups); "
             "set the micro-batch sizes to divisors of rollout.n or use dynamic batch size"
         )
-    if isinstance(g_ing, int) and g_ing % unit:
+    if isinstance(piece_groups, int) and piece_groups % unit:
         raise ConfigError(
-            f"trainer.v1.conduit.g_ing={g_ing} gives pieces of {g_ing * n} samples, not whole micro-batches "
+            f"trainer.v1.conduit.piece_groups={piece_groups} gives pieces of {piece_groups * n} samples, "
+            "not whole micro-batches "
             f"({where}); use a multiple of {unit} groups, 'auto', or micro-batch sizes that divide rollout.n={n}"
         )
     return unit

@@ -11,6 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 from conduit.errors import ConfigError
 
 MODE = "conduit"
+#: keys renamed since a release: the old key fails with an error that names the new one
+RENAMED = {"g_ing": "piece_groups"}
 
 
 @dataclass(frozen=True)
@@ -20,10 +22,12 @@ class ConduitTrainerConfig:
     Args:
         overlap: ``async`` streams GRPO groups through the ingestion stages while others still
             generate; ``sync`` runs verl's whole-batch stages (the sync trainer's behaviour).
-        g_ing: prompt groups a streamed ingestion piece waits for (old-log-prob, ref, values,
+        piece_groups: prompt groups a streamed ingestion piece waits for (old-log-prob, ref, values,
             advantage; a piece also takes every group already finished); ``auto`` (default)
             chooses it every step from measured piece costs and group finish times
-            (``piece_policy.py``); 0 = the whole batch in one piece.
+            (``piece_policy.py``); 0 = the whole batch in one piece. (The core's ``g_ing`` is
+            another quantity: rollout fragments per ingestion-operator call; ``g_ing`` here is an
+            error that names this key.)
         g_del: PPO mini-batches per ``update_actor`` call; 0 = all of them in one call (verl's).
         poll_interval_s: how often the streaming wait re-reads TransferQueue's metadata; in
             ``sync`` overlap, the replay buffer's poll period (None = verl's 2 s).
@@ -37,10 +41,10 @@ class ConduitTrainerConfig:
             so a trainer killed mid-step resumes with the step's finished groups kept, generating
             only the others (``journal.py``, ``resume.py``); None (default) = on when verl saves
             checkpoints (``trainer.save_freq > 0``). Needs ``overlap=async``.
-        tuner_cache: the directory where ``g_ing=auto`` keeps its decision per workload signature,
+        tuner_cache: the directory where ``piece_groups=auto`` keeps its decision per workload signature,
             so a later run of the same workload starts from it instead of measuring both schedules
-            again (``piece_tuning.py``); None (default) = the core tuner's ``~/.cache/conduit/tuner``.
-        rollout_hardware: where generation runs, for ``g_ing=auto``: ``shared`` (default, verl's
+            again (the core's ``LoopTuner``); None (default) = the core tuner's ``~/.cache/conduit/tuner``.
+        rollout_hardware: where generation runs, for ``piece_groups=auto``: ``shared`` (default, verl's
             hybrid engine: the rollout shares the actor's devices or cores, so ingestion overlapped
             with generation slows generation too, and ``auto`` counts that loss) or ``separate``
             (the rollout servers have hardware of their own: overlapped ingestion costs generation
@@ -69,7 +73,7 @@ class ConduitTrainerConfig:
     """
 
     overlap: Literal["sync", "async"] = "async"
-    g_ing: int | Literal["auto"] = "auto"
+    piece_groups: int | Literal["auto"] = "auto"
     g_del: int = 0
     poll_interval_s: float | None = None
     rollout_timeout_s: float = 600.0
@@ -84,12 +88,12 @@ class ConduitTrainerConfig:
     def __post_init__(self) -> None:
         if self.overlap not in ("sync", "async"):
             raise ConfigError(f"trainer.v1.conduit.overlap must be 'sync' or 'async', got {self.overlap!r}")
-        for name in ("g_ing", "g_del"):
+        for name in ("piece_groups", "g_del"):
             value = getattr(self, name)
-            if name == "g_ing" and value == "auto":
+            if name == "piece_groups" and value == "auto":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                extra = " or 'auto'" if name == "g_ing" else ""
+                extra = " or 'auto'" if name == "piece_groups" else ""
                 raise ConfigError(f"trainer.v1.conduit.{name} must be an int >= 0{extra}, got {value!r}")
         if self.poll_interval_s is not None and not _positive(self.poll_interval_s):
             raise ConfigError(
@@ -158,6 +162,12 @@ class ConduitTrainerConfig:
             knobs = {str(k): v for k, v in container.items()}
         allowed = {f.name for f in fields(cls)}
         for key in knobs:
+            if key in RENAMED:
+                raise ConfigError(
+                    f"trainer.v1.{MODE}.{key} was renamed trainer.v1.{MODE}.{RENAMED[key]} (the same values: "
+                    f"prompt groups per streamed piece, 0 or 'auto'); the core's {key} counts rollout "
+                    f"fragments per ingestion call, another quantity"
+                )
             if key not in allowed:
                 raise ConfigError(
                     f"Unknown key trainer.v1.{MODE}.{key}; allowed keys: {', '.join(sorted(allowed))}"
@@ -167,7 +177,7 @@ class ConduitTrainerConfig:
             unused: list[str] = sorted(
                 k
                 for k in (
-                    "g_ing",
+                    "piece_groups",
                     "g_del",
                     "rollout_timeout_s",
                     "on_timeout",

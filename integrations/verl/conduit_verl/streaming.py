@@ -1,10 +1,10 @@
 """One streaming step of the ``conduit`` trainer mode (replaces verl's ``_step_once``).
 
 verl's sync step waits for the whole batch, then runs old-log-prob, ref, values and advantage on
-it one stage after another. Here, as soon as ``g_ing`` GRPO groups have finished generating (the
+it one stage after another. Here, as soon as ``piece_groups`` GRPO groups have finished generating (the
 agent loops report each one: ``completion.py``), they run through those stages (Conduit
 ``Operator``s, one call per piece; a piece takes every group already finished if more than
-``g_ing`` are; a piece's TransferQueue writes go out in one put: ``piece_writes.py``) while the
+``piece_groups`` are; a piece's TransferQueue writes go out in one put: ``piece_writes.py``) while the
 other groups are still generating. Finished groups land in Conduit's grouped FIFO buffer, and
 once every group has its old-log-prob (all must come from the pre-update policy), the
 mini-batches are handed to ``update_actor``. PPO (GAE): values and the GAE recursion run per
@@ -157,7 +157,7 @@ class GroupWait:
     """Waits for the next piece's groups: on the completion channel, or by re-reading TQ.
 
     One per trainer (the channel's count runs over the whole job). ``next_piece`` returns how many
-    groups to take: at least ``g_ing`` (never over what is left), or every group already finished
+    groups to take: at least ``piece_groups`` (never over what is left), or every group already finished
     if more, so a piece catches up when generation runs ahead of ingestion; always whole multiples
     of ``unit`` groups (whole inference micro-batches).
 
@@ -203,9 +203,9 @@ class GroupWait:
         self.step_first = self.taken
         self.short = False  # the last piece ended the step early (on_timeout="drop")
 
-    def next_piece(self, buffer: Any, g_ing: int, remaining: int) -> int:
+    def next_piece(self, buffer: Any, piece_groups: int, remaining: int) -> int:
         """Groups to sample now; 0 only under ``on_timeout="drop"``: end the step with those taken."""
-        want = min(g_ing, remaining)
+        want = min(piece_groups, remaining)
         ready = self._wait(buffer, want)
         self.short = ready < want
         if self.short:  # timed out, and the policy is to drop
@@ -373,12 +373,12 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     waiter: GroupWait = trainer.conduit_wait
     policy: PiecePolicy = trainer.conduit_policy
     ledger: StalenessLedger = trainer.conduit_staleness
-    g_ing = policy.begin_step(t0)
+    piece_groups = policy.begin_step(t0)
     early: EarlyRows | None = trainer.conduit_early
     if early is not None:
         # early rows belong to streaming: a whole-batch step (the policy's "whole" arm) is verl's
         # schedule, so the policy's two arms are streaming with early rows vs none of it
-        early.begin_step(active=g_ing < sample_batch_size)
+        early.begin_step(active=piece_groups < sample_batch_size)
     if early is not None and early.active:
         run_early = early_ingestion(trainer, timing_raw, m, parts)
         info = {"temperature": conf.actor_rollout_ref.rollout.temperature}
@@ -387,7 +387,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
         compat.on_sample_begin(trainer)
         while taken < sample_batch_size:
             with m.span("wait_rollout"):
-                want = waiter.next_piece(buffer, g_ing, sample_batch_size - taken)
+                want = waiter.next_piece(buffer, piece_groups, sample_batch_size - taken)
                 if want == 0:  # on_timeout=drop with nothing more finished: end with what was taken
                     break
                 meta, off_policy = compat.sample_groups(buffer, version, "train", want)
@@ -423,8 +423,8 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
     policy.record_step(finish, ended=time.perf_counter() - t0)
     metrics.update(merge_metrics(parts))
     metrics["conduit/pieces"] = len(parts)
-    metrics["conduit/g_ing"] = g_ing
-    metrics["conduit/streamed"] = float(g_ing < sample_batch_size)
+    metrics["conduit/piece_groups"] = piece_groups
+    metrics["conduit/streamed"] = float(piece_groups < sample_batch_size)
     metrics["conduit/dropped_groups"] = sample_batch_size - taken
     if early is not None:
         waiter.idle = None

@@ -27,13 +27,13 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from conduit import Metrics
+from conduit.tuner_loop import LoopTuner
 from conduit_verl import compat
 from conduit_verl.checks import check_model_tokenizer, piece_unit, row_unit
 from conduit_verl.compat import KVBatchMeta, SyncTrainerBase, register_trainer
 from conduit_verl.config import MODE, ConduitTrainerConfig
 from conduit_verl.errors import ConfigError
-from conduit_verl.piece_policy import PiecePolicy
-from conduit_verl.piece_tuning import PieceChoice, PieceTuning
+from conduit_verl.piece_policy import PieceChoice, PiecePolicy, piece_tuner
 
 # The streaming modules are imported where they are used: this module is imported by the plugin's
 # hook on verl's trainer package, which may fire while one of them is itself being imported (it
@@ -85,19 +85,18 @@ def _piece_tuning(
     n: int,
     separate: bool = False,
     max_staleness: int = 0,
-) -> PieceTuning:
-    """``g_ing=auto``'s memory between runs: the core's tuner cache, keyed by the advantage
-    estimator and responses per prompt (and ``/separate`` where the rollout has its own hardware,
-    ``/k<max_staleness>`` where generation runs ahead: groups are then ready at a step's start),
-    samples per step, tokens per sample and this machine."""
+) -> LoopTuner[PieceChoice]:
+    """``piece_groups=auto``'s tuner with its memory between runs: the core's tuner cache, keyed by
+    the advantage estimator and responses per prompt (and ``/separate`` where the rollout has its own
+    hardware, ``/k<max_staleness>`` where generation runs ahead: groups are then ready at a step's
+    start), samples per step, tokens per sample and this machine."""
     from conduit.discovery import fingerprint
-    from conduit.tuner import ChoiceCache
 
     algorithm = f"verl/{config.algorithm.get('adv_estimator', 'gae')}/n{n}" + (
         "/separate" if separate else ""
     )
     algorithm += f"/k{max_staleness}" if max_staleness else ""
-    return PieceTuning(ChoiceCache(PieceChoice, cache_dir), algorithm, groups * n, fingerprint())
+    return piece_tuner(cache_dir, algorithm, groups * n, fingerprint())
 
 
 def _completion_channel(config: DictConfig, journal: bool) -> Any:
@@ -174,7 +173,7 @@ class ConduitTrainer(SyncTrainerBase):
         n = int(config.actor_rollout_ref.rollout.n)
         groups = int(config.data.train_batch_size)
         unit = piece_unit(
-            groups, n, _infer_micro_batches(config), self.conduit_config.g_ing, _dp_size(config)
+            groups, n, _infer_micro_batches(config), self.conduit_config.piece_groups, _dp_size(config)
         )
         self.conduit_fifo = GroupFifo(n, 2 * groups * n, self.conduit_metrics)
         self.conduit_channel: Any = _completion_channel(config, self.conduit_journal is not None)
@@ -190,10 +189,10 @@ class ConduitTrainer(SyncTrainerBase):
         separate = cfg.rollout_hardware == "separate"
         tuning = (
             _piece_tuning(config, cfg.tuner_cache, groups, n, separate, cfg.max_staleness)
-            if cfg.g_ing == "auto"
+            if cfg.piece_groups == "auto"
             else None
         )
-        self.conduit_policy = PiecePolicy(cfg.g_ing, groups, unit, tuning, separate_rollout=separate)
+        self.conduit_policy = PiecePolicy(cfg.piece_groups, groups, unit, tuning, separate_rollout=separate)
         if separate and cfg.max_staleness == 0:
             from conduit_verl.early_rows import EarlyRows
 

@@ -29,7 +29,7 @@ from conduit.errors import ConfigError
 @pytest.fixture
 def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """``PiecePolicy`` wrapped by the harness for this test only (its methods restored after)."""
-    for name in ("g_ing", "begin_step", "record_piece", "record_step"):
+    for name in ("piece_groups", "begin_step", "record_piece", "record_step"):
         monkeypatch.setattr(PiecePolicy, name, getattr(PiecePolicy, name))
     monkeypatch.setattr(PiecePolicy, "_conduit_traced", False, raising=False)
     path = tmp_path / "pieces.jsonl"

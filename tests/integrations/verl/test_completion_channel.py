@@ -51,10 +51,10 @@ def test_group_wait_takes_every_finished_group(channel) -> None:
     wait = GroupWait(channel, partition_id="p3")
     for _ in range(3):
         ray.get(channel.finished.remote("p3"))
-    assert wait.next_piece(None, g_ing=1, remaining=4) == 3  # generation ran ahead: take all three
+    assert wait.next_piece(None, piece_groups=1, remaining=4) == 3  # generation ran ahead: take all three
     wait.took(3)
     ray.get(channel.finished.remote("p3"))
-    assert wait.next_piece(None, g_ing=2, remaining=1) == 1  # never more than what is left
+    assert wait.next_piece(None, piece_groups=2, remaining=1) == 1  # never more than what is left
     wait.took(1)
     assert len(wait.step_finish_times(0.0)) == 4  # the four groups taken since it was made
     ray.get(channel.finished.remote("p3"))
@@ -77,7 +77,7 @@ def test_a_dead_channel_falls_back_to_polling(channel) -> None:
     doomed = CompletionChannel.remote()
     wait = GroupWait(doomed)
     ray.kill(doomed)
-    assert wait.next_piece(_Finished(3), g_ing=1, remaining=4) == 3  # polled TQ instead of hanging
+    assert wait.next_piece(_Finished(3), piece_groups=1, remaining=4) == 3  # polled TQ instead of hanging
     assert wait.channel is None and wait.step_finish_times(0.0) == []
 
 
@@ -88,11 +88,11 @@ def test_long_generation_stays_event_driven(channel, monkeypatch) -> None:
     threading.Timer(1.0, lambda: ray.get(fresh.finished.remote("train"))).start()
     t0 = time.perf_counter()
     # nothing in TQ either: keeps waiting past several timeouts, wakes on the report
-    assert wait.next_piece(_Finished(0), g_ing=1, remaining=4) == 1
+    assert wait.next_piece(_Finished(0), piece_groups=1, remaining=4) == 1
     assert 0.9 < time.perf_counter() - t0 < 5.0
     wait.took(1)
     # no report, but TQ shows two finished groups (a lost report): taken from the TQ re-read
-    assert wait.next_piece(_Finished(2), g_ing=1, remaining=4) == 2
+    assert wait.next_piece(_Finished(2), piece_groups=1, remaining=4) == 2
     ray.kill(fresh)
 
 
@@ -103,7 +103,7 @@ def test_early_rows_run_between_slices_until_the_groups_finish(channel) -> None:
     wait.idle = lambda: calls.append(time.perf_counter())
     threading.Timer(0.8, lambda: ray.get(fresh.finished.remote("train"))).start()
     t0 = time.perf_counter()
-    assert wait.next_piece(_Finished(0), g_ing=1, remaining=4) == 1
+    assert wait.next_piece(_Finished(0), piece_groups=1, remaining=4) == 1
     assert time.perf_counter() - t0 < 5.0  # woke on the report, not on a re-read timer
     # the hook ran all along the wait, one slice apart, and not after the group was ready
     assert len(calls) >= 4 and all(t < t0 + 0.8 + 2 * streaming.IDLE_SLICE_S for t in calls)

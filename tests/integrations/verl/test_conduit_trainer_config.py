@@ -32,8 +32,22 @@ def test_defaults_and_values() -> None:
     from conduit_verl.trainer import ConduitTrainerConfig
 
     assert ConduitTrainerConfig.from_verl(_cfg(None)) == ConduitTrainerConfig()
-    got = ConduitTrainerConfig.from_verl(_cfg({"g_ing": 2, "overlap": "async", "poll_interval_s": 0.1}))
-    assert (got.g_ing, got.overlap, got.poll_interval_s) == (2, "async", 0.1)
+    got = ConduitTrainerConfig.from_verl(
+        _cfg({"piece_groups": 2, "overlap": "async", "poll_interval_s": 0.1})
+    )
+    assert (got.piece_groups, got.overlap, got.poll_interval_s) == (2, "async", 0.1)
+
+
+@pytest.mark.parametrize("value", [2, 0, "auto"])
+def test_the_old_g_ing_key_fails_and_names_piece_groups(value: object) -> None:
+    """verl's ``g_ing`` (prompt groups per piece) was renamed ``piece_groups``: the core's ``g_ing``
+    counts rollout fragments per operator call. The old key is never silently ignored."""
+    from conduit_verl.trainer import ConduitTrainerConfig
+
+    with pytest.raises(ConfigError, match=r"g_ing was renamed trainer\.v1\.conduit\.piece_groups"):
+        ConduitTrainerConfig.from_verl(_cfg({"g_ing": value}))
+    with pytest.raises(ConfigError, match="piece_groups"):  # with overlap=sync too: the rename is named first
+        ConduitTrainerConfig.from_verl(_cfg({"overlap": "sync", "g_ing": value}))
 
 
 @pytest.mark.parametrize("key", ["bogus", "depth"])  # depth: a reserved knob, removed
@@ -52,7 +66,7 @@ def test_bad_values(knobs: dict) -> None:
         ConduitTrainerConfig.from_verl(_cfg(knobs))  # ConfigError is a ValueError
 
 
-@pytest.mark.parametrize("key", ["g_ing", "g_del"])
+@pytest.mark.parametrize("key", ["piece_groups", "g_del"])
 def test_a_knob_that_does_not_apply_with_overlap_sync_raises(key: str) -> None:
     from conduit_verl.trainer import ConduitTrainerConfig
 
@@ -83,5 +97,6 @@ def test_a_separate_rollout_has_its_own_tuner_signature(tmp_path) -> None:
     config = OmegaConf.create({"algorithm": {"adv_estimator": "grpo"}})
     shared = _piece_tuning(config, str(tmp_path), groups=16, n=8)
     separate = _piece_tuning(config, str(tmp_path), groups=16, n=8, separate=True)
-    assert shared.algorithm == "verl/grpo/n8"  # the key of decisions cached before the knob existed
-    assert separate.algorithm == "verl/grpo/n8/separate"
+    assert shared.workload is not None and separate.workload is not None
+    assert shared.workload.algorithm == "verl/grpo/n8"  # the key of decisions cached before the knob existed
+    assert separate.workload.algorithm == "verl/grpo/n8/separate"

@@ -45,8 +45,8 @@ def _run(work: Path, mode: str, algo: str = "grpo", extra: tuple[str, ...] = (),
     cmd = [sys.executable, "-m", "conduit_verl_cpu.run", "--steps", "2", "--trainer-mode", mode]
     cmd += ["--seed", "0", "--algo", algo, "--dump-samples", "--work-dir", str(work), *extra]
     cmd += ["--tq-backend", backend] if backend else []
-    if mode == "conduit" and not any("g_ing" in e for e in extra):
-        cmd.append("+trainer.v1.conduit.g_ing=1")  # one group per piece: the most pieces
+    if mode == "conduit" and not any("piece_groups" in e for e in extra):
+        cmd.append("+trainer.v1.conduit.piece_groups=1")  # one group per piece: the most pieces
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
@@ -159,7 +159,7 @@ def test_conduit_matches_sync_two_ranks(sync_runs: SyncRuns, tmp_path: Path) -> 
         # one rollout server over both "GPUs": with one per GPU, which server gets which request
         # (so which per-server request seed) depends on timing, and the samples would differ
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "+trainer.v1.conduit.g_ing=auto",  # pieces of 2 groups: 8 samples, 4 per rank
+        "+trainer.v1.conduit.piece_groups=auto",  # pieces of 2 groups: 8 samples, 4 per rank
     )
     for _, _, rs, rc in _run_both(sync_runs, tmp_path, "grpo", two_ranks):
         _same_metrics(rc, rs, ACTOR)

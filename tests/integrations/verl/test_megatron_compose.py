@@ -32,7 +32,7 @@ def megatron_config():
     cfg = OmegaConf.load(path)
     overrides = [
         "trainer.v1.trainer_mode=conduit",
-        "+trainer.v1.conduit.g_ing=auto",
+        "+trainer.v1.conduit.piece_groups=auto",
         "transfer_queue.backend.storage_backend=Conduit",
         "+transfer_queue.backend.Conduit.placement.old_log_probs=host",
         f"trainer.n_gpus_per_node={TP * PP * DP}",
@@ -55,10 +55,10 @@ def test_megatron_config_resolves_with_conduit_mode_and_backend():
     cfg = megatron_config()
     assert cfg.actor_rollout_ref.actor.strategy == "megatron"
     knobs = ConduitTrainerConfig.from_verl(cfg)
-    assert knobs.overlap == "async" and knobs.g_ing == "auto"
+    assert knobs.overlap == "async" and knobs.piece_groups == "auto"
     assert _dp_size(cfg) == DP  # 8 GPUs over tp=2 x pp=2
     # a piece splits over the 2 dp ranks into whole micro-batches of 4 samples: 2 groups of n=4
-    assert piece_unit(8, 4, _infer_micro_batches(cfg), knobs.g_ing, _dp_size(cfg)) == 2
+    assert piece_unit(8, 4, _infer_micro_batches(cfg), knobs.piece_groups, _dp_size(cfg)) == 2
     check_placement(dict(cfg.transfer_queue.backend.Conduit.placement))
 
 

@@ -1,4 +1,4 @@
-"""``g_ing=auto`` between runs: its decision kept per workload in the core's tuner cache, recalled by
+"""``piece_groups=auto`` between runs (the core's ``LoopTuner``): its decision kept per workload in the core's tuner cache, recalled by
 a later run instead of probing, re-opened when the workload drifts."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import pytest
 pytest.importorskip("verl")
 
 from conduit_verl.config import ConduitTrainerConfig  # noqa: E402
-from conduit_verl.piece_policy import REPROBE_EVERY, PiecePolicy  # noqa: E402
-from conduit_verl.piece_tuning import PieceChoice, PieceTuning, size_bucket  # noqa: E402
+from conduit_verl.piece_policy import REPROBE_EVERY, PieceChoice, PiecePolicy, piece_tuner  # noqa: E402
 
 from conduit.errors import ConfigError  # noqa: E402
 from conduit.tuner import ChoiceCache, Signature  # noqa: E402
+from conduit.tuner_loop import LoopTuner, size_bucket  # noqa: E402
 
 GROUPS, N = 8, 8
 
 
-def _tuning(cache_dir: Path) -> PieceTuning:
-    return PieceTuning(ChoiceCache(PieceChoice, cache_dir), "verl/grpo", GROUPS * N, "machine-a")
+def _tuning(cache_dir: Path) -> LoopTuner[PieceChoice]:
+    return piece_tuner(cache_dir, "verl/grpo", GROUPS * N, "machine-a")
 
 
 def _run(policy: PiecePolicy, steps: int, tokens: list[float], seconds: dict[str, float]) -> list[str]:
@@ -64,7 +64,7 @@ def test_a_settled_decision_is_cached_and_a_second_run_starts_from_it(tmp_path: 
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1
     record = json.loads(files[0].read_text())
-    assert record["config"] == {"arm": "whole", "g_ing": GROUPS}
+    assert record["config"] == {"arm": "whole", "piece_groups": GROUPS}
     assert record["signature"]["item_size"] == 64.0 and record["signature"]["batch_size"] == GROUPS * N
     assert record["measured_s"]["whole"] < record["measured_s"]["stream"]
 
@@ -94,7 +94,7 @@ def test_another_workload_or_machine_does_not_see_the_cached_decision(tmp_path: 
     longer = PiecePolicy("auto", GROUPS, 1, _tuning(tmp_path))
     _run(longer, 8, [256.0], WHOLE_FASTER)
     assert not longer.recalled and longer.probe_steps >= 5
-    other = PieceTuning(ChoiceCache(PieceChoice, tmp_path), "verl/grpo", GROUPS * N, "machine-b")
+    other = piece_tuner(tmp_path, "verl/grpo", GROUPS * N, "machine-b")
     assert other.recall(64.0) is None
 
 
@@ -159,7 +159,7 @@ def test_concurrent_writers_leave_one_whole_record(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_fixed_g_ing_neither_reads_nor_writes_the_cache(tmp_path: Path) -> None:
+def test_a_fixed_piece_groups_neither_reads_nor_writes_the_cache(tmp_path: Path) -> None:
     policy = PiecePolicy(2, GROUPS, 1, _tuning(tmp_path))
     _run(policy, 8, [64.0], WHOLE_FASTER)
     assert not list(tmp_path.iterdir()) and policy.probe_steps == 0

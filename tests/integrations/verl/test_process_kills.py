@@ -94,7 +94,9 @@ def test_sigkill_of_the_completion_channel_mid_wait_falls_back_to_polling(ray_sh
     wait = GroupWait(channel, timeout_s=60.0, log_every_s=60.0, poll_s=0.05)
     groups = _Groups(finished=0, total=4)
     result: list[int] = []
-    waiter = threading.Thread(target=lambda: result.append(wait.next_piece(groups, g_ing=2, remaining=4)))
+    waiter = threading.Thread(
+        target=lambda: result.append(wait.next_piece(groups, piece_groups=2, remaining=4))
+    )
     waiter.start()
     time.sleep(1.0)  # the wait is now blocked on the channel (it asks for up to 5 s at a time)
     assert waiter.is_alive() and not result
@@ -114,5 +116,5 @@ def test_a_dead_channel_and_a_hung_group_end_in_a_timeout_error(ray_shared) -> N
     sigkill(actor_pid(channel, "CompletionChannel"))
     t0 = time.monotonic()
     with pytest.raises(RolloutTimeoutError, match=r"unfinished groups: uid3"):
-        wait.next_piece(_Groups(finished=3, total=4), g_ing=4, remaining=4)
+        wait.next_piece(_Groups(finished=3, total=4), piece_groups=4, remaining=4)
     assert 3.0 <= time.monotonic() - t0 < 20.0

@@ -52,7 +52,7 @@ def test_a_hung_group_raises_within_the_timeout_naming_it(caplog) -> None:
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger=streaming.__name__):
         with pytest.raises(RolloutTimeoutError, match=r"no prompt group finished for 0.5s.*uid3") as err:
-            wait().next_piece(rollouts, g_ing=4, remaining=4)
+            wait().next_piece(rollouts, piece_groups=4, remaining=4)
     assert 0.5 <= time.monotonic() - t0 < 3.0
     assert isinstance(err.value, ConduitError)
     assert "3 ready" in str(err.value)
@@ -62,55 +62,55 @@ def test_a_hung_group_raises_within_the_timeout_naming_it(caplog) -> None:
 
 def test_slow_but_progressing_generation_is_not_a_timeout() -> None:
     rollouts = _Rollouts([0.3, 0.6, 0.9, 1.2])  # 1.2 s in all, never 0.5 s without a finish
-    assert wait().next_piece(rollouts, g_ing=4, remaining=4) == 4
+    assert wait().next_piece(rollouts, piece_groups=4, remaining=4) == 4
 
 
 @pytest.mark.parametrize(("unit", "taken"), [(1, 3), (2, 2)])
 def test_drop_takes_the_whole_groups_that_finished(unit: int, taken: int) -> None:
     rollouts = _Rollouts([0.0, 0.0, 0.0, None])
     w = wait(on_timeout="drop", unit=unit)
-    assert w.next_piece(rollouts, g_ing=4, remaining=4) == taken
+    assert w.next_piece(rollouts, piece_groups=4, remaining=4) == taken
     assert w.short
 
 
 def test_drop_with_nothing_finished_still_raises() -> None:
     with pytest.raises(RolloutTimeoutError, match="unfinished groups: uid0, uid1"):
-        wait(on_timeout="drop").next_piece(_Rollouts([None, None]), g_ing=1, remaining=2)
+        wait(on_timeout="drop").next_piece(_Rollouts([None, None]), piece_groups=1, remaining=2)
 
 
 def test_drop_after_earlier_pieces_ends_the_step_with_them() -> None:
     w = wait(on_timeout="drop")
-    assert w.next_piece(_Rollouts([0.0, 0.0, None, None]), g_ing=2, remaining=4) == 2
+    assert w.next_piece(_Rollouts([0.0, 0.0, None, None]), piece_groups=2, remaining=4) == 2
     w.took(2)
     rest = _Rollouts([None, None])
-    assert w.next_piece(rest, g_ing=2, remaining=2) == 0  # nothing more: the step ends with 2
+    assert w.next_piece(rest, piece_groups=2, remaining=2) == 0  # nothing more: the step ends with 2
     assert w.short
     w.step_finish_times(0.0)  # the next step starts: nothing taken in it yet
     with pytest.raises(RolloutTimeoutError):
-        w.next_piece(rest, g_ing=2, remaining=2)
+        w.next_piece(rest, piece_groups=2, remaining=2)
 
 
 @pytest.mark.parametrize(("multiple", "taken"), [(1, 3), (2, 2), (3, 3)])
 def test_drop_keeps_whole_actor_mini_batches(multiple: int, taken: int) -> None:
     # verl's update splits the batch into ppo_mini_batch_size groups and refuses a remainder
     w = wait(on_timeout="drop", keep_multiple=multiple)
-    assert w.next_piece(_Rollouts([0.0, 0.0, 0.0, None]), g_ing=4, remaining=4) == taken
+    assert w.next_piece(_Rollouts([0.0, 0.0, 0.0, None]), piece_groups=4, remaining=4) == taken
 
 
 def test_drop_that_cannot_keep_a_whole_mini_batch_raises_naming_it() -> None:
     # the default actor mini-batch is the whole batch: nothing short of it can be trained
     with pytest.raises(RolloutTimeoutError, match=r"not a whole number of 4.*ppo_mini_batch_size.*uid3"):
         wait(on_timeout="drop", keep_multiple=4).next_piece(
-            _Rollouts([0.0, 0.0, 0.0, None]), g_ing=4, remaining=4
+            _Rollouts([0.0, 0.0, 0.0, None]), piece_groups=4, remaining=4
         )
 
 
 def test_drop_after_a_piece_that_breaks_the_multiple_raises() -> None:
     w = wait(on_timeout="drop", keep_multiple=2)
-    assert w.next_piece(_Rollouts([0.0, 0.0, 0.0, None]), g_ing=3, remaining=4) == 3
+    assert w.next_piece(_Rollouts([0.0, 0.0, 0.0, None]), piece_groups=3, remaining=4) == 3
     w.took(3)
     with pytest.raises(RolloutTimeoutError, match="not a whole number of 2"):
-        w.next_piece(_Rollouts([None]), g_ing=1, remaining=1)
+        w.next_piece(_Rollouts([None]), piece_groups=1, remaining=1)
 
 
 # -- the knobs ----------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_a_hung_channel_falls_back_to_polling_and_still_times_out(ray_shared, mo
         w = GroupWait(hung, timeout_s=1.5, log_every_s=0.5, poll_s=0.01)
         t0 = time.monotonic()
         with pytest.raises(RolloutTimeoutError, match="uid1"):
-            w.next_piece(_Rollouts([0.0, None]), g_ing=2, remaining=2)
+            w.next_piece(_Rollouts([0.0, None]), piece_groups=2, remaining=2)
         assert w.channel is None  # gave up on the channel, polled TQ instead of hanging
         assert time.monotonic() - t0 < 6.0
     finally:

@@ -104,8 +104,9 @@ def test_running_ahead_has_its_own_tuner_signature(tmp_path: Path) -> None:
     from conduit_verl.trainer import _piece_tuning
 
     config = OmegaConf.create({"algorithm": {"adv_estimator": "grpo"}})
-    assert _piece_tuning(config, str(tmp_path), 16, 8).algorithm == "verl/grpo/n8"
-    assert _piece_tuning(config, str(tmp_path), 16, 8, True, 2).algorithm == "verl/grpo/n8/separate/k2"
+    plain, ahead = (_piece_tuning(config, str(tmp_path), 16, 8, *a).workload for a in ((), (True, 2)))
+    assert plain is not None and plain.algorithm == "verl/grpo/n8"
+    assert ahead is not None and ahead.algorithm == "verl/grpo/n8/separate/k2"
 
 
 # -- group versions and the decision -----------------------------------------------------------

@@ -25,10 +25,11 @@ class _FakeBuffer:
 
 
 @pytest.mark.parametrize(
-    ("g_ing", "finished", "remaining", "want"), [(1, 1, 4, 1), (1, 3, 4, 3), (2, 2, 4, 2), (2, 9, 3, 3)]
+    ("piece_groups", "finished", "remaining", "want"),
+    [(1, 1, 4, 1), (1, 3, 4, 3), (2, 2, 4, 2), (2, 9, 3, 3)],
 )
-def test_polled_piece_size(g_ing: int, finished: int, remaining: int, want: int) -> None:
-    assert GroupWait(None).next_piece(_FakeBuffer(finished), g_ing, remaining) == want
+def test_polled_piece_size(piece_groups: int, finished: int, remaining: int, want: int) -> None:
+    assert GroupWait(None).next_piece(_FakeBuffer(finished), piece_groups, remaining) == want
 
 
 def test_merge_metrics_weights_by_samples() -> None:
@@ -41,7 +42,7 @@ def test_piece_unit_keeps_pieces_in_whole_micro_batches() -> None:
     assert piece_unit(8, 4, {"rollout": 8, "ref": None}, "auto") == 2  # 8-sample micro-batches: 2 groups
     assert piece_unit(9, 4, {"rollout": 6}, 3) == 3  # lcm: 3 groups = 12 samples
     assert piece_unit(4, 4, {"rollout": 4}, "auto", dp=2) == 2  # 2 ranks × 4-sample micro-batches
-    with pytest.raises(ConfigError, match="g_ing=1"):
+    with pytest.raises(ConfigError, match="piece_groups=1"):
         piece_unit(4, 4, {"rollout": 8}, 1)
     with pytest.raises(ConfigError, match="2 data-parallel"):
         piece_unit(4, 4, {"rollout": 4}, 1, dp=2)

@@ -113,7 +113,7 @@ def test_every_system_is_measured_over_the_same_iterations() -> None:
     all measured iterations of both: never conduit's late iterations against all of verl's."""
     from verl_analysis import ratios, targets
 
-    STEADY_FROM = 8  # conduit's g_ing=auto measures its options before this iteration
+    STEADY_FROM = 8  # conduit's piece_groups=auto measures its options before this iteration
     # both systems slow in their first iterations (start-up, auto's measurement), fast later
     rows = [_timed("verl_sync_tuned", it, 12.0 if it < STEADY_FROM else 10.0) for it in range(2, 12)]
     rows += [_timed("conduit", it, 11.0 if it < STEADY_FROM else 9.0) for it in range(2, 12)]

@@ -81,7 +81,8 @@ def test_vocab_mismatch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "knobs", [{"overlap": "maybe"}, {"g_del": -1}, {"g_ing": 1.5}, {"depth": 1}, {"poll_interval_s": 0}]
+    "knobs",
+    [{"overlap": "maybe"}, {"g_del": -1}, {"piece_groups": 1.5}, {"depth": 1}, {"poll_interval_s": 0}],
 )
 def test_knobs_out_of_range_are_config_errors(knobs: dict) -> None:
     from conduit_verl.config import ConduitTrainerConfig

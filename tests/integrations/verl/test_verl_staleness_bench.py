@@ -137,7 +137,7 @@ def test_bounds_and_the_conduit_systems_flags() -> None:
             [
                 "+trainer.v1.conduit.max_staleness=1",
                 "+trainer.v1.conduit.group_log={work}/groups.jsonl",
-                "+trainer.v1.conduit.g_ing=auto",
+                "+trainer.v1.conduit.piece_groups=auto",
             ],
         )
     }

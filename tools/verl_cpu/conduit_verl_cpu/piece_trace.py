@@ -1,6 +1,6 @@
 """The piece-size policy, traced and driven per step (harness only: the verl autotune benchmark).
 
-``CONDUIT_VERL_G_SCHEDULE="4,1,16,..."``: the ``g_ing`` of step 1, 2, ... (the last one repeats; 0 =
+``CONDUIT_VERL_G_SCHEDULE="4,1,16,..."``: the ``piece_groups`` of step 1, 2, ... (the last one repeats; 0 =
 the whole step in one piece), so that one run measures several piece sizes under the same load and
 data, the way the poll sweep measures verl's periods. The policy still fits every piece and still
 updates its choice (``chosen``) as ``auto`` would; only the pieces it runs follow the schedule.
@@ -41,7 +41,7 @@ def g_schedule(raw: str) -> list[int]:
 
 
 def scheduled_g(schedule: list[int], step: int, groups: int, unit: int) -> int:
-    """The schedule's ``g_ing`` for ``step`` (1-based), checked against the step's groups and unit."""
+    """The schedule's ``piece_groups`` for ``step`` (1-based), checked against the step's groups and unit."""
     from conduit.errors import ConfigError
 
     g = schedule[min(max(step, 1), len(schedule)) - 1] or groups
@@ -78,13 +78,13 @@ def install() -> None:
     if getattr(PiecePolicy, "_conduit_traced", False):
         return
     schedule = g_schedule(raw) if raw else None
-    g_ing, begin_step = PiecePolicy.g_ing, PiecePolicy.begin_step
+    piece_groups, begin_step = PiecePolicy.piece_groups, PiecePolicy.begin_step
     record_piece, record_step = PiecePolicy.record_piece, PiecePolicy.record_step
 
-    @functools.wraps(g_ing)
-    def traced_g_ing(self: Any) -> int:
+    @functools.wraps(piece_groups)
+    def traced_piece_groups(self: Any) -> int:
         if schedule is None:
-            return g_ing(self)
+            return piece_groups(self)
         return scheduled_g(schedule, self.steps, self.groups, self.unit)
 
     @functools.wraps(begin_step)
@@ -137,7 +137,7 @@ def install() -> None:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 
-    PiecePolicy.g_ing = traced_g_ing  # type: ignore[method-assign]
+    PiecePolicy.piece_groups = traced_piece_groups  # type: ignore[method-assign]
     PiecePolicy.begin_step = traced_begin_step  # type: ignore[method-assign]
     PiecePolicy.record_piece = traced_record_piece  # type: ignore[method-assign]
     PiecePolicy.record_step = traced_record_step  # type: ignore[method-assign]
