@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,13 +30,22 @@ sys.path.insert(0, str(HERE / "peers"))
 sys.path.insert(1, str(HERE))
 sys.path.insert(2, str(HERE.parent))
 
+import analysis  # noqa: E402
+import conduit_dqn_peer  # noqa: E402
+import harness  # noqa: E402
+import load as load_module  # noqa: E402
+import memcpy_peer  # noqa: E402
+import orchestrate  # noqa: E402
 import provenance  # noqa: E402
+import report_tables  # noqa: E402
+import rllib_peer  # noqa: E402
+import script  # noqa: E402
 from analysis import compute_load_ratios, compute_overhead, compute_ratios, evaluate_targets  # noqa: E402
-from buffer_report import format_load_table, format_table, format_targets, plot, plot_load  # noqa: E402
+from buffer_report import plot, plot_load  # noqa: E402
 from conduit_peer import ConduitSystem  # noqa: E402
 from harness import ALPHA, BETA, System, Timing, capacity_for, make_grid, progress_line  # noqa: E402
 from load import CpuLoad, reference_slowdown  # noqa: E402
-from machine import machine_info  # noqa: E402
+from machine import cpu_model  # noqa: E402
 from memcpy_peer import GatherSystem, MemcpySystem  # noqa: E402
 from orchestrate import run_interleaved  # noqa: E402
 from torchrl_driver import DEFAULT_PYTHON, RemoteTorchRL, ensure_env  # noqa: E402
@@ -53,6 +63,7 @@ QUICK = {"batches": [32, 256], "dims": [4, 64, 1024, 16384], "rllib_batches": [3
 FULL_TIMING = Timing(min_time=0.5, rounds=20, warmup=3)  # 25 ms rounds, as before; 20 of them, not 8
 QUICK_TIMING = Timing(min_time=0.2, rounds=10, warmup=2)
 DEFAULT_OUT = HERE / "results" / "buffer_throughput.json"
+DOCUMENTED = (harness, orchestrate, analysis, load_module, memcpy_peer, conduit_dqn_peer, rllib_peer)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,12 +77,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma list of systems to run")
-    ap.add_argument(
-        "--threads", type=int, default=None, help="torch.set_num_threads in every env (default: torch's)"
-    )
-    ap.add_argument(
-        "--min-time", type=float, default=None, help="seconds timed per cell (overrides the mode)"
-    )
     ap.add_argument("--torchrl-python", type=Path, default=DEFAULT_PYTHON, help="python of the TorchRL venv")
     ap.add_argument(
         "--setup-torchrl", action="store_true", help="build the TorchRL venv first if it is missing"
@@ -97,20 +102,16 @@ def make_systems(
     if "conduit" in wanted:
         systems.append(ConduitSystem())
     if "conduit_dqn" in wanted:
-        from conduit_dqn_peer import ConduitDQNSystem
-
-        systems.append(ConduitDQNSystem(grid["rllib_dims"], grid["rllib_batches"]))
+        systems.append(conduit_dqn_peer.ConduitDQNSystem(grid["rllib_dims"], grid["rllib_batches"]))
     if "rllib" in wanted:
-        from rllib_peer import RLlibSystem
-
-        systems.append(RLlibSystem(grid["rllib_dims"], grid["rllib_batches"]))
+        systems.append(rllib_peer.RLlibSystem(grid["rllib_dims"], grid["rllib_batches"]))
     if "torchrl" in wanted:
         err = ensure_env(args.torchrl_python, args.setup_torchrl)
         if err:
             errors["torchrl"] = err
             print(f"!! torchrl UNAVAILABLE: {err}", flush=True)
         else:
-            systems.append(RemoteTorchRL(args.torchrl_python, args.threads))
+            systems.append(RemoteTorchRL(args.torchrl_python))
     return systems
 
 
@@ -163,10 +164,8 @@ def build_report(
     import torch
 
     overhead = compute_overhead(run["rows"], run["gather_rows"])
-    facts = provenance.finish(prov)
-    created = facts.pop("created_utc")
-    machine = {**facts, **machine}
-    machine["torchrl_env"] = run["torchrl_info"] or {"status": run["errors"].get("torchrl", "not run")}
+    torchrl_env = run["torchrl_info"] or {"status": run["errors"].get("torchrl", "not run")}
+    machine = script.machine(prov, **machine, torch_threads=torch.get_num_threads(), torchrl_env=torchrl_env)
     cores = machine.get("cores") or 0
     warnings = [
         f"load average {when} {load[0]} exceeded {cores} cores: other processes shared the CPU; rates are noisy"
@@ -180,7 +179,6 @@ def build_report(
         "benchmark": "buffer_throughput",
         "warnings": warnings,
         "mode": "quick" if args.quick else "full",
-        "created_utc": created,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "config": {
             **grid,
@@ -188,39 +186,11 @@ def build_report(
             "timing": timing.to_dict(),
             "alpha": ALPHA,
             "beta": BETA,
-            "torch_threads": args.threads or torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads(),
             "load_processes": run["load_processes"],
         },
-        "definitions": {
-            "insert": "append `batch` transitions to a full buffer (ring overwrite / eviction)",
-            "sample_uniform": "one sample call of `batch` transitions",
-            "sample_prioritized": "one sample call + one priority update of the sampled items with new priorities",
-            "rllib": "sample = buffer.sample(sample_episodes=True) + DQN learner connector to a torch train batch "
-            "(+ update_priorities); insert = buffer.add of one finished episode of `batch` steps",
-            "conduit_dqn": "conduit doing rllib's work on the rllib cells: sample = one sample(out=...) of the DQN "
-            "transition columns under RLlib's names and dtypes + weights -> SampleBatch -> MultiAgentBatch "
-            "(+ update_priorities); insert = the same finished episode through conduit_rllib's TransitionPacker "
-            "and n-step operator (n=1) into the buffer",
-            "work": "per row, what one call did, measured on the last warmup call's payload: transitions, fields "
-            "(delivered columns for sample, what was taken in for insert), bytes, priority_update, access",
-            "ratios": "peer us per call / conduit us per call, median round (ratio_median) beside best round "
-            "(ratio_best), computed only where the conduit system's work record equals the peer's; otherwise "
-            "ratio_* are null and `refused` names the difference (conduit's one-column cell vs rllib's DQN "
-            "train batch is refused; conduit_dqn vs rllib is the equal-work comparison). memcpy is a bandwidth "
-            "reference, not a peer: no ratio against it",
-            "memcpy": "torch copy of one contiguous [batch, dim] float32 block (into the store for insert, out of it "
-            "for sample)",
-            "gb_per_s": "batch * dim * 4 bytes (the obs payload) / seconds per call, for every system",
-            "gather_reference": "bare torch.index_select of `batch` random rows into a preallocated output",
-            "interleaving": "per cell, all systems warm up, then timing rounds go round-robin over the systems",
-            "timing": "each cell: warmup calls, then timing.rounds rounds of >= min_time/rounds s each; every row gives "
-            "the median round (us_per_call_median, items_per_s_median, gb_per_s_median) beside the best round "
-            "(*_best) and every round (us_per_call_rounds); the targets, the overhead and the table use the median "
-            "round",
-            "load": "rows with load=true ran with (cores - 1) pure-Python busy processes on the other cores (--load), "
-            "interleaved round by round with the idle (load=false) rounds; load_ratios = loaded / idle median us per call; "
-            "load_reference = the same ratio for a single-threaded pure-Python loop (the floor: CPU sharing, not waiting)",
-        },
+        # what every system's call does, the work record, the ratios, the timing and the load: the docstrings
+        "definitions": {"buffer_throughput": __doc__} | {m.__name__: m.__doc__ for m in DOCUMENTED},
         "machine": machine,
         "systems": run["systems"],
         "rows": run["rows"],
@@ -239,13 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance.start()
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     grid = QUICK if args.quick else FULL
     timing = QUICK_TIMING if args.quick else FULL_TIMING
-    if args.min_time:
-        timing = Timing(min_time=args.min_time, rounds=timing.rounds, warmup=timing.warmup)
-    machine = machine_info()
+    machine = {"cpu_model": cpu_model(), "cores": os.cpu_count()}
     print(
         f"buffer_throughput ({'quick' if args.quick else 'full'}): {machine['cpu_model']}, {machine['cores']} cores, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {prov.load_average_start}",
@@ -266,28 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     png = args.out.with_suffix(".png")
     plot(
         doc["rows"],
-        str(png),
+        png,
         f"Replay buffer throughput ({doc['mode']}, {machine['cpu_model']}, {machine['cores']} cores)",
     )
-    print("\n" + format_table(doc["rows"]))
     if doc["load_ratios"]:
-        print("\n" + format_load_table(doc["load_ratios"]))
-        ref = doc["load_reference"]
-        print(
-            f"reference (single-threaded pure-Python loop): {ref['idle_us']:.0f} us idle, {ref['loaded_us']:.0f} us "
-            f"loaded = {ref['loaded_over_idle']:.2f}x (the floor on this machine)"
-        )
         load_png = args.out.with_name(args.out.stem + "_load.png")
-        plot_load(
-            doc["load_ratios"], str(load_png), f"Loaded / idle ({doc['mode']}, {machine['cores']} cores)"
-        )
-        print(f"wrote {load_png}")
-    print("\nPer-call overhead (conduit sample at batch 256):")
-    for c in doc["overhead"]["per_cell"]:
-        icpt = "-" if c["intercept_us"] is None else f"{c['intercept_us']:.1f}"
-        mg = "-" if c["minus_gather_us"] is None else f"{c['minus_gather_us']:.1f}"
-        print(f"  {c['sampler']:<11} dim={c['dim']:<6} call - gather = {mg} us; intercept = {icpt} us")
-    print("\nTargets:\n" + format_targets(doc["targets"]))
+        plot_load(doc["load_ratios"], load_png, f"Loaded / idle ({doc['mode']}, {machine['cores']} cores)")
+    print("\n" + "\n".join(report_tables.buffer_throughput(doc)))
     for name, msg in run["errors"].items():
         print(f"\n!! {name} did not produce results: {msg}")
     print(f"\nwrote {args.out} and {png} ({doc['wall_s']} s)", flush=True)

@@ -3,19 +3,30 @@
 Scripts import it as they import ``provenance`` (``benchmarks/`` on ``sys.path``)::
 
     args = script.parser(__doc__, quick="few iterations (a check)").parse_args()
+    token = provenance.start()
     ...
-    out = script.write_result("granularity", args, {"iterations": iters, **data}, lambda png: plot(data, png))
+    record = {"iterations": iters, **data, "machine": script.machine(token)}
+    out = script.write_result("granularity", args, record, lambda png: plot(data, png))
+    script.show(report_tables.granularity(record))  # the table BENCHMARKS.md shows
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
+K = TypeVar("K")
 
 
 def parser(doc: str | None, quick: str, out: Path | None = None) -> argparse.ArgumentParser:
@@ -27,6 +38,46 @@ def parser(doc: str | None, quick: str, out: Path | None = None) -> argparse.Arg
     where = out if out is not None else "benchmarks/results/<benchmark>[_quick].json"
     p.add_argument("--out", type=Path, default=out, help=f"result JSON (default {where})")
     return p
+
+
+def machine(token: provenance.Start, **extra: Any) -> dict[str, Any]:
+    """A result's ``machine`` record: CPUs, platform, Python, torch's and Ray's versions where the run
+    imported them, then ``extra`` (settings, package versions) and ``provenance.finish(token)``."""
+    facts: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    facts["python"] = platform.python_version()
+    facts |= {m: sys.modules[m].__version__ for m in ("torch", "ray") if m in sys.modules}
+    return {**facts, **extra, **provenance.finish(token)}
+
+
+def show(lines: list[str]) -> None:
+    """Print a report renderer's lines (``report_*.py``): the console shows the table BENCHMARKS.md shows."""
+    print("\n".join(lines), flush=True)
+
+
+def timed(fn: Callable[[], object]) -> Callable[[], float]:
+    """``fn`` as a step of :func:`interleaved`: it returns the seconds one call took."""
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    return step
+
+
+def interleaved(
+    steps: Mapping[K, Callable[[], float]], rounds: int, rng: random.Random
+) -> dict[K, list[float]]:
+    """Each step's seconds (it returns what it measured; :func:`timed` wraps a plain call) over ``rounds``
+    rounds, the steps round-robin in a fresh random order each round, so that a change of the
+    machine's load falls on every step alike."""
+    out: dict[K, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        order = list(steps)
+        rng.shuffle(order)
+        for name in order:
+            out[name].append(steps[name]())
+    return out
 
 
 def pyplot() -> Any:

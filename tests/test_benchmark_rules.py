@@ -182,9 +182,56 @@ def test_every_script_that_writes_results_records_provenance() -> None:
         if p.name != "script.py" and ("json.dump" in p.read_text() or "script.write_result(" in p.read_text())
     ]
     assert len(writers) >= 15
+    # provenance.finish directly, or through script.machine (the machine record ends with it)
     missing = [
         p.name
         for p in writers
-        if "provenance.start(" not in p.read_text() or "provenance.finish(" not in p.read_text()
+        if "provenance.start(" not in p.read_text()
+        or ("provenance.finish(" not in p.read_text() and "script.machine(" not in p.read_text())
     ]
     assert missing == []  # each JSON then carries git_commit, git_dirty and load_average_start/_end
+
+
+# -- one subprocess-peer protocol ----------------------------------------------------------------------
+
+FAKE_TORCHRL_PEER = """
+import sys
+sys.path.insert(0, {peers!r})
+import torchrl_peer
+from child import protocol_reply, serve
+
+class Fake:
+    def round(self, seconds):
+        print("chatter on stdout goes to the log")
+        return 0.25, 7
+
+    def close(self):
+        raise ValueError("no buffer open")
+
+torchrl_peer.versions = lambda: {{"torchrl": "fake"}}
+reply = protocol_reply()
+serve(reply, lambda req: torchrl_peer.handle(Fake(), req))
+"""
+
+
+def test_torchrl_peer_speaks_the_child_protocol(tmp_path: Path) -> None:
+    """The TorchRL venv's peer is driven over ``child.Child`` / ``child.serve`` like every other peer:
+    results come back unwrapped, a request that raises is an error naming the call, stdout stays clean."""
+    import os
+
+    from child import Child
+    from torchrl_driver import RemoteTorchRL
+
+    peer = RemoteTorchRL.__new__(RemoteTorchRL)
+    code = FAKE_TORCHRL_PEER.format(peers=str(BENCH / "peers"))
+    peer._child = Child(
+        "torchrl", [sys.executable, "-c", code], tmp_path / "peer.log", dict(os.environ), tmp_path
+    )
+    try:
+        assert peer.info() == {"torchrl": "fake"}
+        assert peer.round(0.1) == (0.25, 7)
+        with pytest.raises(RuntimeError, match="failed on 'close'.*no buffer open"):
+            peer.close()
+    finally:
+        peer.shutdown()
+    assert "chatter on stdout" in (tmp_path / "peer.log").read_text()

@@ -41,3 +41,27 @@ def test_save_figure_writes_a_png(tmp_path: Path) -> None:
     ax.plot([0, 1], [1, 0])
     script.save_figure(fig, tmp_path / "f.png")
     assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_machine_ends_with_the_provenance_record() -> None:
+    import provenance
+
+    m = script.machine(provenance.start(), device="cpu")
+    assert m["device"] == "cpu" and m["cpus"] and m["python"]
+    assert {"git_commit", "git_dirty", "load_average_start", "load_average_end", "created_utc"} <= set(m)
+
+
+def test_interleaved_runs_every_step_every_round_in_a_fresh_order() -> None:
+    import random
+
+    seen: list[str] = []
+
+    def step(name: str) -> float:
+        seen.append(name)
+        return float(len(seen))
+
+    out = script.interleaved({n: (lambda n=n: step(n)) for n in "abc"}, 4, random.Random(0))
+    assert {n: len(v) for n, v in out.items()} == {"a": 4, "b": 4, "c": 4}
+    rounds = [seen[i : i + 3] for i in range(0, 12, 3)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds) and len({tuple(r) for r in rounds}) > 1
+    assert script.timed(lambda: None)() >= 0.0

@@ -1,11 +1,13 @@
-"""Human-facing output: the console table and the PNG plot of the rows."""
+"""The PNG plots of the rows (the table is ``report_tables.buffer_throughput``, printed by the script too)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from analysis import MAX_LOADED_OVER_IDLE, compute_ratios, index_rows
+import script
+from analysis import MAX_LOADED_OVER_IDLE, index_rows
 
 SYSTEMS = ("conduit", "conduit_dqn", "torchrl", "rllib", "memcpy")
 PANELS = (("sample", "prioritized"), ("sample", "uniform"), ("insert", "prioritized"), ("insert", "uniform"))
@@ -18,101 +20,9 @@ COLORS = {
 }
 
 
-def _fmt_us(r: Mapping[str, Any] | None) -> str:
-    if r is None:
-        return "-"
-    return f"{r['us_per_call_median']:.1f}/{r['us_per_call_best']:.1f}"
-
-
-def format_table(rows: Iterable[Mapping[str, Any]]) -> str:
-    """One line per cell: median/best µs per call per system, and each peer's equal-work ratio (median,
-    best); the JSON's ``ratios`` also lists every refused pairing with its reason."""
-    by = index_rows(rows)
-    systems = [s for s in SYSTEMS if s in by]
-    keys = sorted(
-        {k for rows_ in by.values() for k in rows_}, key=lambda k: (k[0] != "sample", k[1], k[3], k[2])
-    )
-    ratios: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
-    for r in compute_ratios(rows):
-        ratios.setdefault((r["op"], r["sampler"], r["batch"], r["dim"]), []).append(r)
-    head = f"{'op':<7}{'sampler':<12}{'batch':>6}{'dim':>7} | " + "".join(f"{s:>18}" for s in systems)
-    head += " | peer / conduit, median round (best round)"
-    lines = [
-        "us per call, median round / best round; a ratio only where the two did equal work",
-        head,
-        "-" * len(head),
-    ]
-    for k in keys:
-        line = f"{k[0]:<7}{k[1]:<12}{k[2]:>6}{k[3]:>7} | " + "".join(
-            f"{_fmt_us(by[s].get(k)):>18}" for s in systems
-        )
-        parts = []
-        for peer in dict.fromkeys(r["peer"] for r in ratios.get(k, [])):
-            mine = [r for r in ratios[k] if r["peer"] == peer]
-            equal = [r for r in mine if not r["refused"]]
-            for r in equal:  # the equal-work ratio; a refused pairing only where there is none
-                parts.append(
-                    f"{peer}/{r['conduit_system']} {r['ratio_median']:.2f}x ({r['ratio_best']:.2f}x)"
-                )
-            if not equal:
-                parts.append(f"{peer}/{'|'.join(r['conduit_system'] for r in mine)} refused (unequal work)")
-        lines.append(line + " | " + "; ".join(parts))
-    return "\n".join(lines)
-
-
-def format_load_table(load_ratios: Iterable[Mapping[str, Any]]) -> str:
-    """One line per (system, cell): median us per call idle, with the other cores busy, and the ratio."""
-    head = f"{'system':<9}{'op':<7}{'sampler':<12}{'batch':>6}{'dim':>7} | {'idle us':>10}{'loaded us':>11}{'ratio':>8}"
-    lines = ["median us per call, idle vs other cores busy (--load)", head, "-" * len(head)]
-    for c in load_ratios:
-        lines.append(
-            f"{c['system']:<9}{c['op']:<7}{c['sampler']:<12}{c['batch']:>6}{c['dim']:>7} | "
-            f"{c['idle_us_median']:>10.1f}{c['loaded_us_median']:>11.1f}{c['loaded_over_idle']:>8.2f}"
-        )
-    return "\n".join(lines)
-
-
-def format_targets(targets: Iterable[Mapping[str, Any]]) -> str:
-    """One line per target: PASS / FAIL / NOT EVALUATED and its key numbers."""
-    lines = []
-    for t in targets:
-        verdict = {True: "PASS", False: "FAIL", None: "NOT EVALUATED"}[t["passed"]]
-        detail = ""
-        if "cells" in t:
-            parts = []
-            for c in t["cells"]:
-                if "ratio" in c and c["ratio"] is None:
-                    parts.append(f"B={c['batch']} dim={c['dim']}: refused (unequal work)")
-                elif "ratio" in c:
-                    parts.append(
-                        f"B={c['batch']} dim={c['dim']}: {c['ratio']:.1f}x (best round {c['ratio_best_round']:.1f}x)"
-                    )
-                elif "loaded_over_idle" in c:
-                    parts.append(
-                        f"{c['sampler'][:4]} B={c['batch']} dim={c['dim']}: {c['loaded_over_idle']:.2f}x"
-                    )
-                elif c.get("counts_for_target"):
-                    parts.append(f"B={c['batch']}: {c['fraction']:.0%}")
-            detail = "; ".join(parts)
-        elif "overhead_us" in t:
-            icpt = t["intercept_us"]
-            detail = (
-                f"dim {t['dim']}: {t['call_us']:.1f} us call - {t['gather_us']:.1f} us gather = {t['overhead_us']:.1f} us"
-                + (f" (intercept {icpt:.1f} us)" if icpt is not None else "")
-            )
-        elif "reason" in t:
-            detail = t["reason"]
-        lines.append(f"[{verdict}] {t['target']}: {detail}")
-    return "\n".join(lines)
-
-
-def plot(rows: list[Mapping[str, Any]], path: str, title: str) -> None:
+def plot(rows: list[Mapping[str, Any]], path: Path, title: str) -> None:
     """Grouped bars of median-round items/s (log scale), best round as a tick, per cell and system."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     by = index_rows(rows)
     systems = [s for s in SYSTEMS if s in by]
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(13, 4.2 * len(PANELS)))
@@ -136,18 +46,12 @@ def plot(rows: list[Mapping[str, Any]], path: str, title: str) -> None:
         ax.grid(axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=8, ncol=len(systems))
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 1, 0.98))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    script.save_figure(fig, path, rect=(0, 0, 1, 0.98))
 
 
-def plot_load(load_ratios: list[Mapping[str, Any]], path: str, title: str) -> None:
+def plot_load(load_ratios: list[Mapping[str, Any]], path: Path, title: str) -> None:
     """Bars of loaded ÷ idle median call time per cell and system, with the 1.5x limit drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     systems = [s for s in SYSTEMS if any(c["system"] == s for c in load_ratios)]
     keys = sorted({(c["op"], c["sampler"], c["dim"], c["batch"]) for c in load_ratios})
     by = {(c["system"], (c["op"], c["sampler"], c["dim"], c["batch"])): c for c in load_ratios}
@@ -165,6 +69,4 @@ def plot_load(load_ratios: list[Mapping[str, Any]], path: str, title: str) -> No
     ax.set_title(title)
     ax.grid(axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    script.save_figure(fig, path)

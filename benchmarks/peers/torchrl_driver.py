@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from child import Child
 from harness import Cell, System
 
 PEERS_DIR = Path(__file__).resolve().parent
@@ -34,38 +34,24 @@ def ensure_env(python: Path, build: bool) -> str | None:
 
 
 class RemoteTorchRL(System):
-    """Proxy for ``torchrl_peer.TorchRLSystem`` living in a subprocess of the TorchRL venv."""
+    """Proxy for ``torchrl_peer.TorchRLSystem`` living in a subprocess of the TorchRL venv (``child.Child``)."""
 
     name = "torchrl"
+    TIMEOUT_S = 600.0  # a prefill of the largest cell's buffer takes the longest
 
-    def __init__(self, python: Path, threads: int | None) -> None:
+    def __init__(self, python: Path) -> None:
         super().__init__()
-        cmd = [str(python), str(PEERS_DIR / "torchrl_peer.py")] + (
-            ["--threads", str(threads)] if threads else []
-        )
+        cmd = [str(python), str(PEERS_DIR / "torchrl_peer.py")]
         env = dict(os.environ, PYTHONPATH=str(PEERS_DIR))
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, so a chatty peer can never block on a pipe
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env
-        )
-
-    def _stderr_tail(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read().strip()[-800:]
+        log = Path(tempfile.mkstemp(prefix="torchrl_peer_", suffix=".log")[1])
+        self._child = Child("torchrl", cmd, log, env, PEERS_DIR)
 
     def _call(self, call: str, **kw: Any) -> Any:
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        try:
-            self._proc.stdin.write(json.dumps({"call": call, **kw}) + "\n")
-            self._proc.stdin.flush()
-            line = self._proc.stdout.readline()
-        except BrokenPipeError:
-            line = ""
-        if not line:
-            raise RuntimeError(f"torchrl peer exited ({self._proc.wait()}): {self._stderr_tail()}")
-        reply = json.loads(line)
-        if not reply["ok"]:
-            raise RuntimeError(f"torchrl peer failed on {call!r}: {reply['error']}")
+        reply = self._child.call({"cmd": call, **kw}, self.TIMEOUT_S)
+        if "error" in reply:
+            raise RuntimeError(
+                f"torchrl peer failed on {call!r}: {reply['error']}\n{reply.get('traceback', '')}"
+            )
         return reply["result"]
 
     def open(self, sampler: str, dim: int, capacity: int) -> None:
@@ -90,11 +76,4 @@ class RemoteTorchRL(System):
 
     def shutdown(self) -> None:
         """Stop the subprocess."""
-        if self._proc.poll() is None and self._proc.stdin is not None:
-            try:
-                self._proc.stdin.write(json.dumps({"call": "exit"}) + "\n")
-                self._proc.stdin.close()
-                self._proc.wait(timeout=10)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                self._proc.kill()
-        self._stderr.close()
+        self._child.close(wait_s=10)

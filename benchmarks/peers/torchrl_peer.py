@@ -4,23 +4,20 @@
 one ``obs`` column. Prioritized sample cells time ``sample`` followed by ``update_priority`` with new
 priorities, the cost a DQN learner pays per step.
 
-Serves the :class:`harness.System` calls over stdin/stdout, one JSON object per line, so the parent can
-interleave TorchRL's rounds with the other systems': requests ``{"call": "open"|"prepare"|"round"|
-"work"|"close"|"info"|"exit", ...}``, replies ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``.
-Usage: ``python torchrl_peer.py [--threads N]``.
+Serves the :class:`harness.System` calls through ``child.serve`` (one JSON line each way), so the
+parent can interleave TorchRL's rounds with the other systems': requests ``{"cmd": "open"|"prepare"|
+"round"|"work"|"close"|"info"|"exit", ...}``, replies ``{"result": ...}`` or ``{"error", "traceback"}``.
+Usage: ``python torchrl_peer.py``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from child import protocol_reply, serve
 from harness import ALPHA, BETA, N_PRIORITY_SETS, Cell, System, prefill, work_record
 
 
@@ -97,45 +94,34 @@ def versions() -> dict[str, Any]:
     }
 
 
-def handle(system: TorchRLSystem, req: dict[str, Any]) -> Any:
-    """Apply one request to ``system``; return its JSON-able result."""
-    call = req["call"]
+def handle(system: TorchRLSystem, req: dict[str, Any]) -> dict[str, Any]:
+    """Apply one request to ``system``; its reply, ``{"result": ...}``."""
+    call = req["cmd"]
     if call == "open":
-        return system.open(req["sampler"], req["dim"], req["capacity"])
-    if call == "prepare":
-        return system.prepare(Cell.from_dict(req["cell"]), req["warmup"])
-    if call == "round":
-        return list(system.round(req["seconds"]))
-    if call == "work":
-        return system.work(Cell.from_dict(req["cell"]))
-    if call == "close":
-        return system.close()
-    if call == "info":
-        return versions()
-    raise ValueError(f"unknown call {call!r}")
+        result: Any = system.open(req["sampler"], req["dim"], req["capacity"])
+    elif call == "prepare":
+        result = system.prepare(Cell.from_dict(req["cell"]), req["warmup"])
+    elif call == "round":
+        result = list(system.round(req["seconds"]))
+    elif call == "work":
+        result = system.work(Cell.from_dict(req["cell"]))
+    elif call == "close":
+        result = system.close()
+    elif call == "info":
+        result = versions()
+    else:
+        raise ValueError(f"unknown call {call!r}")
+    return {"result": result}
 
 
 def main() -> None:
     """Serve requests from stdin until ``exit`` or end of input."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    reply = protocol_reply()  # stdout carries the protocol only; TorchRL's prints go to the log
     import torchrl  # noqa: F401  (import once, before the first timed call; it resets its logger level)
 
     logging.getLogger("torchrl").setLevel(logging.WARNING)
     system = TorchRLSystem()
-    for line in sys.stdin:
-        req = json.loads(line)
-        if req["call"] == "exit":
-            break
-        try:
-            reply: dict[str, Any] = {"ok": True, "result": handle(system, req)}
-        except Exception:  # noqa: BLE001 — report to the parent instead of dying silently
-            reply = {"ok": False, "error": traceback.format_exc()[-1500:]}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+    serve(reply, lambda req: handle(system, req))
 
 
 if __name__ == "__main__":
