@@ -1,6 +1,6 @@
 """Does the cost model rank configurations the way they measure, and does the auto-tuner pick the best?
 
-    python benchmarks/autotune.py [--quick] [--device cpu|cuda] [--out FILE] [--refit FILE]
+    python benchmarks/autotune.py [--quick] [--device cpu|cuda] [--out FILE]
 
 The workload is a real loop on the core (:class:`SyntheticLoop`): per iteration a producer does torch
 work (an MLP layer) and puts ``PUTS`` fragments of ``FRAG`` items, each item ``dim`` float32 features
@@ -36,16 +36,11 @@ runs each, since the best of 32 noisy medians is low partly by luck) — and the
 candidates) as a share of a 100-iteration run. JSON and a
 PNG (measured against predicted, manual configurations grey, the pick highlighted) under
 ``benchmarks/results/``.
-
-``--refit FILE`` re-predicts a recorded results file with the current equations (no measurement):
-the overlap costs come from the file's calibration runs, or, for a file without them, per size from
-the other sizes' async grid rows (a hold-out by size).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import statistics
 import sys
@@ -58,11 +53,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_ops  # noqa: E402
 import script  # noqa: E402
 from autotune_calibration import CALIB_CONFIGS, CALIB_DIMS, Calibration, calibrate, describe_overlap  # noqa: E402
 from autotune_loop import EVAL_DIMS, FRAG, GETS, PROBE_ITERS, PROBE_WARMUP, PUTS, Probes, SyntheticLoop  # noqa: E402
-from autotune_rank import kendall, prediction_panel, repeatability, split_halves  # noqa: E402
-from autotune_refit import refit  # noqa: E402
+from autotune_rank import kendall, prediction_panel, ranking  # noqa: E402
 
 from conduit.costmodel import Knobs, link_bandwidth  # noqa: E402
 from conduit.discovery import fingerprint, local_topology  # noqa: E402
@@ -83,14 +78,9 @@ assert len(SPACE) == 32
 def measure_grid(loop: SyntheticLoop, iters: int, warmup: int, rounds: int) -> list[list[float]]:
     """Seconds per iteration of every configuration in each of ``rounds`` rounds (``[round][config]``),
     each round in a fresh random order (so a change of machine load spreads over all configurations)."""
-    runs: list[list[float]] = [[0.0] * len(SPACE) for _ in range(rounds)]
-    order = list(range(len(SPACE)))
-    rng = random.Random(loop.dim)
-    for r in range(rounds):
-        rng.shuffle(order)
-        for i in order:
-            runs[r][i] = loop.run(SPACE[i], iters, warmup)[0]
-    return runs
+    steps = {i: (lambda k=k: loop.run(k, iters, warmup)[0]) for i, k in enumerate(SPACE)}
+    runs = script.interleaved(steps, rounds, random.Random(loop.dim))
+    return [[runs[i][r] for i in range(len(SPACE))] for r in range(rounds)]
 
 
 def confirm(loop: SyntheticLoop, a: Knobs, b: Knobs, iters: int, warmup: int) -> tuple[float, float]:
@@ -126,8 +116,6 @@ def evaluate(
         probes.close()
     pick = SPACE.index(choice.config)
     best = min(range(len(SPACE)), key=measured.__getitem__)
-    order_m = sorted(range(len(SPACE)), key=measured.__getitem__)[:8]
-    order_p = sorted(range(len(SPACE)), key=predicted.__getitem__)[:8]
     auto_s = choice.measured_s[describe(choice.config)]
     probe_iterations = probes.iterations
     overhead = choice.tuning_s - probe_iterations * measured[best]
@@ -147,15 +135,8 @@ def evaluate(
         "measured_s_per_round": per_round,
         "predicted_s": predicted,
         "predicted_terms": [model.predict(k).terms for k in SPACE],
-        "best_measured": {"config": describe(SPACE[best]), "seconds": measured[best]},
-        "predicted_best": {"config": describe(SPACE[order_p[0]]), "measured_seconds": measured[order_p[0]]},
-        "top8_same_set": set(order_m) == set(order_p),
-        "top8_same_order": order_m == order_p,
-        "top8_overlap": len(set(order_m) & set(order_p)),
-        "kendall_tau": kendall(predicted, measured),
+        **ranking([describe(k) for k in SPACE], measured, predicted, per_round),
         "kendall_tau_unseen_configs": kendall([predicted[n] for n in unseen], [measured[n] for n in unseen]),
-        "kendall_tau_between_rounds": repeatability(per_round),
-        "kendall_tau_split_halves": split_halves(per_round),
         "auto": {
             "config": describe(choice.config),
             "reason": choice.reason,
@@ -184,10 +165,6 @@ def evaluate(
     }
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = script.pyplot()
     fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 4), squeeze=False)
@@ -204,25 +181,9 @@ def main() -> None:
     parser = script.parser(__doc__.split("\n\n")[0], quick="few iterations per configuration (a check)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument(
-        "--refit", type=Path, default=None, help="re-predict a recorded results file (no measurement)"
-    )
     args = parser.parse_args()
     token = provenance.start()
     torch.set_num_threads(1)
-    if args.refit is not None:
-        refitted = refit(args.refit, args.device)
-        out = args.out or args.refit.with_name(args.refit.stem + "_refit.json")
-        machine = {"device": args.device, **provenance.finish(token)}
-        record = {
-            "benchmark": "autotune_refit",
-            "source": str(args.refit),
-            "rows": refitted,
-            "machine": machine,
-        }
-        out.write_text(json.dumps(record, indent=1))
-        print(f"wrote {out}")
-        return
     iters, warmup, rounds = (4, 1, 2) if args.quick else (12, 2, 6)
     consumer_tier = "node0/host" if args.device == "cpu" else f"node0/{args.device}"
     bandwidth = link_bandwidth(local_topology(), "node0/host", consumer_tier)
@@ -241,15 +202,7 @@ def main() -> None:
             rows.append(row)
             a = row["auto"]
             print(
-                f"{row['item_bytes']:>6} B/item  best {row['best_measured']['seconds'] * 1e3:6.2f} ms "
-                f"({row['best_measured']['config']})  predicted best {row['predicted_best']['config']}  "
-                f"tau {row['kendall_tau']:.2f} (unseen configs {row['kendall_tau_unseen_configs']:.2f}, "
-                f"round vs round {_fmt(row['kendall_tau_between_rounds'])}, half vs half "
-                f"{_fmt(row['kendall_tau_split_halves'])})  top8 overlap {row['top8_overlap']}/8 "
-                f"order {'same' if row['top8_same_order'] else 'differs'}  auto {a['config']}: "
-                f"gap {a['gap_to_best_grid']:+.1%} in the grid, {a['gap_to_best_confirmed']:+.1%} re-measured "
-                f"(ratio auto/best {1 + a['gap_to_best_confirmed']:.3f}), "
-                f"tuning {a['tuning_share_of_100_iterations']:.1%} of 100 iterations"
+                f"{row['item_bytes']:>6} B/item: tau {row['kendall_tau']:.2f}, auto {a['config']}", flush=True
             )
     summary = {
         "min_kendall_tau": min(r["kendall_tau"] for r in rows),
@@ -264,15 +217,7 @@ def main() -> None:
             cal.seconds / (100 * r["best_measured"]["seconds"]) for r in rows
         ],
     }
-    print(
-        f"targets (issue 14): tau >= 0.8 at every size: min {summary['min_kendall_tau']:.2f} (half vs half "
-        f"{_fmt(summary['min_kendall_tau_split_halves'])}); auto within 5% of best: worst "
-        f"{summary['max_gap_to_best']:+.1%} in the grid, {summary['max_gap_to_best_confirmed']:+.1%} re-measured; "
-        f"tuning <= 2% of 100 iterations: worst "
-        f"{summary['max_tuning_share_of_100_iterations']:.1%} (calibration, once per machine: {cal.seconds:.1f} s)"
-    )
-    machine = {"device": args.device, "torch_threads": 1, "bandwidth_host_to_consumer": bandwidth}
-    machine.update(provenance.finish(token))
+    machine = script.machine(token, device=args.device, torch_threads=1, bandwidth_host_to_consumer=bandwidth)
     calibration = {"dims": CALIB_DIMS, "ingest": dataclasses.asdict(cal.ingest),
                    "deliver": dataclasses.asdict(cal.deliver), "call_s": cal.call_s,
                    "overlap": dataclasses.asdict(cal.overlap), "configs": [dataclasses.asdict(k) for k in CALIB_CONFIGS],
@@ -280,6 +225,7 @@ def main() -> None:
     record = {"iterations_per_config": iters, "rounds": rounds, "warmup": warmup, "calibration": calibration,
               "rows": rows, "summary": summary, "machine": machine}  # fmt: skip
     out = script.write_result("autotune", args, record, lambda png: plot(rows, png))
+    script.show(report_ops.autotune(record))  # targets (issue 14): tau >= 0.8, auto within 5%, tuning <= 2%
     print(f"wrote {out} and {out.with_suffix('.png')} ({time.perf_counter() - t0:.0f} s in all)")
 
 

@@ -40,8 +40,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cartpole  # noqa: E402
 import provenance  # noqa: E402
+import report_ops  # noqa: E402
 import script  # noqa: E402
-from autotune_rank import kendall, prediction_panel, split_halves  # noqa: E402
+from autotune_rank import prediction_panel, ranking  # noqa: E402
 from rllib_native_timing import WorkCounter  # noqa: E402
 
 LEARNING_STARTS = 64  # env steps sampled before the first update
@@ -221,10 +222,6 @@ def main() -> None:
     predicted = [auto["predict"](s).wall_s for s in space]
     choice = auto["choice"]
     same_work = all(w == works[best] for w in works)
-    top = min(8, len(space))
-    order_m = sorted(range(len(space)), key=measured.__getitem__)[:top]
-    order_p = sorted(range(len(space)), key=predicted.__getitem__)[:top]
-    rounds_tau = [kendall(a, b) for n, a in enumerate(per_round) for b in per_round[n + 1 :]]
     overhead = sum(auto["tuning_steps"]) - len(auto["tuning_steps"]) * measured[best]
     row = {
         "workload": "rllib dqn CartPole-v1",
@@ -235,12 +232,7 @@ def main() -> None:
         "predicted_s": predicted,
         "work": works,
         "same_work": same_work,
-        "best_measured": {"config": name(space[best]), "seconds": measured[best]},
-        "predicted_best": {"config": name(space[order_p[0]]), "measured_seconds": measured[order_p[0]]},
-        f"top{top}_overlap": len(set(order_m) & set(order_p)),
-        "kendall_tau": kendall(predicted, measured),
-        "kendall_tau_between_rounds": statistics.median(rounds_tau) if rounds_tau else None,
-        "kendall_tau_split_halves": split_halves(per_round),
+        **ranking([name(s) for s in space], measured, predicted, per_round),
         "auto": {
             "config": name(choice.config),
             "reason": choice.reason,
@@ -263,34 +255,16 @@ def main() -> None:
             "tuning_share_of_100_iterations": overhead / (100 * per_iter * measured[best]),
         },
     }
-    a = row["auto"]
-    gap = "refused (work differs)" if a["gap_to_best_grid"] is None else f"{a['gap_to_best_grid']:+.1%}"
-    again = (
-        "refused (work differs)"
-        if a["gap_to_best_confirmed"] is None
-        else f"{a['gap_to_best_confirmed']:+.1%}"
-    )
-    print(
-        f"DQN CartPole b{args.batch}: best {measured[best] * 1e3:.2f} ms/step ({row['best_measured']['config']}); "
-        f"predicted best {row['predicted_best']['config']}; tau {row['kendall_tau']:.2f} (round vs round "
-        f"{'n/a' if row['kendall_tau_between_rounds'] is None else format(row['kendall_tau_between_rounds'], '.2f')}, "
-        f"half vs half {'n/a' if row['kendall_tau_split_halves'] is None else format(row['kendall_tau_split_halves'], '.2f')}); "
-        f"top{top} overlap {row[f'top{top}_overlap']}/{top}; auto {a['config']}: gap {gap} in the grid, {again} "
-        f"re-measured, tuning "
-        f"{a['tuning_share_of_100_steps']:.1%} of 100 steps, {a['tuning_share_of_100_iterations']:.3%} of 100 "
-        f"iterations of {a['learning_steps_per_iteration']:.0f} steps ({a['tuning_learning_steps']} steps until the choice, "
-        f"{a['tuning_s']:.2f} s calibrating and switching)"
-    )
-    machine = {"torch_threads": 1, **provenance.finish(token)}
     record = {
         "learning_steps_per_config": steps,
         "warmup_steps": warmup,
         "rounds": rounds,
         "row": row,
         "seconds": time.perf_counter() - t0,
-        "machine": machine,
+        "machine": script.machine(token, torch_threads=1),
     }
     out = script.write_result("autotune_dqn", args, record, lambda png: plot(row, png))
+    script.show(report_ops.autotune_dqn(record))
     print(f"wrote {out} and {out.with_suffix('.png')} ({time.perf_counter() - t0:.0f} s in all)")
 
 

@@ -28,6 +28,31 @@ def split_halves(rounds: list[list[float]]) -> float | None:
     return kendall(*halves)
 
 
+def ranking(
+    names: list[str],
+    measured: list[float],
+    predicted: list[float],
+    per_round: list[list[float]],
+    top: int = 8,
+) -> dict[str, Any]:
+    """How the model's order of the configurations (``predicted``) agrees with the measured one: the best
+    measured and the model's best, the top-``top`` sets and orders, Kendall's tau, and what noise allows
+    (tau between rounds, half against half)."""
+    best = min(range(len(names)), key=measured.__getitem__)
+    order_m = sorted(range(len(names)), key=measured.__getitem__)[:top]
+    order_p = sorted(range(len(names)), key=predicted.__getitem__)[:top]
+    return {
+        "best_measured": {"config": names[best], "seconds": measured[best]},
+        "predicted_best": {"config": names[order_p[0]], "measured_seconds": measured[order_p[0]]},
+        f"top{top}_same_set": set(order_m) == set(order_p),
+        f"top{top}_same_order": order_m == order_p,
+        f"top{top}_overlap": len(set(order_m) & set(order_p)),
+        "kendall_tau": kendall(predicted, measured),
+        "kendall_tau_between_rounds": repeatability(per_round),
+        "kendall_tau_split_halves": split_halves(per_round),
+    }
+
+
 def prediction_panel(ax: Any, row: dict[str, Any], pick: int, manual: str, title: str, unit: str) -> None:
     """One panel of a tuner plot: measured against predicted ms per ``unit`` for every configuration of
     ``row`` (grey, labelled ``manual``), the tuner's ``pick`` starred, the diagonal dotted."""

@@ -9,8 +9,7 @@ seconds per iteration each:
 1. ``g_ing`` in 1..16 (async, ``g_del`` 1, depth 2) for several batch and item sizes;
 2. ``g_del`` in 1..16 (sync and async, ``g_ing`` 4, depth ``2 * g_del``) for the same sizes;
 3. overlap off (sync, ``g_del`` 1) against on (async, ``g_ing`` 4, ``g_del`` 2, depth 4) across item
-   sizes, with the ratio sync/async. Every row carries its work counters; a ratio is only printed
-   between rows that did the same work.
+   sizes. Every row carries its work counters (the table: ``report_tables.granularity``).
 
 JSON and a three-panel PNG under ``benchmarks/results/``.
 """
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_tables  # noqa: E402
 import script  # noqa: E402
 from autotune_loop import EVAL_DIMS, FRAG, GETS, PUTS, SyntheticLoop  # noqa: E402
 
@@ -98,17 +98,13 @@ def main() -> None:
         off = row(loop, Knobs("sync", 2, 1, 1), iters, warmup)
         on = row(loop, Knobs("async", 4, 4, 2), iters, warmup)
         data["overlap"] += [off, on]
-        if off["work"] != on["work"]:
-            print(f"{off['item_bytes']:>6} B/item: work differs ({off['work']} vs {on['work']}); no ratio")
-            continue
-        print(
-            f"{off['item_bytes']:>6} B/item: sync {off['seconds'] * 1e3:7.2f} ms  async {on['seconds'] * 1e3:7.2f} ms  "
-            f"ratio sync/async {off['seconds'] / on['seconds']:.2f}"
-        )
-    machine: dict[str, Any] = {"device": args.device, "torch_threads": 1}
-    machine.update(provenance.finish(token))
-    record = {"iterations": iters, **data, "machine": machine}
+    record = {
+        "iterations": iters,
+        **data,
+        "machine": script.machine(token, device=args.device, torch_threads=1),
+    }
     out = script.write_result("granularity", args, record, lambda png: plot(data, png))
+    script.show(report_tables.granularity(record))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 

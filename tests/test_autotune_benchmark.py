@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from autotune_loop import PROBE_ITERS, PROBE_WARMUP, Probes, SyntheticLoop  # noqa: E402
-from autotune_rank import split_halves  # noqa: E402
+from autotune_rank import ranking, split_halves  # noqa: E402
 
 from conduit.costmodel import Knobs  # noqa: E402
 from conduit.errors import ClosedError  # noqa: E402
@@ -23,6 +23,17 @@ def test_split_halves_compares_the_even_rounds_with_the_odd() -> None:
     disagree = [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]
     assert split_halves(disagree) == pytest.approx(-1.0)
     assert split_halves([[1.0, 2.0, 3.0]]) is None
+
+
+def test_ranking_names_the_best_the_models_best_and_the_agreement() -> None:
+    rounds = [[3.0, 1.0, 2.0, 4.0], [3.1, 1.1, 2.2, 4.1]]
+    measured = [3.05, 1.05, 2.1, 4.05]
+    r = ranking(["a", "b", "c", "d"], measured, [1.0, 2.0, 3.0, 4.0], rounds, top=2)
+    assert r["best_measured"] == {"config": "b", "seconds": 1.05}
+    assert r["predicted_best"] == {"config": "a", "measured_seconds": 3.05}
+    assert r["top2_overlap"] == 1 and not r["top2_same_set"] and not r["top2_same_order"]  # {b, c} vs {a, b}
+    assert r["kendall_tau_between_rounds"] == pytest.approx(1.0)
+    assert r["kendall_tau"] == pytest.approx(1 / 3)  # 4 of the 6 pairs in the same order
 
 
 def test_probes_build_each_candidate_once_and_count_every_iteration() -> None:
