@@ -1,22 +1,20 @@
 """Checkpoint pause: how long a save of a full buffer holds the buffer's lock while ingestion runs.
 
-A prioritized buffer of ``--gib`` GiB (1 KiB items) is filled; a producer thread keeps putting
+A prioritized buffer of 1 GiB (1 KiB items) is filled; a producer thread keeps putting
 batches and a consumer thread keeps sampling while the buffer is saved three times: a full save
 (every segment written) and two incremental ones (only the segments written since are new; a
 reused segment is verified, then copied the first time — the only other copy is the previous
 checkpoint's — and hard-linked once another kept checkpoint has a copy of its own). Each row reports the
 pause (the longest time the save held the buffer's lock; ``locked_s``: all its holds), the longest put and sample seen during the save and
-without one, the bytes written and the segments written/reused. Medians over ``--repeats``.
+without one, the bytes written and the segments written/reused. Medians over 3 repeats.
 
-    .venv/bin/python benchmarks/checkpoint_pause.py [--quick] [--gib 1.0] [--repeats 3]
+    .venv/bin/python benchmarks/checkpoint_pause.py [--quick] [--out FILE]
 
-Writes ``benchmarks/results/checkpoint_pause.json`` (with provenance) and ``checkpoint_pause.png``.
+Writes ``benchmarks/results/checkpoint_pause[_quick].json`` (with provenance) and its PNG.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -29,11 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_ops  # noqa: E402
+import script  # noqa: E402
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Schema  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 ITEM_FLOATS, BATCH = 256, 64  # 1 KiB items
 KINDS = ("full", "incremental", "incremental 2")
 
@@ -124,13 +122,8 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def plot(med: dict[str, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     kinds = list(med)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = script.pyplot().subplots(figsize=(6, 3.5))
     x = range(len(kinds))
     ax.bar([i - 0.2 for i in x], [med[k]["pause_s"] * 1e3 for k in kinds], 0.4, label="lock held (pause)")
     ax.bar([i + 0.2 for i in x], [med[k]["save_s"] * 1e3 for k in kinds], 0.4, label="whole save")
@@ -140,35 +133,21 @@ def plot(med: dict[str, dict[str, float]], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_title(f"checkpoint of a {med['full']['buffer_bytes'] / 2**30:.2f} GiB buffer under load")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+    script.save_figure(fig, path, dpi=100)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a 64 MiB buffer, one repeat")
-    ap.add_argument("--gib", type=float, default=1.0)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = script.parser(__doc__, quick="a 64 MiB buffer, one repeat")
     args = ap.parse_args()
     prov = provenance.start()
     torch.set_num_threads(1)
-    gib, repeats = (1 / 16, 1) if args.quick else (args.gib, args.repeats)
+    gib, repeats = (1 / 16, 1) if args.quick else (1.0, 3)
     rows = run(gib, repeats)
     med = medians(rows)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "checkpoint_pause", "quick": args.quick, "gib": gib, "rows": rows, "median": med}
-    doc["machine"] = provenance.finish(prov)
-    (RESULTS / "checkpoint_pause.json").write_text(json.dumps(doc, indent=1))
-    plot(med, RESULTS / "checkpoint_pause.png")
-    print(
-        f"{'save':12} {'pause ms':>9} {'save ms':>9} {'pause/save':>10} {'MB written':>11} {'put max ms':>11} {'idle put max ms':>16}"
-    )
-    for kind, m in med.items():
-        print(
-            f"{kind:12} {m['pause_s'] * 1e3:9.1f} {m['save_s'] * 1e3:9.0f} {m['pause_s'] / m['save_s']:10.3f} "
-            f"{m['bytes_written'] / 1e6:11.1f} {m['put_max_during_save_s'] * 1e3:11.1f} {m['put_max_idle_s'] * 1e3:16.1f}"
-        )
-    print("wrote benchmarks/results/checkpoint_pause.json, checkpoint_pause.png")
+    doc = {"gib": gib, "rows": rows, "median": med, "machine": script.machine(prov)}
+    out = script.write_result("checkpoint_pause", args, doc, lambda png: plot(med, png))
+    script.show(report_ops.checkpoint_pause(doc))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

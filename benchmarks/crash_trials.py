@@ -18,13 +18,12 @@ previous trial's checkpoint and completes one save before the kill window opens.
 
     .venv/bin/python benchmarks/crash_trials.py [--quick] [--trials N]
 
-Writes ``benchmarks/results/crash_trials.json`` (with provenance) and prints a summary table.
+Writes ``benchmarks/results/crash_trials[_quick].json`` (with provenance) and prints its table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -39,9 +38,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cartpole  # noqa: E402
 import provenance  # noqa: E402
+import report_ops  # noqa: E402
+import script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 BATCH, CAPACITY, CKPT_EVERY = 64, 400_000, 200
 
 
@@ -226,7 +226,7 @@ def rllib_trials(n: int, rng: random.Random) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="conduit-crash-rllib-") as tmp:
         path = str(Path(tmp) / "ck")
-        script = RLLIB_CHILD.format(
+        child_code = RLLIB_CHILD.format(
             bench=str(Path(__file__).resolve().parent),
             path=path,
             address=ray.get_runtime_context().gcs_address,
@@ -237,7 +237,7 @@ def rllib_trials(n: int, rng: random.Random) -> list[dict[str, Any]]:
         try:
             while sum(r["killed_during_save"] for r in rows) < n and len(rows) < 3 * n:
                 child = subprocess.Popen(
-                    [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT
+                    [sys.executable, "-c", child_code], stdout=subprocess.PIPE, text=True, cwd=ROOT
                 )
                 _next(child, "READY")
                 _, t0 = _next(child, "SAVING")  # one complete save (timed), then a kill inside the next
@@ -300,11 +300,9 @@ def summary(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="5 core and 3 RLlib trials")
+    ap = script.parser(__doc__, quick="5 core and 3 RLlib trials")
     ap.add_argument("--trials", type=int, default=None, help="trials per kind (default 20)")
     ap.add_argument("--produce", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--skip-rllib", action="store_true")
     args = ap.parse_args()
     if args.produce is not None:
         produce(args.produce)
@@ -314,12 +312,10 @@ def main() -> None:
     n_core = args.trials or (5 if args.quick else 20)
     n_rllib = args.trials or (3 if args.quick else 20)
     core = [core_trial(rng) for _ in range(n_core)]
-    rllib = [] if args.skip_rllib else rllib_trials(n_rllib, rng)
+    rllib = rllib_trials(n_rllib, rng)
     from conduit.config import JournalConfig
 
     doc = {
-        "benchmark": "crash_trials",
-        "quick": args.quick,
         "journal_flush_interval_s": JournalConfig("x").flush_interval_s,
         "core": {"summary": summary(core, ["lost_s", "lost_items", "recover_s"]), "trials": core},
         "rllib": {
@@ -329,24 +325,11 @@ def main() -> None:
             },
             "trials": rllib,
         },
-        "machine": provenance.finish(prov),
+        "machine": script.machine(prov),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "crash_trials.json"
-    out.write_text(json.dumps(doc, indent=1))
-    cs, rs = doc["core"]["summary"], doc["rllib"]["summary"]
-    print(f"{'kind':8} {'trials':>6} {'ok':>4}  details")
-    print(
-        f"{'core':8} {cs['trials']:>6} {cs['ok']:>4}  lost_s median {cs.get('lost_s_median', 0):.3f} "
-        f"max {cs.get('lost_s_max', 0):.3f} (flush interval {doc['journal_flush_interval_s']} s); "
-        f"recover_s median {cs.get('recover_s_median', 0):.2f}"
-    )
-    during = [r for r in rllib if r.get("killed_during_save")]
-    print(
-        f"{'rllib':8} {rs['trials']:>6} {rs['ok']:>4}  kills inside save(): {len(during)}, "
-        f"each restored to the previous or the new checkpoint: {all(r['ok'] for r in during)}"
-    )
-    print(f"wrote {out.relative_to(ROOT)}")
+    out = script.write_result("crash_trials", args, doc, lambda png: None)
+    script.show(report_ops.crash_trials(doc))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ iteration writes one step's responses at the current length and reads them back,
 consumer's tensors: the data path's work, timed per iteration (every item's id is counted in and out).
 
 Tiers are this machine's host tiers (pageable host, shm, disk: real allocations, real copies); the
-*budgets* are simulated — the host tier is given ``--host-mb`` (a stand-in for GPU memory left after
-the model) and shm ``--shm-mb`` — and a policy whose placement exceeds a budget is out of memory at
+*budgets* are simulated — the host tier is given 40% of the end size (a stand-in for GPU memory left
+after the model) and shm 70% — and a policy whose placement exceeds a budget is out of memory at
 that size: its point is missing, shown as such. Policies:
 
 - ``greedy``: fill the fastest tier until it runs out, planned once at the start; columns grow where
@@ -26,7 +26,6 @@ Targets: Conduit never out of memory and within 1.1× of the best static placeme
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
@@ -41,7 +40,9 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(1, str(HERE))
 
 import provenance  # noqa: E402
+import report_ops  # noqa: E402
 import script  # noqa: E402
+from placement_workloads import budgeted  # noqa: E402
 
 from conduit import Column, Schema  # noqa: E402
 from conduit.batch import ColumnBatch, Ragged  # noqa: E402
@@ -52,9 +53,8 @@ from conduit.discovery import local_topology  # noqa: E402
 from conduit.errors import CapacityError  # noqa: E402
 from conduit.placement import Plan, greedy_fastest, plan, price  # noqa: E402
 from conduit.placer import Placer, Traffic, column_fields, usable_tiers  # noqa: E402
-from conduit.topology import Tier, Topology  # noqa: E402
+from conduit.topology import Topology  # noqa: E402
 
-DEFAULT_OUT = HERE / "results" / "migration.json"
 FULL = {"lengths": [512, 1024, 2048, 4096, 8192, 16384], "capacity": 512, "batch": 128, "iters": 12}
 QUICK = {"lengths": [512, 2048, 8192], "capacity": 256, "batch": 64, "iters": 5}
 
@@ -72,15 +72,6 @@ def schema(max_len: int) -> Schema:
 
 
 RAGGED = ("responses", "log_probs", "advantages")
-
-
-def budgeted(topology: Topology, host: int, shm: int) -> Topology:
-    """``topology`` with the host and shm tiers' capacities replaced by simulated budgets."""
-    cap = {"host": host, "shm": shm}
-    tiers = tuple(
-        Tier(t.name, t.kind, t.node, cap.get(t.kind, t.capacity_bytes), t.device) for t in topology.tiers
-    )
-    return Topology(tiers, topology.links, f"{topology.source}; simulated budgets host={host} shm={shm}")
 
 
 def make_batch(first: int, n: int, length: int) -> ColumnBatch:
@@ -146,32 +137,19 @@ def interleaved(runs: dict[str, Run], length: int, iters: int, rng: random.Rando
     for run in runs.values():  # warm-up: one pass over the ring (page faults of fresh memory)
         for _ in range(-(-run.buf.capacity // run.batch)):
             run.iteration(data)
-    out: dict[str, list[float]] = {n: [] for n in runs}
-    for _ in range(iters):
-        order = list(runs)
-        rng.shuffle(order)
-        for name in order:
-            out[name].append(runs[name].iteration(data))
-    return out
+    return script.interleaved({n: lambda r=r: r.iteration(data) for n, r in runs.items()}, iters, rng)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = script.parser(__doc__, quick="three sizes, fewer iterations (about a minute)", out=DEFAULT_OUT)
-    ap.add_argument(
-        "--host-mb", type=int, default=None, help="simulated host budget (default: 40%% of the end size)"
-    )
-    ap.add_argument(
-        "--shm-mb", type=int, default=None, help="simulated shm budget (default: 70%% of the end size)"
-    )
+    ap = script.parser(__doc__, quick="three sizes, fewer iterations (about a minute)")
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     prov = provenance.start()
     lengths, capacity, batch, iters = cfg["lengths"], cfg["capacity"], cfg["batch"], cfg["iters"]
     work = Traffic(batch, batch)
     end_bytes = sum(f.nbytes for f in column_fields(schema(lengths[-1]), capacity, work, {"host": "h"}))
-    host = (args.host_mb << 20) if args.host_mb else int(0.4 * end_bytes)
-    shm = (args.shm_mb << 20) if args.shm_mb else int(0.7 * end_bytes)
-    topo = budgeted(local_topology(), host, shm)
+    host, shm = int(0.4 * end_bytes), int(0.7 * end_bytes)
+    topo = budgeted(local_topology(), host=host, shm=shm)
     usable = usable_tiers(topo)
     print(
         f"== {topo.source}\n   end-size buffer {end_bytes / 2**20:.0f} MiB; host budget {host / 2**20:.0f} MiB, "
@@ -293,11 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         "history": [
             {"reason": h.reason, "moves": [m.__dict__ for m in h.migration.moves]} for h in placer.history
         ],
-        **provenance.finish(prov),
+        "machine": script.machine(prov),
     }
-    script.write_result("migration", args, result, lambda png: plot(rows, lengths, png))
-    print(json.dumps(summary, indent=1))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    out = script.write_result("migration", args, result, lambda png: plot(rows, lengths, png))
+    script.show(report_ops.migration(result))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Where should Conduit's background work run: a thread or a separate process over shared memory?
 
-    python benchmarks/overlap_executors.py [--steps 300] [--out FILE]
+    python benchmarks/overlap_executors.py [--quick] [--steps 300] [--rounds 3] [--out FILE]
 
 A learner thread runs a small training step (MLP 64→256→256→1, batch 256, one torch thread) and
 hands one rollout fragment per step to background ingestion, which runs the same vectorised kernels
@@ -15,8 +15,6 @@ and a PNG bar plot.
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -28,6 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_tables  # noqa: E402
+import script  # noqa: E402
 
 DIM, FRAG, CAP, BATCH, NSTEP = 64, 1000, 100_000, 256, 3
 KERNEL = 0.99 ** torch.arange(NSTEP, dtype=torch.float32)
@@ -145,19 +145,30 @@ def run_process(steps: int) -> dict[str, float]:
     return {"step_s": statistics.median(times), "fragments_per_s": done[0] / elapsed}
 
 
+def plot(summary: dict[str, dict[str, float]], path: Path) -> None:
+    fig, ax = script.pyplot().subplots(1, 2, figsize=(9, 3.5))
+    names = list(summary)
+    ax[0].bar(names, [summary[n]["step_s"] * 1e3 for n in names], color=["grey", "tab:blue", "tab:orange"])
+    ax[0].set_ylabel("learner step, median (ms)")
+    ax[1].bar(names[1:], [summary[n]["fragments_per_s"] for n in names[1:]], color=["tab:blue", "tab:orange"])
+    ax[1].set_ylabel("background fragments ingested / s")
+    fig.suptitle("Background ingestion: thread vs process (2-core CPU)")
+    script.save_figure(fig, path)
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = script.parser(__doc__, quick="50 steps, one round (a check)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/overlap_executors.json"))
     a = p.parse_args()
     prov = provenance.start()
     torch.set_num_threads(1)
+    steps, rounds = (50, 1) if a.quick else (a.steps, a.rounds)
     setups = {"alone": run_alone, "thread": run_thread, "process": run_process}
     rows = []
-    for r in range(a.rounds):
+    for r in range(rounds):
         for name, fn in setups.items():
-            res = fn(a.steps)
+            res = fn(steps)
             rows.append({"round": r, "setup": name, **res})
             print(
                 f"round {r}  {name:8s} step {res['step_s'] * 1e3:7.3f} ms  "
@@ -171,29 +182,10 @@ def main() -> None:
         summary[name] = {"step_s": step, "fragments_per_s": frag}
     for name in ("thread", "process"):
         summary[name]["slowdown_vs_alone"] = summary[name]["step_s"] / summary["alone"]["step_s"]
-    print("\nsetup    learner step (median)  slowdown  fragments/s")
-    for name, s in summary.items():
-        print(
-            f"{name:8s} {s['step_s'] * 1e3:14.3f} ms   {s.get('slowdown_vs_alone', 1.0):7.2f}x  {s['fragments_per_s']:10.1f}"
-        )
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"cores": mp.cpu_count(), "torch": torch.__version__, **provenance.finish(prov)}
-    a.out.write_text(json.dumps({"machine": machine, "rows": rows, "summary": summary}, indent=2))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    names = list(summary)
-    ax[0].bar(names, [summary[n]["step_s"] * 1e3 for n in names], color=["grey", "tab:blue", "tab:orange"])
-    ax[0].set_ylabel("learner step, median (ms)")
-    ax[1].bar(names[1:], [summary[n]["fragments_per_s"] for n in names[1:]], color=["tab:blue", "tab:orange"])
-    ax[1].set_ylabel("background fragments ingested / s")
-    fig.suptitle("Background ingestion: thread vs process (2-core CPU)")
-    fig.tight_layout()
-    fig.savefig(a.out.with_suffix(".png"), dpi=110)
-    print(f"wrote {a.out} and {a.out.with_suffix('.png')}")
+    doc = {"machine": script.machine(prov, cores=mp.cpu_count()), "rows": rows, "summary": summary}
+    out = script.write_result("overlap_executors", a, doc, lambda png: plot(summary, png))
+    script.show(report_tables.overlap_executors(doc))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ Workloads (real allocations and copies on this machine's host tiers: pageable ho
 
 Placements: ``all_pageable_host``, ``all_shm``, ``all_disk`` (on a GPU machine also ``all_pinned``
 and ``one_gpu``, the DQN learner then reading on ``cuda:0``) and ``planned`` (``conduit.placement.plan``
-on this machine's measured topology). Budgets are simulated (``--host-mb``: the fast tier's room, a
+on this machine's measured topology). Budgets are simulated (60% of the largest DQN buffer: the fast tier's room, a
 stand-in for GPU memory left after the model); a placement over a budget is out of memory: a missing
 point, listed. Planner accuracy: the planner's predicted seconds per iteration against the measured
 ones, Spearman's rank correlation over every (placement, size) point of a workload. GPU placements
@@ -27,11 +27,9 @@ ones, Spearman's rank correlation over every (placement, size) point of a worklo
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,10 +44,12 @@ sys.path.insert(1, str(HERE))
 sys.path.insert(2, str(ROOT / "integrations" / "verl"))
 
 import provenance  # noqa: E402
+import report_ops  # noqa: E402
 import script  # noqa: E402
 from placement_workloads import (  # noqa: E402
     GRPO_DTYPES,
     GRPO_READS,
+    budgeted,
     dqn_fields,
     dqn_schema,
     dqn_setup,
@@ -61,9 +61,8 @@ from conduit.discovery import local_topology  # noqa: E402
 from conduit.errors import CapacityError  # noqa: E402
 from conduit.placement import BASELINES, Access, Field, plan, price  # noqa: E402
 from conduit.placer import usable_tiers  # noqa: E402
-from conduit.topology import Tier, Topology  # noqa: E402
+from conduit.topology import Topology  # noqa: E402
 
-DEFAULT_OUT = HERE / "results" / "placement_ablation.json"
 FULL = {
     "dims": [64, 1024, 4096, 16384],
     "capacity": 4000,
@@ -77,29 +76,12 @@ HOST_TIERS = ("host", "shm", "disk")
 TIERS = HOST_TIERS + (("pinned", "cuda:0") if torch.cuda.is_available() else ())
 
 
-def budgeted(topology: Topology, host: int) -> Topology:
-    tiers = tuple(
-        Tier(t.name, t.kind, t.node, host if t.kind == "host" else t.capacity_bytes, t.device)
-        for t in topology.tiers
-    )
-    return Topology(tiers, topology.links, f"{topology.source}; simulated host budget {host} bytes")
-
-
 def spearman(x: list[float], y: list[float]) -> float | None:
     if len(x) < 3:
         return None
     rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
     c = np.corrcoef(rx, ry)[0, 1]
     return None if not np.isfinite(c) else round(float(c), 3)
-
-
-# ------------------------------------------------------------------------------------ dqn replay
-
-
-# ------------------------------------------------------------------------------------ grpo in tq
-
-
-# ------------------------------------------------------------------------------------ the sweep
 
 
 def placements(fields: list[Field], topo: Topology, usable: dict[str, str]) -> dict[str, dict[str, str]]:
@@ -153,14 +135,7 @@ def sweep(
             steps[name] = setup(size, tiers)
             for _ in range(3):  # warm-up (the setup already wrote every slot once)
                 steps[name]()
-        times: dict[str, list[float]] = {n: [] for n in steps}
-        for _ in range(iters):  # interleaved, a fresh random order every round
-            order = list(steps)
-            rng.shuffle(order)
-            for name in order:
-                t0 = time.perf_counter()
-                steps[name]()
-                times[name].append(time.perf_counter() - t0)
+        times = script.interleaved({n: script.timed(f) for n, f in steps.items()}, iters, rng)
         for name in steps:
             med = statistics.median(times[name])
             rows.append(
@@ -240,19 +215,13 @@ def gpu_predictions(dims: list[int], capacity: int, tokens: list[int], samples: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = script.parser(__doc__, quick="two sizes per workload, fewer iterations", out=DEFAULT_OUT)
-    ap.add_argument(
-        "--host-mb",
-        type=int,
-        default=None,
-        help="simulated host budget (default: 60%% of the largest DQN buffer)",
-    )
+    ap = script.parser(__doc__, quick="two sizes per workload, fewer iterations")
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     prov = provenance.start()
     largest = sum(f.nbytes for f in dqn_fields(cfg["dims"][-1], cfg["capacity"], {"host": "h"}))
-    host = (args.host_mb << 20) if args.host_mb else int(0.6 * largest)
-    topo = budgeted(local_topology(), host)
+    host = int(0.6 * largest)
+    topo = budgeted(local_topology(), host=host)
     usable = {k: v for k, v in usable_tiers(topo).items() if k in TIERS}
     print(f"== {topo.source}", flush=True)
     rng = random.Random(0)
@@ -280,10 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         }
     predictions = gpu_predictions(cfg["dims"], cfg["capacity"], cfg["tokens"], cfg["samples"])
     result = {"host_budget": host, "rows": rows, "gpu_predictions": predictions, "summary": summary,
-              "topology": topo.source, **provenance.finish(prov)}  # fmt: skip
-    script.write_result("placement_ablation", args, result, lambda png: plot(rows, predictions, png))
-    print(json.dumps(summary, indent=1))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+              "topology": topo.source, "machine": script.machine(prov)}  # fmt: skip
+    out = script.write_result("placement_ablation", args, result, lambda png: plot(rows, predictions, png))
+    script.show(report_ops.placement_ablation(result))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """``placement_ablation.py``'s two workloads, each built on a given placement: a DQN prioritized
 replay buffer (RLlib's shape) and verl's GRPO fields in the TransferQueue backend's node store; each
-setup returns one iteration to time."""
+setup returns one iteration to time. And the simulated budgets of the placement benchmarks
+(:func:`budgeted`, ``migration.py`` too)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,18 @@ from conduit.build_buffer import build_buffer  # noqa: E402
 from conduit.config import BufferConfig  # noqa: E402
 from conduit.placement import Access, Field  # noqa: E402
 from conduit.placer import Traffic, column_fields  # noqa: E402
+from conduit.topology import Tier, Topology  # noqa: E402
+
+
+def budgeted(topology: Topology, **capacity: int) -> Topology:
+    """``topology`` with the capacity of each tier kind named (``host=``, ``shm=``: bytes) replaced by a
+    simulated budget (a stand-in for GPU memory left after the model)."""
+    tiers = tuple(
+        Tier(t.name, t.kind, t.node, capacity.get(t.kind, t.capacity_bytes), t.device) for t in topology.tiers
+    )
+    budgets = ", ".join(f"{k}={v}" for k, v in capacity.items())
+    return Topology(tiers, topology.links, f"{topology.source}; simulated budgets {budgets} bytes")
+
 
 #: how many times verl's stages read each field per step (old log-prob, ref, update for the inputs)
 GRPO_READS = {"responses": 3, "input_ids": 3, "attention_mask": 3, "old_log_probs": 1, "ref_log_prob": 1,

@@ -1,6 +1,6 @@
 """Load and soak: several producers and consumers at full speed through one on-policy Conduit.
 
-    python benchmarks/soak.py [--quick] [--minutes M] [--producers P] [--consumers C] [--out FILE]
+    python benchmarks/soak.py [--quick] [--minutes M] [--out FILE]
 
 Each overlap mode (``sync``, then ``async``) runs for half of ``--minutes`` (default 10, ``--quick``
 1) with ``P`` producer threads putting fragments as fast as they can and ``C`` consumer threads
@@ -21,11 +21,8 @@ Writes a JSON (rows, ratios, provenance) and a PNG of throughput and RSS over ti
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -41,6 +38,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
 import provenance  # noqa: E402
+import report_ops  # noqa: E402
+import script  # noqa: E402
 
 from conduit import (  # noqa: E402
     BufferConfig,
@@ -54,7 +53,7 @@ from conduit import (  # noqa: E402
     Schema,
 )
 
-DEFAULT_OUT = HERE / "results" / "soak.json"
+PRODUCERS = CONSUMERS = 2  # threads each
 OBS_DIM = 64
 MAX_TOKENS = 32
 BATCH = 256
@@ -287,12 +286,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    fig, (top, bottom) = script.pyplot().subplots(2, 1, figsize=(8, 6), sharex=True)
     for r in rows:
         t = [s["t_s"] for s in r["timeline"]]
         top.plot(t, [s["items_per_s"] / 1e3 for s in r["timeline"]], label=r["overlap"])
@@ -303,45 +297,23 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     top.set_title("Soak: producers and consumers at full speed, consume-once buffer")
     top.legend()
     bottom.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    script.save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 minute in all (30 s per mode)")
+    ap = script.parser(__doc__, quick="1 minute in all (30 s per mode)")
     ap.add_argument("--minutes", type=float, default=None, help="total run time, split over the modes (10)")
-    ap.add_argument("--producers", type=int, default=2)
-    ap.add_argument("--consumers", type=int, default=2)
-    ap.add_argument("--modes", default="sync,async", help="comma list of overlap modes")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
     args = ap.parse_args(argv)
     tok = provenance.start()
     minutes = args.minutes if args.minutes is not None else (1.0 if args.quick else 10.0)
-    modes = [m for m in args.modes.split(",") if m]
+    modes = ("sync", "async")
     seconds = minutes * 60 / len(modes)
     sample_s = 1.0 if seconds <= 120 else 5.0
     rows = []
     for mode in modes:
-        print(
-            f"-- {mode}: {seconds:.0f}s, {args.producers} producers, {args.consumers} consumers", flush=True
-        )
-        row = run_mode(mode, seconds, args.producers, args.consumers, sample_s)
-        rows.append(row)
-        lat_p, lat_g = row["put_latency_s"], row["get_latency_s"]
-        print(
-            f"   {row['items_out']:,} items out ({row['throughput_items_per_s_median']:,.0f}/s median); "
-            f"lost {row['lost']}, duplicated {row['duplicated']}, checksum match {row['checksum_match']}, "
-            f"bad contents {row['bad_contents_batches']}, errors {len(row['errors'])}\n"
-            f"   put p50/p99 {lat_p['p50'] * 1e3:.3f}/{lat_p['p99'] * 1e3:.3f} ms, "
-            f"get p50/p99 {lat_g['p50'] * 1e3:.3f}/{lat_g['p99'] * 1e3:.3f} ms; "
-            f"RSS {row['rss_mb']['after_warmup']} -> {row['rss_mb']['end']} MiB after warm-up",
-            flush=True,
-        )
+        print(f"-- {mode}: {seconds:.0f}s, {PRODUCERS} producers, {CONSUMERS} consumers", flush=True)
+        rows.append(run_mode(mode, seconds, PRODUCERS, CONSUMERS, sample_s))
     ratio = ratios(rows)
-    if ratio:
-        print(f"async / sync throughput: {ratio.get('async_over_sync_throughput')}")
     ok = all(
         r["lost"] == 0
         and r["duplicated"] == 0
@@ -351,21 +323,16 @@ def main(argv: list[str] | None = None) -> int:
         and not r["errors"]
         for r in rows
     )
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__}
-    machine.update(provenance.finish(tok))
     doc = {
-        "benchmark": "soak",
-        "quick": args.quick,
         "minutes": minutes,
         "all_items_once": ok,
         "rows": rows,
         "ratios": ratio,
-        "machine": machine,
+        "machine": script.machine(tok),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    plot(rows, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    out = script.write_result("soak", args, doc, lambda png: plot(rows, png))
+    script.show(report_ops.soak(doc))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0 if ok else 1
 
 
