@@ -1,6 +1,6 @@
 """What every cell of ``rllib_atari.py`` shares, whichever venv runs it (numpy and the standard library
-only: TorchRL's cell imports it from its own venv): the Atari-shaped stand-in episodes and the resident
-memory readers.
+only: TorchRL's cell imports it from its own venv): the Atari-shaped stand-in episodes, the latency
+timer and the memory readers.
 
 ``episode_fragments(steps, dim, seed)`` yields the same fragments, in the same order, to every system:
 episodes of geometric length (mean ``MEAN_LIFE``, a life) of random uint8 ``dim`` x ``dim`` frames, cut
@@ -10,7 +10,8 @@ stream, so each system inserts the same env steps (the rows' ``work`` can be com
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -49,6 +50,28 @@ def episode_fragments(steps: int, dim: int, seed: int) -> Iterator[Fragment]:
         done += length
 
 
+def latency(step: Callable[[], object], rounds: int, warmup: int = 50) -> dict[str, float]:
+    """p50 / p99 milliseconds of ``rounds`` calls of ``step`` (a prioritized sample + priority update),
+    after ``warmup`` calls not counted."""
+    lat = []
+    for i in range(rounds + warmup):
+        t0 = time.perf_counter()
+        step()
+        if i >= warmup:
+            lat.append(time.perf_counter() - t0)
+    ms = np.asarray(lat) * 1e3
+    p50, p99 = float(np.median(ms)), float(np.percentile(ms, 99))
+    return {"sample_update_p50_ms": round(p50, 3), "sample_update_p99_ms": round(p99, 3)}
+
+
+def meminfo(key: str) -> int:
+    """``/proc/meminfo``'s ``key`` (``MemTotal``, ``MemAvailable``) in bytes, 0 where absent."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def memory() -> dict[str, int]:
     """This process's resident memory in bytes (``/proc/self/status``): ``rss`` (VmRSS), ``anon``
     (RssAnon), ``file`` (RssFile: mapped file pages, e.g. a disk tier's memmap, which the kernel can
@@ -72,4 +95,13 @@ def memory_growth(before: dict[str, int]) -> dict[str, float]:
     } | {"peak_rss_gib": round(now["peak"] / 2**30, 3)}
 
 
-__all__ = ["FRAGMENT", "MEAN_LIFE", "Fragment", "episode_fragments", "memory", "memory_growth"]
+__all__ = [
+    "FRAGMENT",
+    "MEAN_LIFE",
+    "Fragment",
+    "episode_fragments",
+    "latency",
+    "meminfo",
+    "memory",
+    "memory_growth",
+]

@@ -1,10 +1,10 @@
 """Atari DQN replay at 100k and 1M transitions (issue 31): the buffer cells, Conduit, native RLlib and TorchRL.
 
-    python benchmarks/rllib_atari.py [--quick] [--capacity N ...] [--dim 64|84] [--frames auto disk]
+    python benchmarks/rllib_atari.py [--quick] [--capacity N ...] [--dim 64|84]
         [--systems conduit native torchrl] [--torchrl-python PY] [--setup-torchrl] [--out FILE]
 
 Per capacity, Conduit's frame-once replay (``ConduitReplay`` with RLlib's ``FrameStacking(num_frames=4)``:
-each frame stored once as uint8, stacks built at delivery), twice (``--frames``): frames where the
+each frame stored once as uint8, stacks built at delivery), twice: frames where the
 planner puts them (host on this machine), and frames on the disk tier (a RAM budget that holds only the
 transition rows: ``enable(..., memory_budget=...)``; ``disk_gib`` is the memmap's size); then native
 RLlib's ``PrioritizedEpisodeReplayBuffer`` with env-stacked float32 observations
@@ -46,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 import script  # noqa: E402
-from atari_stream import episode_fragments, memory, memory_growth  # noqa: E402
+from atari_stream import episode_fragments, latency, meminfo, memory, memory_growth  # noqa: E402
 from rllib_atari_native import native_cell  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
@@ -112,26 +112,24 @@ def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Pa
         seed=0,
         frame_stack=NUM_FRAMES,
     )
-    add_s, steps, timed = 0.0, 0, 0
+    add_s, steps, inserted = 0.0, 0, 0
     for i, chunks in enumerate(fragments(capacity, dim, seed=0)):
         t0 = time.perf_counter()
         n = replay.add(chunks, version=0)
         if i > 0:  # the first add builds the stores and loads their kernels
             add_s += time.perf_counter() - t0
-            timed += n
+            inserted += n
         steps += n
     replay.flush()
     c = replay.conduits["default_policy"]
     store = replay.packers["default_policy"].store
     rng = np.random.default_rng(1)
-    lat = []
-    for i in range(rounds + 50):
-        t0 = time.perf_counter()
+
+    def sample_update() -> None:
         train = replay.sample(BATCH)
         replay.update_priorities(train, {"default_policy": rng.random(BATCH).astype(np.float32)})
-        if i >= 50:  # warm-up rounds not counted
-            lat.append(time.perf_counter() - t0)
-    ms = np.asarray(lat) * 1e3
+
+    timed = latency(sample_update, rounds)
     store.wait_placement()
     on_disk = store.tier == "disk"
     if frames == "disk" and not on_disk:
@@ -148,21 +146,12 @@ def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Pa
         "disk_gib": round(store.nbytes() / 2**30, 3) if on_disk else 0.0,
         "frames_gib": round(store.nbytes() / 2**30, 3),
         "rows_gib": round(c.buffer.storage.nbytes / 2**30, 3),
-        "insert_steps_per_s": round(timed / add_s),
-        "sample_update_p50_ms": round(float(np.median(ms)), 3),
-        "sample_update_p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "insert_steps_per_s": round(inserted / add_s),
+        **timed,
         "work": {"env_steps": steps, "inserted": c.buffer.inserted, "samples": rounds, "updates": rounds},
     }
     replay.close()
     return row
-
-
-def mem_total() -> int:
-    """MemTotal from ``/proc/meminfo``: what bounds the page cache a memmap's reads can hit."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 PEERS = ("native", "torchrl")
@@ -260,13 +249,6 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=64, choices=[64, 84])
     p.add_argument("--rounds", type=int, default=2000)
     p.add_argument(
-        "--frames",
-        nargs="+",
-        default=["auto", "disk"],
-        choices=["auto", "disk"],
-        help="auto: the planner places the frames (host here); disk: a RAM budget holding only the rows",
-    )
-    p.add_argument(
         "--systems",
         nargs="+",
         default=["conduit", "native", "torchrl"],
@@ -298,7 +280,7 @@ def main() -> None:
         args.capacity, args.rounds = [20_000], 300
         args.out = args.out or Path("/tmp/rllib_atari_quick.json")
     tok = provenance.start()
-    cells = [("conduit", c, f) for c in args.capacity for f in args.frames if "conduit" in args.systems]
+    cells = [("conduit", c, f) for c in args.capacity for f in ("auto", "disk") if "conduit" in args.systems]
     cells += [("native", c, "auto") for c in args.capacity if "native" in args.systems]
     cells += [("torchrl", c, "disk") for c in args.capacity if "torchrl" in args.systems]
     torchrl_why_not = (
@@ -324,7 +306,8 @@ def main() -> None:
             print(rows[-1], flush=True)
     ratio = ratios(rows)
     record = {"rows": rows, "ratios": ratio, "targets_met": targets(rows, ratio)}
-    record["machine"] = provenance.finish(tok) | {"mem_total_gib": round(mem_total() / 2**30, 1)}
+    # MemTotal bounds the page cache a memmap's reads can hit
+    record["machine"] = script.machine(tok, mem_total_gib=round(meminfo("MemTotal") / 2**30, 1))
     print(record["ratios"], record["targets_met"])
     print(script.write_result("rllib_atari", args, record, lambda png: plot(rows, png)))
 

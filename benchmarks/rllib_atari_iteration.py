@@ -41,9 +41,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_rllib  # noqa: E402
 import rllib_iteration  # noqa: E402
 import script  # noqa: E402
-from rllib_native_timing import WORK_KEYS, PathTimer  # noqa: E402
+from atari_stream import memory as resident  # noqa: E402
+from rllib_native_timing import PathTimer  # noqa: E402
 
 NAME = "rllib_atari_iteration"
 TARGETS = {"ratio_exposed": 0.1, "ratio_wall": 0.8}  # Conduit ÷ native, at most
@@ -140,10 +142,7 @@ def memory(system: str, algo: Any) -> dict[str, Any]:
             store, buf = packer.store, algo.conduit_path.conduits[mid].buffer
             held += min(store.appended + packer.pending_frames, store.capacity) * DIM * DIM
             held += min(buf.inserted, buf.capacity) * (buf.schema.nbytes_per_item + ROW_BOOKKEEPING)
-    rss = 0
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * 1024
+    rss = resident()["rss"]
     return {"replay_gib": round(held / 2**30, 4), "process_rss_gib": round(rss / 2**30, 3)}
 
 
@@ -170,28 +169,6 @@ def plot(rows: list[dict[str, Any]], rat: dict[str, Any], title: str, path: Path
         ("replay_gib", "replay GiB"),
     )
     rllib_iteration.plot_side_by_side(rows, rat, TARGETS, panels, title, path)
-
-
-def report(rat: dict[str, Any]) -> str:
-    """Medians side by side, the ratios (or why refused), work totals and replay bytes."""
-
-    def fmt(v: float | None, spec: str) -> str:
-        return "—" if v is None else format(v, spec)
-
-    lines = [f"{'':12s} {'native':>10s} {'Conduit':>10s} {'ratio':>7s} {'target':>7s}"]
-    for metric, key in (("wall_s", "ratio_wall"), ("exposed_s", "ratio_exposed")):
-        lines.append(
-            f"{metric:12s} {rat[f'native_{metric}']:10.4f} {rat[f'conduit_{metric}']:10.4f} "
-            f"{fmt(rat[key], '7.3f'):>7s} {'≤ ' + format(TARGETS[key], 'g'):>7s}"
-        )
-    lines.append(f"{'replay GiB':12s} {rat['native_replay_gib']:10.4f} {rat['conduit_replay_gib']:10.4f}")
-    for k in WORK_KEYS:
-        lines.append(f"{k:22s} native {rat['native_work'][k]:8d}  Conduit {rat['conduit_work'][k]:8d}")
-    if rat["ratio_refused"]:
-        lines.append(f"ratios refused: {rat['ratio_refused']}")
-    lines.append(f"process RSS (both systems, max over rows): {rat['process_rss_gib']:.2f} GiB")
-    lines.append(f"targets met: {targets_met(rat)}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -282,8 +259,8 @@ def main(argv: list[str] | None = None) -> Path:
     }
     from importlib.metadata import version
 
-    machine = rllib_iteration.machine(
-        provenance.finish(prov),
+    machine = script.machine(
+        prov,
         ale_py=version("ale-py"),
         gymnasium=version("gymnasium"),
         run_s=round(time.perf_counter() - t0, 1),
@@ -293,7 +270,8 @@ def main(argv: list[str] | None = None) -> Path:
         f"DQN {w.env} (RLlib Atari wrappers, dim 64, 4 frames, n-step 3, PER, batch 32): native vs Conduit"
     )
     out = script.write_result(NAME, a, record, lambda png: plot(rows, rat, title, png))
-    print(f"\nmedians over {iters} iterations per system ({machine['run_s']:.0f} s in all):\n" + report(rat))
+    print(f"\nmedians over {iters} iterations per system ({machine['run_s']:.0f} s in all):")
+    script.show(report_rllib.rllib_atari_iteration(record))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return out
 

@@ -21,18 +21,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "peers")]
+from atari_stream import latency, meminfo  # noqa: E402
 from rllib_peer import sample_step  # noqa: E402
 
 GAMMA, ALPHA = 0.99, 0.5  # BETA and the sampling step: peers/rllib_peer.py's
-
-
-def available_bytes() -> int:
-    """MemAvailable from ``/proc/meminfo``."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def obs_bytes(capacity: int, dim: int, num_frames: int) -> int:
@@ -103,7 +96,7 @@ def native_cell(
 ) -> dict[str, Any]:
     """Fill RLlib's prioritized episode buffer to ``capacity`` steps from ``fragments`` (the Conduit cell's
     stand-in chunks), then time prioritized sample + learner connector + priority update at ``batch``."""
-    need, have = obs_bytes(capacity, dim, num_frames), available_bytes()
+    need, have = obs_bytes(capacity, dim, num_frames), meminfo("MemAvailable")
     row: dict[str, Any] = {"system": "native", "capacity": capacity, "dim": dim, "frames_tier": "host"}
     if need > 0.8 * have:
         row["refused"] = (
@@ -126,14 +119,7 @@ def native_cell(
         buf.add([ep])
         add_s += time.perf_counter() - t0
         steps += len(ep)
-    step = sample_step(buf, lrn, batch, True, np.random.default_rng(1), n_step=3)
-    lat = []
-    for i in range(rounds + 50):
-        t0 = time.perf_counter()
-        step()
-        if i >= 50:
-            lat.append(time.perf_counter() - t0)
-    ms = np.asarray(lat) * 1e3
+    timed = latency(sample_step(buf, lrn, batch, True, np.random.default_rng(1), n_step=3), rounds)
     row.update(
         {
             "memory_budget": None,
@@ -141,8 +127,7 @@ def native_cell(
             "disk_gib": 0.0,
             "frames_gib": round(need / 2**30, 3),
             "insert_steps_per_s": round(steps / add_s),
-            "sample_update_p50_ms": round(float(np.median(ms)), 3),
-            "sample_update_p99_ms": round(float(np.percentile(ms, 99)), 3),
+            **timed,
             "work": {
                 "env_steps": steps,
                 "inserted": buf.get_num_timesteps(),

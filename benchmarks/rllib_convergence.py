@@ -1,12 +1,12 @@
-"""Learning is preserved: DQN (or PPO) on CartPole-v1, native RLlib vs Conduit async and sync, several seeds.
+"""Learning is preserved: DQN on CartPole-v1, native RLlib vs Conduit async and sync, several seeds.
 
-    python benchmarks/rllib_convergence.py [--algo dqn|ppo] [--seeds 3] [--target 100]
+    python benchmarks/rllib_convergence.py [--seeds 3] [--target 100]
         [--max-env-steps 15000] [--max-seconds-per-run 600] [--quick] [--out FILE]
 
 Conduit's async DQN path changes *when* data and priorities become visible to the learner (env steps
 staged 32 at a time before one put, priority updates sent every 32 updates, deliveries prepared up to
 16 ahead). This benchmark shows whether that changes learning: per seed it trains native RLlib, Conduit
-async and Conduit sync (PPO: native and Conduit) with the same seed, one after the other, and records
+async and Conduit sync with the same seed, one after the other, and records
 the env steps each needed to reach a mean episode return of ``--target`` (``null`` if it did not within
 ``--max-env-steps``). Every run is stopped by the target, the env-step budget, or — as a safety net,
 flagged ``stopped_by: "time"`` in the JSON — ``--max-seconds-per-run``.
@@ -24,11 +24,7 @@ pipeline, not learning.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -37,10 +33,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_tables  # noqa: E402
+import script  # noqa: E402
 from rllib_native_timing import WORK_KEYS, PathTimer, WorkCounter, install, timed_train  # noqa: E402
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-SYSTEMS = {"dqn": ("native", "conduit-async", "conduit-sync"), "ppo": ("native", "conduit-sync")}
+SYSTEMS = ("native", "conduit-async", "conduit-sync")
 COLORS = {"native": "tab:blue", "conduit-async": "tab:orange", "conduit-sync": "tab:green"}
 
 
@@ -52,22 +50,17 @@ def _recipe(name: str) -> Any:
     return mod
 
 
-def _build(algo: str, system: str, seed: int, quick: bool) -> Any:
-    mod = _recipe(f"rllib_{algo}")
+def _build(system: str, seed: int, quick: bool) -> Any:
+    mod = _recipe("rllib_dqn")
     kw: dict[str, Any] = {"conduit": system != "native", "seed": seed, "iters": 10**6}
-    if algo == "dqn":
-        kw.update(steps_per_iter=500, learning_starts=1000)
-        if system != "native":
-            kw["overlap"] = system.removeprefix("conduit-")
-        if quick:
-            kw.update(steps_per_iter=250, learning_starts=250)
-    elif quick:
-        kw.update(train_batch_size=500, minibatch_size=100, num_epochs=4)
+    steps, starts = (250, 250) if quick else (500, 1000)
+    kw.update(steps_per_iter=steps, learning_starts=starts)
+    if system != "native":
+        kw["overlap"] = system.removeprefix("conduit-")
     return mod.build(mod.Args(**kw))
 
 
 def run(
-    algo: str,
     system: str,
     seed: int,
     target: float,
@@ -78,7 +71,7 @@ def run(
     wrap_buffer: Any,
 ) -> dict[str, Any]:
     """Train one seed until ``target``, ``max_steps`` env steps or ``max_seconds``; the run's record."""
-    built = _build(algo, system, seed, quick)
+    built = _build(system, seed, quick)
     wrap_buffer(built)
     counter = WorkCounter(built)
     curve: list[dict[str, Any]] = []
@@ -104,7 +97,7 @@ def run(
     finally:
         built.stop()
     return {
-        "algo": algo,
+        "algo": "dqn",
         "system": system,
         "seed": seed,
         "steps_to_target": reached,
@@ -137,12 +130,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def plot(runs: list[dict[str, Any]], target: float, title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = script.pyplot().subplots(figsize=(7, 4.5))
     for r in runs:
         pts = [(p["env_steps"], p["return_mean"]) for p in r["curve"] if p["return_mean"] is not None]
         ax.plot(
@@ -159,22 +147,15 @@ def plot(runs: list[dict[str, Any]], target: float, title: str, path: Path) -> N
     ax.set_xlabel("env steps")
     ax.set_ylabel("mean episode return")
     ax.legend(fontsize=6, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    script.save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algo", choices=["dqn", "ppo"], default="dqn")
+    p = script.parser(__doc__, quick="1 seed, 2,000 env steps, small batches")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--target", type=float, default=100.0, help="mean episode return to reach")
     p.add_argument("--max-env-steps", type=int, default=15_000, help="env-step budget per run")
     p.add_argument("--max-seconds-per-run", type=float, default=600.0, help="safety net per run")
-    p.add_argument("--quick", action="store_true", help="1 seed, 2,000 env steps, small batches")
-    p.add_argument(
-        "--out", default=None, help="JSON path (default benchmarks/results/rllib_convergence_ALGO.json)"
-    )
     a = p.parse_args(argv)
     prov = provenance.start()
     if a.quick:
@@ -192,9 +173,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = []
     try:
         for seed in range(a.seeds):
-            for system in SYSTEMS[a.algo]:  # systems alternate within each seed
+            for system in SYSTEMS:  # systems alternate within each seed
                 r = run(
-                    a.algo,
                     system,
                     seed,
                     a.target,
@@ -206,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
                 runs.append(r)
                 print(
-                    f"{a.algo} {system:13s} seed={seed} steps_to_{a.target:g}={r['steps_to_target']} "
+                    f"dqn {system:13s} seed={seed} steps_to_{a.target:g}={r['steps_to_target']} "
                     f"stopped_by={r['stopped_by']} wall={r['wall_s']:.1f}s exposed={r['exposed_s']:.1f}s "
                     f"updates={r['work']['gradient_updates']}",
                     flush=True,
@@ -216,38 +196,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ray.shutdown()
     summary = summarize(runs)
     settings = {
-        "algo": a.algo,
+        "algo": "dqn",
         "env": "CartPole-v1",
         "target": a.target,
         "seeds": a.seeds,
         "max_env_steps": a.max_env_steps,
         "max_seconds_per_run": a.max_seconds_per_run,
-        "quick": a.quick,
     }
-    machine = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "ray": ray.__version__,
-        **provenance.finish(prov),
-    }
-    report = {**settings, "machine": machine, "summary": summary, "runs": runs}
-    out = Path(a.out or f"benchmarks/results/rllib_convergence_{a.algo}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    title = f"{a.algo.upper()} CartPole-v1: native RLlib vs Conduit, {a.seeds} seed(s), target {a.target:g}"
-    plot(runs, a.target, title, out.with_suffix(".png"))
-    print(
-        f"\n{'system':14s} {'reached':>7s} {'median steps':>12s} {'wall s/it':>9s} {'exposed s/it':>12s} "
-        f"{'updates/step':>12s}"
+    report = {**settings, "machine": script.machine(prov), "summary": summary, "runs": runs}
+    title = f"DQN CartPole-v1: native RLlib vs Conduit, {a.seeds} seed(s), target {a.target:g}"
+    out = script.write_result(
+        "rllib_convergence_dqn", a, report, lambda png: plot(runs, a.target, title, png)
     )
-    for system, s in summary.items():
-        med = s["median_steps_to_target"]
-        print(
-            f"{system:14s} {s['reached']:>3d}/{s['runs']:<3d} {('—' if med is None else f'{med:.0f}'):>12s} "
-            f"{s['median_iteration_wall_s']:9.3f} {s['median_iteration_exposed_s']:12.4f} "
-            f"{s['gradient_updates_per_env_step']:12.3f}"
-        )
+    script.show(report_tables.rllib_convergence(report))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return report
 

@@ -4,90 +4,33 @@
     python benchmarks/rllib_demo.py [same flags]        (with conduit-rl[rllib,bench] installed)
 
 Both algorithms are built with the same seed and trained alternately, one iteration each (native,
-Conduit, native, ...), so both see the same machine load. Per iteration it prints the wall time and
-the exposed experience-path time: for native RLlib the replay buffer's add + sample + priority update,
-the learner connector and minibatch iteration (wrapped methods, ``rllib_native_timing.py``); for Conduit
-the time the training step was blocked in Conduit (``result["conduit"]["exposed_s"]``) plus any RLlib
-minibatch iteration still on its path, and the iteration's work (env steps sampled, gradient updates,
-module steps trained). Then medians and ratios (Conduit ÷ native) — refused ("—" and the reason) if the
-two sides did different work; writes ``demo.json`` and ``demo.png`` into ``--out``.
+Conduit, native, ...), so both see the same machine load: ``rllib_iteration.run_workload``, the RLlib
+benchmark's own loop, on a time budget. Per iteration it prints the wall time and the exposed
+experience-path time, both systems timed by the same wrappers (``rllib_native_timing.py``: the replay
+buffer's add + sample + priority update, the learner connector and minibatch iteration for native RLlib;
+the plugin's methods that replace them for Conduit), and the iteration's work (env steps sampled,
+gradient updates, module steps trained). Then medians and ratios (Conduit ÷ native, ``rllib_iteration.
+ratios``) — refused, with the reason, if the two sides did different work; writes ``demo.json`` and
+``demo.png`` into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cartpole  # noqa: E402
 import provenance  # noqa: E402
-from rllib_native_timing import PathTimer, SideBySide, ratio_or_refusal, work_totals  # noqa: E402
+import report_rllib  # noqa: E402
+import rllib_iteration  # noqa: E402
+import script  # noqa: E402
+from rllib_native_timing import PathTimer  # noqa: E402
 
-
-def dqn_config(train_batch_size: int, steps_per_iter: int, seed: int) -> Any:
-    """The demo's DQN: learning from the first iteration's steps on."""
-    return cartpole.dqn_config(train_batch_size, steps_per_iter, steps_per_iter, seed)
-
-
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median wall and exposed seconds per system, work totals, and the ratios (Conduit ÷ native).
-
-    A ratio is ``None`` with ``ratio_refused`` saying why when the two sides' work counters differ.
-    """
-    out: dict[str, Any] = {}
-    for system in ("native", "conduit"):
-        for metric in ("wall_s", "exposed_s"):
-            vals = [r[metric] for r in rows if r["system"] == system]
-            out[f"{system}_{metric}"] = statistics.median(vals) if vals else None
-        out[f"{system}_work"] = work_totals(rows, system)
-    out["ratio_refused"] = None
-    for metric in ("wall_s", "exposed_s"):
-        ratio, refused = ratio_or_refusal(
-            out[f"native_{metric}"], out[f"conduit_{metric}"], out["native_work"], out["conduit_work"]
-        )
-        out[f"ratio_{metric.removesuffix('_s')}"] = ratio
-        out["ratio_refused"] = out["ratio_refused"] or refused
-    return out
-
-
-def plot(rows: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    colors = {"native": "tab:blue", "conduit": "tab:orange"}
-    for ax, metric, title in (
-        (axes[0], "wall_s", "iteration wall time"),
-        (axes[1], "exposed_s", "exposed experience-path time"),
-    ):
-        for system in ("native", "conduit"):
-            sel = [r for r in rows if r["system"] == system]
-            ax.plot(
-                [r["iteration"] for r in sel],
-                [r[metric] for r in sel],
-                "o-",
-                color=colors[system],
-                label=system,
-            )
-        ratio = summary.get(f"ratio_{metric.removesuffix('_s')}")
-        ax.set_title(f"{title}" + (f" (median ratio {ratio:.3f})" if ratio is not None else ""), fontsize=9)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("seconds")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    fig.suptitle("DQN CartPole-v1: native RLlib vs Conduit, alternating iterations", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+PANELS = (("wall_s", "iteration wall time (s)"), ("exposed_s", "exposed experience-path time (s)"))
 
 
 def run(
@@ -105,86 +48,37 @@ def run(
     import torch
     from conduit_rllib.local_ray import init_local_ray
 
-    t_start = time.perf_counter()
-    started_ray = False
-    if not ray.is_initialized():
+    started_ray = not ray.is_initialized()
+    if started_ray:
         torch.set_num_threads(1)
         init_local_ray(log_to_driver=False)
-        started_ray = True
+    w = rllib_iteration.Workload("dqn", "CartPole-v1", train_batch_size)
     print(f"building native and Conduit DQN (CartPole-v1, train batch {train_batch_size}) ...", flush=True)
-    pair = SideBySide(lambda: dqn_config(train_batch_size, steps_per_iter, seed), overlap, PathTimer())
-    rows: list[dict[str, Any]] = []
-    print(
-        f"{'iter':>4s}  {'system':8s} {'wall s':>8s} {'exposed s':>10s} {'updates':>7s} {'return':>7s}   elapsed",
-        flush=True,
-    )
-    it = -1  # iteration -1 fills the replay buffers (no learning yet) and is not measured
-    try:
-        while True:
-            for system in ("native", "conduit"):
-                result, wall, exposed, _, work = pair.train(system)
-                ret = result["env_runners"].get("episode_return_mean")
-                elapsed = time.perf_counter() - t_start
-                tag = "warm-up" if it < 0 else f"{it:4d}"
-                print(
-                    f"{tag:>4s}  {system:8s} {wall:8.3f} {exposed:10.4f} {work['gradient_updates']:7d} {ret if ret is not None else float('nan'):7.1f}"
-                    f"   [{elapsed:5.1f}s / {seconds:g}s]",
-                    flush=True,
-                )
-                if it >= 0:
-                    rows.append(
-                        {
-                            "iteration": it,
-                            "system": system,
-                            "wall_s": wall,
-                            "exposed_s": exposed,
-                            **work,
-                            "return_mean": ret,
-                        }
-                    )
-            it += 1
-            out_of_time = time.perf_counter() - t_start >= seconds
-            if it >= 1 and (out_of_time or (max_iters is not None and it >= max_iters)):
-                break  # (at least one measured pair, whatever the budget)
+    try:  # iteration 0 fills the replay buffers (learning starts after its steps) and is not measured
+        rows = rllib_iteration.run_workload(
+            w,
+            max_iters or 10**9,
+            warmup=1,
+            steps=steps_per_iter,
+            overlap=overlap,
+            timer=PathTimer(),
+            make=lambda: cartpole.dqn_config(train_batch_size, steps_per_iter, steps_per_iter, seed),
+            seconds=seconds,
+        )
     finally:
-        pair.stop()
         if started_ray:
             ray.shutdown()
-    summary = summarize(rows)
-    report = {
-        "workload": {
-            "algo": "DQN",
-            "env": "CartPole-v1",
-            "train_batch_size": train_batch_size,
-            "steps_per_iteration": steps_per_iter,
-            "overlap": overlap,
-            "seed": seed,
-        },
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), **provenance.finish(prov)},
-        "rows": rows,
-        "summary": summary,
-    }
+    summary = rllib_iteration.ratios(rows)[w.name]
+    workload = {"algo": "DQN", "env": "CartPole-v1", "train_batch_size": train_batch_size}
+    workload |= {"steps_per_iteration": steps_per_iter, "overlap": overlap, "seed": seed}
+    report = {"workload": workload, "machine": script.machine(prov), "rows": rows, "summary": summary}
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(report, indent=1))
-    plot(rows, summary, out / "demo.png")
-
-    def fmt(v: float | None, spec: str) -> str:
-        return format(v, spec) if v is not None else "—"
-
-    print(f"\nmedians over {len(rows) // 2} iteration pairs:")
-    print(f"{'':10s} {'native':>10s} {'Conduit':>10s} {'ratio':>7s}")
-    for metric, label, ratio in (
-        ("wall_s", "wall s", "ratio_wall"),
-        ("exposed_s", "exposed s", "ratio_exposed"),
-    ):
-        print(
-            f"{label:10s} {fmt(summary[f'native_{metric}'], '10.4f')} {fmt(summary[f'conduit_{metric}'], '10.4f')} "
-            f"{fmt(summary[ratio], '7.3f'):>7s}"
-        )
-    for key in ("env_steps_sampled", "gradient_updates", "module_steps_trained"):
-        print(f"{key:22s} native {summary['native_work'][key]:8d}  Conduit {summary['conduit_work'][key]:8d}")
-    if summary["ratio_refused"]:
-        print(f"ratio refused: {summary['ratio_refused']}")
+    title = "DQN CartPole-v1: native RLlib vs Conduit, alternating iterations"
+    targets = {"ratio_wall": None, "ratio_exposed": None}
+    rllib_iteration.plot_side_by_side(rows, summary, targets, PANELS, title, out / "demo.png")
+    print(f"\nmedians and ratios over {len(rows) // 2} iteration pairs:")
+    script.show(report_rllib.rllib_mujoco({"ratios": summary}))
     print(f"wrote {out / 'demo.json'} and {out / 'demo.png'}", flush=True)
     return report
 

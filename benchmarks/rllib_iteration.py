@@ -25,12 +25,9 @@ iterations) is a smoke run: it writes to /tmp unless ``--out`` says otherwise.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +37,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_tables  # noqa: E402
 import rllib_staleness  # noqa: E402
+import script  # noqa: E402
 from rllib_native_timing import PathTimer, SideBySide, ratio_or_refusal, work_totals  # noqa: E402
 
 MA_ENV = "MultiAgentCartPole"
@@ -111,12 +110,15 @@ def run_workload(
     make: Callable[[], Any] | None = None,
     make_native: Callable[[], Any] | None = None,
     extra: Callable[[str, Any], dict] | None = None,
+    seconds: float | None = None,
 ) -> list[dict]:
     """``warmup + iters`` alternating iterations of ``w`` (built by ``make()``, default :func:`make_config`;
     native's by ``make_native()`` where given), native then Conduit; one row per measured iteration and
-    system, with its work and ``extra(system, algo)``'s fields (e.g. memory), printed after the work."""
+    system, with its work and ``extra(system, algo)``'s fields (e.g. memory), printed after the work.
+    ``seconds``: a time budget, building included; the run stops after the first measured pair past it."""
+    t0 = time.perf_counter()
     build = make or (lambda: make_config(w, steps, seed=1))
-    pair = SideBySide(build, overlap, timer, wrap_conduit=True, make_native=make_native)
+    pair = SideBySide(build, overlap, timer, make_native=make_native)
     probe = rllib_staleness.StalenessProbe(pair.algos["conduit"]) if w.algo == "dqn" else None
     rows = []
     try:
@@ -157,6 +159,8 @@ def run_workload(
                     ),
                     flush=True,
                 )
+            if seconds is not None and it >= warmup and time.perf_counter() - t0 >= seconds:
+                break
     finally:
         pair.stop()
     return rows
@@ -214,61 +218,9 @@ def ratios(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _fmt(v: float | None, spec: str) -> str:
-    return "—" if v is None else format(v, spec)
-
-
-def _med_max(s: dict | None) -> str:
-    return "—" if s is None else f"{s['median']:g}/{s['max']:g}"
-
-
-def table(rat: dict[str, dict]) -> str:
-    """Wall and exposed medians side by side with their ratios, the work, and Conduit's staleness; a
-    refused ratio prints as "—" with why."""
-    lines = [
-        f"{'workload':34s} {'wall native':>11s} {'wall conduit':>12s} {'ratio':>6s} {'exp native':>10s} "
-        f"{'exp conduit':>11s} {'ratio':>6s} {'env steps n/c':>15s} {'updates n/c':>13s} "
-        f"{'s/update n':>10s} {'s/update c':>10s} {'prio age c':>10s} {'staging c':>10s}"
-    ]
-    for name, r in rat.items():
-        n, c = r["native_work"]["gradient_updates"], r["conduit_work"]["gradient_updates"]
-        en, ec = r["native_work"]["env_steps_sampled"], r["conduit_work"]["env_steps_sampled"]
-        lines.append(
-            f"{name:34s} {r['native_wall_s']:11.3f} {r['conduit_wall_s']:12.3f} {_fmt(r['ratio_wall'], '6.2f'):>6s} "
-            f"{r['native_exposed_s']:10.4f} {r['conduit_exposed_s']:11.4f} {_fmt(r['ratio_exposed'], '6.3f'):>6s} "
-            f"{f'{en}/{ec}':>15s} {f'{n}/{c}':>13s} {_fmt(r['native_wall_s_per_update'], '10.5f'):>10s} "
-            f"{_fmt(r['conduit_wall_s_per_update'], '10.5f'):>10s} "
-            f"{_med_max(r.get('conduit_priority_age_updates')):>10s} "
-            f"{_med_max(r.get('conduit_staging_delay_transitions')):>10s}"
-        )
-        if r["ratio_refused"]:
-            lines.append(f"{'':34s} ratio refused: {r['ratio_refused']}")
-    lines.append(
-        "prio age c: median/max gradient updates whose priorities were not yet applied when Conduit drew "
-        "the batch; staging c: median/max transitions collected but not yet sampleable at a sample "
-        "(native RLlib: 0 and 0 by construction). Exposed time: the same wrappers on both systems."
-    )
-    return "\n".join(lines)
-
-
 def targets_met(rat: dict[str, Any], targets: dict[str, float]) -> dict[str, bool | None]:
     """Per target (``ratio_* -> at most``): met, missed, or None where the ratio was refused."""
     return {k: None if rat[k] is None else rat[k] <= limit for k, limit in targets.items()}
-
-
-def machine(finished: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """What a result file records about the run's machine: CPUs, platform, torch and Ray versions, then
-    ``extra`` (package versions, settings, run time) and ``finished`` (``provenance.finish``'s record)."""
-    import ray
-
-    return {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "ray": ray.__version__,
-        **extra,
-        **finished,
-    }
 
 
 def record(
@@ -292,17 +244,15 @@ def record(
 def plot_side_by_side(
     rows: list[dict[str, Any]],
     rat: dict[str, Any],
-    targets: dict[str, float],
+    targets: dict[str, float | None],
     panels: tuple[tuple[str, str], ...],
     title: str,
     path: Path,
 ) -> None:
     """One workload's PNG: per-iteration ``panels`` (row key, title) of both systems, then the median
-    ratios Conduit ÷ native against ``targets`` (a refused ratio drawn as 0, labelled refused)."""
-    import script
-
-    plt = script.pyplot()
-    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4 * len(panels) + 4, 3.8))
+    ratios Conduit ÷ native (``targets``' keys) against their targets where given (a refused ratio drawn
+    as 0, labelled refused)."""
+    fig, axes = script.pyplot().subplots(1, len(panels) + 1, figsize=(4 * len(panels) + 4, 3.8))
     for ax, (metric, label) in zip(axes, panels):
         for system, color in (("native", "tab:blue"), ("conduit", "tab:orange")):
             sel = [r for r in rows if r["system"] == system]
@@ -316,23 +266,20 @@ def plot_side_by_side(
     vals = [rat[k] if rat[k] is not None else 0.0 for k in keys]
     ax.bar(range(len(keys)), vals, 0.5, color=["tab:green", "tab:purple"])
     for i, k in enumerate(keys):
-        ax.hlines(targets[k], i - 0.35, i + 0.35, colors="red", linestyles="--")
+        if targets[k] is not None:
+            ax.hlines(targets[k], i - 0.35, i + 0.35, colors="red", linestyles="--")
         ax.text(i, vals[i], "refused" if rat[k] is None else f"{vals[i]:.3f}", ha="center", va="bottom")
     ax.set_xticks(range(len(keys)), [k.removeprefix("ratio_") for k in keys])
-    ax.set_title("median ratio Conduit ÷ native (red: target)", fontsize=9)
+    red = " (red: target)" if any(t is not None for t in targets.values()) else ""
+    ax.set_title(f"median ratio Conduit ÷ native{red}", fontsize=9)
     fig.suptitle(title, fontsize=10)
     script.save_figure(fig, path)
 
 
 def plot(rat: dict[str, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [n for n in rat if rat[n]["ratio_wall"] is not None]  # refused ratios are not plotted
     x = range(len(names))
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 4))
+    fig, ax = script.pyplot().subplots(figsize=(max(6, 1.6 * len(names)), 4))
     ax.bar(
         [i - 0.2 for i in x],
         [rat[n]["ratio_wall"] for n in names],
@@ -349,22 +296,19 @@ def plot(rat: dict[str, dict], path: Path) -> None:
     ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("median ratio")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    script.save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="few, short iterations (smoke run)")
+    p = script.parser(__doc__, quick="few, short iterations (a smoke run, to /tmp)")
     p.add_argument("--env", default=None)
     p.add_argument("--algo", choices=["dqn", "ppo"], default=None)
     p.add_argument("--train-batch-size", type=int, default=None)
     p.add_argument("--iters", type=int, default=None, help="measured iterations per system")
     p.add_argument("--overlap", choices=["sync", "async"], default="async")
-    p.add_argument(
-        "--out", default=None, help="default: benchmarks/results/rllib_iteration.json (--quick: /tmp)"
-    )
     a = p.parse_args()
+    if a.out is None and a.quick:  # a smoke run never overwrites results
+        a.out = Path("/tmp/rllib_iteration_quick.json")
     prov = provenance.start()
 
     torch.set_num_threads(1)
@@ -386,10 +330,9 @@ def main() -> None:
     for w in sweep:
         rows += run_workload(w, iters, warmup=1, steps=steps, overlap=a.overlap, timer=timer)
     rat = ratios(rows)
-    mach = machine(
-        provenance.finish(prov),
+    mach = script.machine(
+        prov,
         overlap=a.overlap,
-        quick=a.quick,
         settings={
             "dqn_env_steps_per_iteration": steps,
             "train_batch_sizes": {w.name: w.train_batch_size for w in sweep},
@@ -398,12 +341,9 @@ def main() -> None:
             "exposed_timing": "benchmark wrappers on both systems (rllib_native_timing.install(conduit=True))",
         },
     )
-    default = "/tmp/rllib_iteration_quick.json" if a.quick else "benchmarks/results/rllib_iteration.json"
-    out = Path(a.out or default)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": mach, "rows": rows, "ratios": rat}, indent=1))
-    plot(rat, out.with_suffix(".png"))
-    print("\n" + table(rat))
+    doc = {"machine": mach, "rows": rows, "ratios": rat}
+    out = script.write_result("rllib_iteration", a, doc, lambda png: plot(rat, png))
+    script.show(report_tables.rllib_iteration(doc))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     ray.shutdown()
 

@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_rllib  # noqa: E402
 import rllib_iteration  # noqa: E402
 import script  # noqa: E402
 from rllib_native_timing import PathTimer  # noqa: E402
@@ -167,8 +168,8 @@ def main(argv: list[str] | None = None) -> Path:
     for r in rows:
         r["env_runners"] = a.env_runners
     rat = rllib_iteration.ratios(rows)[w.name]
-    machine = rllib_iteration.machine(
-        provenance.finish(prov),
+    machine = script.machine(
+        prov,
         mujoco=_version("mujoco"),
         metaworld=_version("metaworld"),
         gymnasium=_version("gymnasium"),
@@ -176,8 +177,7 @@ def main(argv: list[str] | None = None) -> Path:
     record = rllib_iteration.record(machine, settings, rows, rat, TARGETS)
     title = f"PPO {a.env}, {a.env_runners} env runners, batch {tb}: native RLlib vs Conduit ({a.overlap})"
     out = script.write_result(NAME, a, record, lambda png: plot(rows, rat, title, png))
-    print("\n" + rllib_iteration.table({w.name: rat}))
-    print(f"targets (Conduit ÷ native at most): {TARGETS}; met: {record['targets_met']}")
+    script.show(report_rllib.rllib_mujoco(record))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return out
 

@@ -3,7 +3,7 @@
 Experience path = replay-buffer add + sample + priority update + learner connector + minibatch
 iteration (the time spent *producing* each minibatch, not the update on it). RLlib's own timers are
 moving averages per call, so they cannot give per-iteration sums; these wrappers can. Used by the
-demo (``benchmarks/rllib_demo.py``, run by ``./dev demo``) and ``benchmarks/rllib_iteration.py``. The
+demo (``benchmarks/rllib_demo.py``, run by ``./dev demo``) through ``benchmarks/rllib_iteration.py``. The
 wrapped methods are RLlib internals (2.60); this is measurement code, not part of ``conduit_rllib``.
 
 ``install(timer, conduit=True)`` also wraps the Conduit plugin's replacements of those methods
@@ -192,7 +192,7 @@ class WorkCounter:
 
 class SideBySide:
     """RLlib's own algorithm and Conduit's, each built from a fresh ``make_config()``, timed by the same
-    wrappers (:func:`install`; ``wrap_conduit``: the plugin's path too) and counted (:class:`WorkCounter`).
+    wrappers (:func:`install` with ``conduit=True``: the plugin's path too) and counted (:class:`WorkCounter`).
 
     ``make_native`` (default ``make_config``) builds native's config where the two must differ in how
     the env presents observations (Atari: native stacks frames in the env, its prioritized buffer cannot
@@ -207,12 +207,11 @@ class SideBySide:
         make_config: Callable[[], Any],
         overlap: str,
         timer: PathTimer,
-        wrap_conduit: bool = False,
         make_native: Callable[[], Any] | None = None,
     ) -> None:
         import conduit_rllib
 
-        wrap_buffer = install(timer, conduit=wrap_conduit)
+        wrap_buffer = install(timer, conduit=True)
         native = (make_native or make_config)().build_algo()
         wrap_buffer(native)
         conduit = conduit_rllib.enable(make_config(), overlap=overlap).build_algo()

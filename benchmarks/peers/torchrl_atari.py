@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from atari_stream import episode_fragments, memory, memory_growth  # noqa: E402
+from atari_stream import episode_fragments, latency, memory, memory_growth  # noqa: E402
 
 NUM_FRAMES, ALPHA, BETA, WARMUP = 4, 0.5, 0.4, 50  # alpha / beta: the Conduit cell's
 
@@ -116,28 +116,27 @@ def torchrl_cell(capacity: int, dim: int, rounds: int, batch: int, scratch_dir: 
             sampler=PrioritizedSampler(capacity, ALPHA, BETA),
             batch_size=batch,
         )
-        add_s, steps, timed = 0.0, 0, 0
+        add_s, steps, inserted = 0.0, 0, 0
         for i, (n, td) in enumerate(transitions(dim, seed=0)(capacity)):
             t0 = time.perf_counter()
             rb.extend(td)
             if i > 0:  # the first extend creates the memmap files
                 add_s += time.perf_counter() - t0
-                timed += n
+                inserted += n
             steps += n
         os.sync()  # untimed: the fill's dirty pages written back, so the timed reads do not queue behind them
         rng = np.random.default_rng(1)
-        prios = [torch.from_numpy(rng.random(batch).astype(np.float32)) for _ in range(rounds + WARMUP)]
-        lat = []
-        shape = None
-        for i in range(rounds + WARMUP):
-            t0 = time.perf_counter()
-            sample = rb.sample()
-            rb.update_priority(sample["index"], prios[i])
-            if i >= WARMUP:
-                lat.append(time.perf_counter() - t0)
-            shape = sample["pixels"].shape
-        ms = np.asarray(lat) * 1e3
-        assert shape == (batch, NUM_FRAMES, dim, dim), shape
+        prios = iter([torch.from_numpy(rng.random(batch).astype(np.float32)) for _ in range(rounds + WARMUP)])
+        last: list[Any] = []
+
+        def sample_update(buffer: Any = rb) -> None:
+            sample = buffer.sample()
+            buffer.update_priority(sample["index"], next(prios))
+            last[:] = [sample]
+
+        timed = latency(sample_update, rounds, WARMUP)
+        sample = last[0]
+        assert sample["pixels"].shape == (batch, NUM_FRAMES, dim, dim), sample["pixels"].shape
         pixels = 2 * capacity * NUM_FRAMES * dim * dim
         row.update(
             {
@@ -145,9 +144,8 @@ def torchrl_cell(capacity: int, dim: int, rounds: int, batch: int, scratch_dir: 
                 **memory_growth(mem0),
                 "disk_gib": round(disk_bytes(scratch) / 2**30, 3),
                 "frames_gib": round(pixels / 2**30, 3),
-                "insert_steps_per_s": round(timed / add_s),
-                "sample_update_p50_ms": round(float(np.median(ms)), 3),
-                "sample_update_p99_ms": round(float(np.percentile(ms, 99)), 3),
+                "insert_steps_per_s": round(inserted / add_s),
+                **timed,
                 "batch": {
                     "pixels": list(sample["pixels"].shape),
                     "next.pixels": list(sample["next", "pixels"].shape),
@@ -166,7 +164,8 @@ def torchrl_cell(capacity: int, dim: int, rounds: int, batch: int, scratch_dir: 
                 },
             }
         )
-        del rb, sample
+        last.clear()
+        del rb, sample, sample_update
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return row

@@ -88,16 +88,23 @@ def _row(system, wall, updates, **kw):
 
 
 def test_demo_summary_refuses_its_ratios_when_work_differs():
-    demo = load("rllib_demo")
-    equal = demo.summarize([_row("native", 2.0, 200), _row("conduit", 1.0, 200)])
+    """The demo summarises with the benchmark's rule (``rllib_iteration.ratios``)."""
+    it = load("rllib_iteration")
+    key = {"algo": "dqn", "env": "CartPole-v1", "train_batch_size": 32}
+    equal = it.ratios([_row("native", 2.0, 200, **key), _row("conduit", 1.0, 200, **key)])[
+        "dqn CartPole-v1 b32"
+    ]
     assert equal["ratio_wall"] == 0.5 and equal["ratio_exposed"] == 0.5 and equal["ratio_refused"] is None
-    unequal = demo.summarize([_row("native", 2.0, 200), _row("conduit", 1.0, 190)])
+    unequal = it.ratios([_row("native", 2.0, 200, **key), _row("conduit", 1.0, 190, **key)])[
+        "dqn CartPole-v1 b32"
+    ]
     assert unequal["ratio_wall"] is None and unequal["ratio_exposed"] is None
     assert unequal["ratio_refused"].startswith("gradient_updates differ: native 200, conduit 190")
     assert unequal["native_work"]["gradient_updates"] == 200
+    assert "summarize" not in vars(load("rllib_demo"))  # no second rule of its own
 
 
-def test_iteration_table_prints_a_refused_ratio_as_a_dash_with_the_reason():
+def test_iteration_table_prints_a_refused_ratio_with_the_reason():
     it = load("rllib_iteration")
     key = {"algo": "ppo", "env": "CartPole-v1", "train_batch_size": 1000}
     rows = [_row("native", 4.0, 240, **key), _row("conduit", 3.0, 238, **key)]
@@ -106,8 +113,8 @@ def test_iteration_table_prints_a_refused_ratio_as_a_dash_with_the_reason():
     assert "gradient_updates differ: native 240, conduit 238" in rat["ratio_refused"]
     assert rat["native_wall_s_per_update"] == pytest.approx(4.0 / 240)
     assert rat["conduit_wall_s_per_update"] == pytest.approx(3.0 / 238)
-    text = it.table({"ppo CartPole-v1 b1000": rat})
-    assert "—" in text and "ratio refused: gradient_updates differ" in text
+    text = "\n".join(load("report_tables").rllib_iteration({"ratios": {"ppo CartPole-v1 b1000": rat}}))
+    assert "refused [1]" in text and "[1] refused: gradient_updates differ" in text
     rows = [_row("native", 4.0, 240, **key), _row("conduit", 3.0, 240, **key)]
     assert it.ratios(rows)["ppo CartPole-v1 b1000"]["ratio_wall"] == pytest.approx(0.75)
 

@@ -106,7 +106,7 @@ def test_demo_entry_writes_into_demo_results(tmp_path):
     d = json.loads((tmp_path / "demo_results" / "atari_demo.json").read_text())
     assert (tmp_path / "demo_results" / "atari_demo.png").stat().st_size > 0
     assert d["settings"]["mode"] == "demo" and len(d["rows"]) == 2
-    for line in ("wall_s", "exposed_s", "replay GiB", "gradient_updates", "targets met"):
+    for line in ("wall s", "exposed s", "replay GiB", "gradient_updates", "Targets"):
         assert line in done.stdout
     assert "conduit  it=0" in done.stdout and "replay_gib=" in done.stdout  # per iteration, memory too
 
