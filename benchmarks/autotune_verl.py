@@ -43,9 +43,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_verl  # noqa: E402
 import script  # noqa: E402
 from autotune_verl_analysis import (  # noqa: E402
-    TOP,
     auto_summary,
     evaluate,
     grid_view,
@@ -56,7 +56,6 @@ from autotune_verl_analysis import (  # noqa: E402
 from verl_analysis import calibration, rows_for_run  # noqa: E402
 from verl_runs import add_run_flags, calibrate, harness_args, machine, run  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: the grid run's first steps: warm-up, then two streamed steps so the first fit sees varied pieces
 SETTLE = (4, 4, 2)
 
@@ -111,18 +110,6 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:+.1f}%"
-
-
-def _gaps(ev: dict[str, Any]) -> str:
-    return (
-        f"{_pct(ev['auto_gap_tuned'])} of the tuned part / {_pct(ev['auto_gap_iteration'])} of the "
-        f"iteration off the best g ({ev['auto_best_g']}; ranks {ev['auto_rank']} among "
-        f"{ev['auto_rank_among']} fixed g, on {len(ev['auto_steps_compared'])} same steps)"
-    )
-
-
 def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, Any]:
     """Calibrate, run the grid schedule and the auto run for one median response length."""
     a = copy.copy(args)
@@ -174,12 +161,7 @@ def run_point(root: Path, args: argparse.Namespace, median: int) -> dict[str, An
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="one workload, one repetition (a smoke test: --grid 1,16 for less)",
-    )
+    p = script.parser(__doc__, quick="one workload, one repetition (a smoke test: --grid 1,16 for less)")
     p.add_argument("--medians", default=None, help="median response lengths (default 32,64,128; quick 64)")
     p.add_argument(
         "--grid", default="1,2,3,4,6,8,12,16", help="fixed piece_groups values (16 = the whole batch)"
@@ -193,9 +175,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "runs the grid's steps; it is compared with the fixed g on the steps both measured)",
     )
     add_run_flags(p, timeout=1200)
-    p.add_argument(
-        "--out", default=None, help="JSON path (default benchmarks/results/autotune_verl[_quick].json)"
-    )
     args = p.parse_args(argv)
     args.medians = [int(m) for m in (args.medians or ("64" if args.quick else "32,64,128")).split(",")]
     args.grid = sorted({int(g) for g in args.grid.split(",")})
@@ -212,28 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     prov = provenance.start()
     root = Path(args.work or tempfile.mkdtemp(prefix="autotune_verl_"))
-    out = Path(args.out) if args.out else RESULTS / f"autotune_verl{'_quick' * args.quick}.json"
+    out = args.out or script.RESULTS / f"autotune_verl{'_quick' * args.quick}.json"
     earlier = json.loads(out.read_text()) if args.reuse and out.exists() else None
     points = []
     for median in args.medians:
-        point = run_point(root, args, median)
-        points.append(point)
-        for name, ev in point.get("evaluation", {}).items():
-            print(
-                f"[autotune_verl] median {median}, {name}: tau tail {_fmt(ev['tau_tail'])} "
-                f"(repeat {_fmt(ev['repeat_tau_tail'])}), tau rest {_fmt(ev['tau_rest'])} "
-                f"(repeat {_fmt(ev['repeat_tau_rest'])}), top{TOP} {ev[f'top{TOP}_overlap']}/{TOP}, "
-                f"best g {ev['best_g']}, model pick {ev['model_pick']} ({_pct(ev['model_pick_gap_tuned'])} "
-                f"of the tuned part), auto {_gaps(ev)}, {ev['auto_probes']}/{ev['auto_steps']} probes",
-                flush=True,
-            )
-            cached = point.get("cached", {}).get(name, {})
-            if cached:
-                print(
-                    f"[autotune_verl]   2nd auto run from the cache: {_gaps(cached)}, "
-                    f"{cached['auto_probes']}/{cached['auto_steps']} probes",
-                    flush=True,
-                )
+        points.append(run_point(root, args, median))
     result: dict[str, Any] = {
         "rollout": "paced",
         "points": points,
@@ -265,11 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     if earlier is not None:  # a re-analysis: the provenance is the runs', this one is noted beside it
         result["reanalysis"] = result["machine"]
         result["machine"] = earlier["machine"]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
     done = [p for p in points if "evaluation" in p]
-    if done:
-        plot(done, out.with_suffix(".png"))
+    args.out = out
+    script.write_result("autotune_verl", args, result, lambda png: plot(done, png) if done else None)
+    script.show(report_verl.autotune_verl(result))
     print(f"[autotune_verl] wrote {out}")
     return 0 if len(done) == len(points) else 1
 

@@ -32,11 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_verl  # noqa: E402
 import script  # noqa: E402
 from verl_analysis import calibration, rows_for_run  # noqa: E402
 from verl_runs import add_run_flags, calibrate, harness_args, machine, run  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.02
 
 
@@ -129,16 +129,12 @@ def plot(runs: dict[str, dict[str, Any]], path: Path, title: str) -> None:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = script.parser(__doc__, quick="20 iterations per run")
     p.add_argument(
         "--steps", type=int, default=None, help="measured iterations per run (default 100; quick 20)"
     )
-    p.add_argument("--quick", action="store_true", help="20 iterations per run")
     p.add_argument("--rollout", choices=("hf", "paced"), default="hf")
     add_run_flags(p, timeout=3600, paced="paced: ")
-    p.add_argument(
-        "--out", default=None, help="JSON path (default benchmarks/results/tuning_cost_verl_<rollout>.json)"
-    )
     args = p.parse_args(argv)
     args.steps = args.steps or (20 if args.quick else 100)
     if args.steps < 10:
@@ -158,9 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance.start()
     root = Path(args.work or tempfile.mkdtemp(prefix="tuning_cost_verl_"))
     harness = harness_args(args)
-    if args.rollout == "paced":
-        args.quick = True  # a short calibration run
-        cal = calibration(calibrate(root, args, args.tail))
+    if args.rollout == "paced":  # a short calibration run
+        cal = calibration(calibrate(root, argparse.Namespace(**{**vars(args), "quick": True}), args.tail))
         harness = harness_args(args, args.tail, args.R * cal["time_scale_per_R"])
     groups = args.batch_size or 4  # the harness's default batch size: 4 prompts
     cache = root / "tuner_cache"
@@ -178,16 +173,6 @@ def main(argv: list[str] | None = None) -> int:
             r["probe"] = flags.get(r["iteration"], False)
         runs[name] = tuning_cost(rows, groups)
         counters[name] = work_counters(rows)
-        res = runs[name]
-        print(
-            f"[tuning_cost] {name}: settled '{res['settled_arm']}', {res['probe_steps']} probes, "
-            f"{res['other_arm_steps']} of {len(rows)} steps in the other arm, medians {res['median_wall_s']}, "
-            f"tuning {res['tuning_s']:+.2f}s of {res['total_s']:.1f}s = {res['tuning_share'] * 100:+.2f}% "
-            f"(target <= {TARGET:.0%})",
-            flush=True,
-        )
-    if counters["fresh"] != counters["cached"]:
-        print(f"[tuning_cost] work differs between the runs: {counters}", flush=True)
     label = (
         "PACED (a model of separate rollout hardware)"
         if args.rollout == "paced"
@@ -210,12 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     result["machine"].update(provenance.finish(prov))
-    out = Path(args.out) if args.out else RESULTS / f"tuning_cost_verl_{args.rollout}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    plot(
-        runs, out.with_suffix(".png"), f"piece_groups=auto tuning cost over {args.steps} iterations, {label}"
+    title = f"piece_groups=auto tuning cost over {args.steps} iterations, {label}"
+    out = script.write_result(
+        f"tuning_cost_verl_{args.rollout}", args, result, lambda png: plot(runs, png, title)
     )
+    script.show(report_verl.tuning_cost(result))
     print(f"[tuning_cost] wrote {out} and {out.with_suffix('.png')}", flush=True)
     return 0
 

@@ -36,7 +36,7 @@ comes from the journal's ``lag.jsonl``.
 
     .venv/bin/python benchmarks/verl_crash_resume.py [--quick | --trials N] [--out PATH]
 
-Writes ``benchmarks/results/verl_crash_resume.json`` (with provenance) and ``.png``; prints a table.
+Writes ``benchmarks/results/verl_crash_resume.json`` (with provenance) and ``.png``; prints its table.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_verl  # noqa: E402
 import script  # noqa: E402
 from conduit_verl_cpu.crash import kill_session  # noqa: E402
 from verl_crash_analysis import (  # noqa: E402
@@ -81,35 +82,15 @@ LABELS = {
 #: the kill schedule's default window, seconds after a step began: inside most steps' generation
 #: (5-13 s at the default shape); a kill after a short step was checkpointed is a degenerate trial
 KILL_WINDOW = (0.5, 6.5)
+STEP_TIMEOUT_S = 900.0  # a launch that takes longer to finish a step has failed
 
 
 def command(work: Path, steps: int, args: argparse.Namespace, journal: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "conduit_verl_cpu.run",
-        "--trainer-mode",
-        "conduit",
-        "--steps",
-        str(steps),
-        "--rollout",
-        "paced",
-        "--pace-scale",
-        str(args.pace_scale),
-        "--batch-size",
-        str(args.batch_size),
-        "--n",
-        str(args.n),
-        "--seed",
-        str(args.seed),
-        "--save-freq",
-        "1",
-        "--journal",
-        journal,
-        "--dump-samples",
-        "--work-dir",
-        str(work),
-    ]
+    flags = {"--trainer-mode": "conduit", "--steps": steps, "--rollout": "paced", "--pace-scale": args.pace_scale,
+             "--batch-size": args.batch_size, "--n": args.n, "--seed": args.seed, "--save-freq": 1,
+             "--journal": journal, "--work-dir": work}  # fmt: skip
+    run = [sys.executable, "-m", "conduit_verl_cpu.run"]
+    return [*run, *(str(x) for kv in flags.items() for x in kv), "--dump-samples"]
 
 
 def env() -> dict[str, str]:
@@ -168,13 +149,13 @@ def run_system(
         for t, kill_s in enumerate(schedule, start=1):
             step = t + 1
             if trials and trials[-1].get("trained_before_kill"):  # this step's start is not seen: no kill
-                wait_for_step(work, step, proc, args.step_timeout, what)
+                wait_for_step(work, step, proc, STEP_TIMEOUT_S, what)
                 events = len(lines(work / "gen_events.jsonl"))
                 trials.append(
                     {"trial": t, "step": step, "kill_s": kill_s, "skipped": SKIPPED, "events_at_kill": events}
                 )
                 continue
-            prev, t_start = wait_for_step(work, step - 1, proc, args.step_timeout, what)
+            prev, t_start = wait_for_step(work, step - 1, proc, STEP_TIMEOUT_S, what)
             if trials and not trials[-1].get("skipped"):  # the previous trial's resumed step
                 trials[-1]["resumed"] = resumed_metrics(prev)
             time.sleep(max(0.0, t_start + kill_s - time.time()))
@@ -201,7 +182,7 @@ def run_system(
             if metrics.exists():
                 metrics.replace(work / f"metrics.launch{t}.jsonl")
             proc = launch()
-        proc.wait(timeout=args.step_timeout * 2)
+        proc.wait(timeout=STEP_TIMEOUT_S * 2)
         if proc.returncode != 0:
             raise RuntimeError(f"{what}: the last resumed run failed (rc {proc.returncode})")
         if not trials[-1].get("skipped"):
@@ -245,9 +226,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--kill-window",
         default=",".join(f"{x:g}" for x in KILL_WINDOW),
         help="LO,HI: kills are drawn uniformly in this many seconds after a step began (shared schedule)",
-    )
-    p.add_argument(
-        "--step-timeout", type=float, default=900.0, help="seconds a launch may take to finish a step"
     )
     args = p.parse_args(argv)
     if args.quick:
@@ -327,66 +305,12 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_refused": refused,
         "durability_lag": lag,
         "wall_s": round(time.monotonic() - t0, 1),
-        "machine": {"cpus": os.cpu_count(), **provenance.finish(tok)},
+        "machine": script.machine(tok),
     }
-    script.write_result("verl_crash_resume", args, doc, lambda png: plot(doc, png))
-    report(doc)
-    print(f"wrote {args.out} ({doc['wall_s']:.0f}s)")
+    out = script.write_result("verl_crash_resume", args, doc, lambda png: plot(doc, png))
+    script.show(report_verl.crash_resume(doc))
+    print(f"wrote {out} ({doc['wall_s']:.0f}s)")
     return 0
-
-
-def report(doc: dict[str, Any]) -> None:
-    def fmt(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.2f}"
-
-    print(
-        f"crash + resume, {doc['config']['trials']} trial(s) per system, kills at "
-        f"{doc['kill_schedule']['seconds_after_step_start']} s after the step began (both systems), paced rollout"
-    )
-    head = (
-        "system",
-        "clean/deg",
-        "work before",
-        "gen wall lost",
-        "work lost",
-        "req lost",
-        "kept",
-        "regen",
-        "lost",
-        "dup",
-        "data ok",
-    )
-    print("{:20} {:>9} {:>11} {:>13} {:>9} {:>8} {:>5} {:>5} {:>4} {:>4} {:>7}".format(*head))
-    for s, d in doc["systems"].items():
-        m = d["summary"]
-        print(
-            f"{s:20} {m['clean']:>4}/{m['degenerate']:<4} {fmt(m['median_work_before_kill_s']):>11} "
-            f"{fmt(m['median_lost_gen_s']):>13} {fmt(m['median_work_lost_s']):>9} {fmt(m['median_requests_lost']):>8} "
-            f"{m['kept_groups_total']:>5} {m['regenerated_requests_total']:>5} {m['prompts_lost_total']:>4} "
-            f"{m['prompts_duplicated_total']:>4} {m['kept_data_equal_all']!s:>7}"
-        )
-    print(
-        f"{BASELINE} = {LABELS[BASELINE]}. Medians per crash over the clean trials (work in request-s); "
-        "kept/regen totals over them; lost/dup: prompts lost or duplicated in every killed trial (must be 0)"
-    )
-    for name, key in (("generation work", "work_lost_s"), ("generation wall time", "lost_gen_s")):
-        r = doc["ratios"][key]
-        value = doc[
-            "lost_work_ratio_journal_off_over_on"
-            if key == "work_lost_s"
-            else "lost_gen_ratio_journal_off_over_on"
-        ]
-        shown = (
-            f"refused: {doc['ratio_refused']}"
-            if doc["ratio_refused"]
-            else (f"{value:.2f}x" if value else "n/a")
-        )
-        print(f"{name} lost, journal off / on, median of {r['pairs']} per-trial ratios: {shown}")
-    lag = doc["durability_lag"]
-    if lag.get("groups"):
-        print(
-            f"durability lag (finished -> fsynced): median {lag['median_s']:.3f}s, p95 {lag['p95_s']:.3f}s, max {lag['max_s']:.3f}s"
-        )
 
 
 if __name__ == "__main__":

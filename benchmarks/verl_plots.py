@@ -6,16 +6,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import script
+
 PARTS = ("gen_busy", "gen_wait_exposed", "ingest_exposed", "update_critic", "update_actor", "update_weights")
 
 
 def stage_bars(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     """One stacked bar per system: median of each part; 'other' fills up to the median wall time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     systems = list(dict.fromkeys(r["system"] for r in rows))
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, system in enumerate(systems):
@@ -37,11 +35,7 @@ def stage_bars(rows: list[dict[str, Any]], out: Path, title: str) -> None:
 def paced_sweep(sweep_ratios: dict[str, dict[str, Any]], out: Path, algo: str) -> None:
     """Speed-up of conduit over verl_sync_tuned (median wall ratio, inverted) against the response
     length tail, one line per R; paced rollout (modelled generation), labelled as such."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     lines: dict[float, list[tuple[float, float]]] = {}
     for point, ratios in sweep_ratios.items():
         tail, r = (float(kv.split("=")[1]) for kv in point.split(","))
@@ -63,11 +57,7 @@ def paced_sweep(sweep_ratios: dict[str, dict[str, Any]], out: Path, algo: str) -
 
 def reward_curve(curves: dict[str, list[tuple[int, float]]], out: Path, title: str, window: int = 10) -> None:
     """Mean score per iteration for each system (faint) and its ``window``-iteration moving mean."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = script.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for i, (system, points) in enumerate(curves.items()):
         steps = [s for s, _ in points]
@@ -86,10 +76,6 @@ def reward_curve(curves: dict[str, list[tuple[int, float]]], out: Path, title: s
 
 def _finish(fig: Any, ax: Any, out: Path, title: str, legend_size: int) -> None:
     """Title, legend, save as PNG, close."""
-    import matplotlib.pyplot as plt
-
     ax.set_title(title)
     ax.legend(fontsize=legend_size)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    script.save_figure(fig, out)

@@ -26,7 +26,10 @@ the measured staleness ``staleness_median`` / ``staleness_max`` (lag = version t
 version that generated any token of the group), ``wall_s``, ``exposed_s`` (``verl_analysis``), the
 work counters (``work``: responses and response tokens the rollout generated per weight version;
 ``prompts_trained``, ``stale_dropped``, ``prompts_generated`` = trained + dropped) and
-``update_weights_s`` (verl's ``timing_s/update_weights``: the weight push to the rollout).
+``update_weights_s`` (verl's ``timing_s/update_weights``: the weight push to the rollout). In async
+modes the generated work depends on when in-flight requests are aborted and resumed: it is reported
+beside the staleness ratios (``work/<a>_vs_<b>``), not a refusal; the backend and on-policy ratios
+refuse on it, except on the last iteration of trainers that generate ahead.
 
 Staleness sources: Conduit's rows from the group log (per group; the step's ``conduit/staleness/*``
 metrics where no log is there); verl's rows from verl's own ``training/off_policy/
@@ -47,7 +50,6 @@ rollout hardware (``verl_iteration.py``'s docstring), not a GPU measurement.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -56,6 +58,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+import report_staleness  # noqa: E402
 import script  # noqa: E402
 from verl_analysis import calibration  # noqa: E402
 from verl_plots import reward_curve  # noqa: E402
@@ -305,31 +308,8 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
     """How the rows were made (goes into the JSON)."""
     out = {
         **run_method(rounds, steps),
-        "systems": "conduit_k<k>: trainer mode conduit, +trainer.v1.conduit.max_staleness=k, "
-        f"piece_groups={args.piece_groups}, a group log per run; verl_colocate_async / verl_separate_async: verl's async "
-        "trainers (one batch generated ahead; no bound: the harness sets "
-        "trainer.v1.sampler.max_off_policy_threshold=null), on SimpleStorage or, +tq_conduit, on Conduit's "
-        "backend; verl_colocate_async_k<k> / verl_separate_async_k<k>: the same trainers under verl's own "
-        "bound (max_off_policy_threshold = k + 1, the versions a trajectory may span; strategy drop); "
-        f"verl_sync_tuned: verl's sync trainer at a fixed poll period of {args.poll} s (no sweep here)",
-        "staleness": "lag of a group = version trained on (step - 1) - oldest version that generated any "
-        "of its tokens. conduit_k*: from the group log, every trained group of the measured iterations "
-        "(staleness_median over groups); verl: verl's training/off_policy/trajectory_staleness_worst/"
-        "{mean,max} per step, so its staleness_median is the median of per-step means (no per-group "
-        "source exists for verl's trainers). staleness_max: the largest lag any measured step trained",
-        "equal_staleness": "conduit_k>=1 / a verl async system only where Conduit trained no staler data: "
-        "its median of per-step means (or, both with group logs, over groups) and its maximum each at most "
-        "the other's, to 3 decimals (fresher data can only cost Conduit time); otherwise refused/... "
-        "gives both values; staleness/<a>_vs_<b> gives both beside every computed ratio",
-        "work": "work: responses and response tokens the rollout generated per weight version "
-        "(gen_events); in async modes this depends on when in-flight requests are aborted and resumed, "
-        "so it is reported (work/<a>_vs_<b>) and not a refusal for the staleness ratios; the backend "
-        "and on-policy ratios refuse on it (verl_analysis.ratios), except, for trainers that generate ahead, "
-        "on the last iteration (its version's responses are generated during a step the run never reaches). prompts_trained: Conduit's trained "
-        "groups, verl's train batch size; stale_dropped: conduit/stale_dropped or verl's "
-        "training/off_policy/evicted_samples (groups); prompts_generated = trained + dropped",
-        "update_weights": "update_weights_s: verl's timing_s/update_weights (the push of new weights to "
-        "the rollout, every step, every mode)",
+        "description": __doc__,  # the systems, the staleness measured, the equal-staleness rule, the work
+        "conduit": f"piece_groups={args.piece_groups}; verl_sync_tuned's poll period {args.poll} s (no sweep here)",
         "exposed": (sys.modules["verl_analysis"].__doc__ or "").strip(),
         "targets": f"k1 over verl_colocate_async: wall <= {TARGET_WALL}x, exposed <= {TARGET_EXPOSED}x (None "
         "where refused), and the same over verl_colocate_async_k1 (k1_equal_bound_*, verl under its own bound "
@@ -361,16 +341,7 @@ def main() -> int:
     args = parse()
     result, out = bench(args)
     print(table(result["rows"], args.systems.split(",")))
-    for s in result["summary"]:
-        print(
-            f"{s['system']:<32} bound {s['max_staleness']!s:>4}  staleness median {s['staleness_median']!s:>6} "
-            f"max {s['staleness_max']!s:>4} ({s['staleness_source']}); dropped {s['stale_dropped']}"
-        )
-    print(json.dumps(result["ratios"], indent=1))
-    print("targets:", json.dumps(result["targets"]))
-    if "reward_curve" in result:
-        rc = result["reward_curve"]
-        print("reward:", json.dumps({k: rc[k] for k in ("final_score", "k1_within_spread")}))
+    script.show(report_staleness.staleness({out.name: result}))
     print(f"[bench] wrote {out}")
     return 0
 
