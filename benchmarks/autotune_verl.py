@@ -202,23 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "method": {
             "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-            "paced": "PACED: real tokens released at a modelled inference server's times; a model of "
-            "separate rollout hardware, not a GPU measurement (verl_iteration.py)",
-            "grid": f"one run per workload, g per step: settle {SETTLE}, then grid {args.grid} x {args.reps} "
-            "in seeded random orders; rows after the settling steps",
-            "recorded": "each step's predicted tail as the run's policy made it, from the fit of the earlier "
-            "steps' pieces (conduit_verl_cpu/piece_trace.py), replayed on that step's finish times",
-            "replayed": "the same with this checkout's policy code, fed the run's recorded pieces (replay())",
-            "rest": "iteration less its modelled generation (model_gen_s x time scale) and its updates: steps "
-            "draw different responses, so whole iterations of different steps would rank the data, not g",
-            "gaps": "rest differences to the best fixed g: *_gap_tuned as a share of the tuned part (the best "
-            "g's rest: what the tuner controls; target <= 10%), *_gap_iteration as a share of the grid's "
-            "median iteration (end to end; target <= 5%); auto's on the same steps as the grid's "
-            "(auto_steps_compared: the steps both runs measured; each g's median over its steps among them)",
-            "auto": f"a separate run, piece_groups=auto, {args.auto_steps} measured steps after warm-up, with a "
-            "fresh tuner cache (trainer.v1.conduit.tuner_cache); probes and probe share over all its steps",
-            "cached": "a second piece_groups=auto run of the same workload sharing the first auto run's tuner cache: "
-            "it starts from the decision the first run kept (the core's LoopTuner cache)",
+            "description": __doc__,  # the grid run, recorded / replayed predictions, rest, gaps, auto, cached
+            "grid": f"settle {SETTLE}, then grid {args.grid} x {args.reps} in seeded random orders",
+            "auto_steps": args.auto_steps,
             "shape": "GRPO 16 prompts x n=8, responses <= 256 tokens, lognormal lengths (median per workload, "
             f"p99/median {args.tail:g}), R {args.R:g}",
         },
