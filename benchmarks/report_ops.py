@@ -376,7 +376,8 @@ def scaling_measured(d: Doc) -> list[str]:
         out.append("")
     refit = v.get("refit") or {}
     if refit:
-        out.append(f"Refit ({refit.get('source', DASH)}); the model above runs on it. Validation: "
+        out.append(f"Refit ({refit.get('source', DASH)}); a diagnostic: the model above runs on the defaults "
+                   "(its share at the largest scale under the refit is in the sensitivity line). Validation: "
                    f"per call held out {(v.get('verdict') or {}).get('refit_per_call_held_out', DASH)}, "
                    f"per iteration {(v.get('verdict') or {}).get('refit_per_iteration', DASH)}.")  # fmt: skip
         out.append("")
