@@ -202,11 +202,8 @@ def validate(
     tq = [r for r in rows if r["system"] in ("conduit", "tq_simplestorage")]
     iters = [{"system": r["system"], "nodes": r["nodes"], "gpus_per_node": 1, "agent_workers": r["nodes"],
               "data_path_s": r["measured_s"]} for r in tq]  # fmt: skip
-    per_iteration = iteration_validation(
-        iters, replace(cal, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S, host_cores
-    )
+    per_iteration = iteration_table(iters, cal, workload, host_cores)
     for v in per_iteration:
-        v.pop("agent_workers", None)
         row = next(r for r in tq if (r["system"], r["nodes"]) == (v["system"], v["nodes"]))
         row["predicted_s"] = round(v["predicted_s"], 4)
 
@@ -224,6 +221,19 @@ def validate(
     return out
 
 
+def iteration_table(
+    iters: list[dict[str, Any]], cal: Calibration, workload: Workload, host_cores: int
+) -> list[dict[str, Any]]:
+    """The per-iteration validation of ``iters`` (TQ rows) against the model on ``cal``, as they ran:
+    verl's poll period, no compute, loopback, ``host_cores`` shared cores."""
+    table = iteration_validation(
+        iters, replace(cal, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S, host_cores
+    )
+    for v in table:
+        v.pop("agent_workers", None)
+    return table
+
+
 def refit_validation(
     calls: list[dict[str, Any]],
     iters: list[dict[str, Any]],
@@ -237,11 +247,7 @@ def refit_validation(
     nic = Cluster.from_topology(load(TOPOLOGY), 16).nic_bytes_per_s  # as scaling.py validates those calls
     refit = refit_calls(cal, calls, LOOPBACK_BYTES_PER_S, large, nic)
     per_call = call_validation(calls, refit, LOOPBACK_BYTES_PER_S)
-    per_iteration = iteration_validation(
-        iters, replace(refit, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S, host_cores
-    )
-    for v in per_iteration:
-        v.pop("agent_workers", None)
+    per_iteration = iteration_table(iters, refit, workload, host_cores)
     return {"fit_nodes": list(FIT_NODES), "stores": refit.stores, "source": refit.source,
             "per_call_held_out": [t for t in per_call if t["nodes"] not in FIT_NODES],
             "per_call_in_sample": [t for t in per_call if t["nodes"] in FIT_NODES],
