@@ -54,7 +54,12 @@ def replay(trace: dict[int, dict[str, Any]], groups: int, unit: int = 1) -> dict
             tails = predicted_tails(policy, t["finish"], t["work"], (cost.a, cost.b, cost.per_byte, k))
             out[step] = {str(g): v for g, v in tails.items()}
         for piece in t["pieces"]:
-            policy.record_piece(piece["groups"], piece["seconds"], piece["overlapped"], piece["work"])
+            if piece.get("rows"):  # an early-rows call (traces from before them have none)
+                policy.record_rows(piece["seconds"], piece["tokens"])
+                continue
+            policy.record_piece(
+                piece["groups"], piece["seconds"], piece["overlapped"], piece["work"], piece.get("tokens")
+            )
         policy.record_step(t["finish"], t["ended"])
     return out
 

@@ -2,7 +2,8 @@
 
 ``auto`` is a strategy of the core's tuner. Its model is the core's cost model: it fits a piece's
 ingestion ``k^o * (a + b * groups + c * tokens)`` over recent pieces (``CostWindow.fit_slowed``;
-``o`` = 1 for pieces ingested while generation still ran, ``k`` the contention), replays the streaming
+``o`` = 1 for pieces ingested while generation still ran, ``k`` the contention; ``tokens``: those the
+call's per-sample stages ran on, and early-rows calls count as pieces of no group), replays the streaming
 schedule (``stream_end``) on the last steps' group finish times for every candidate ``g``, and keeps
 the ``g`` with the shortest predicted exposed tail (ties within ``TIE`` go to the larger ``g``; the
 current ``g`` stays unless another is clearly shorter, by the core's noise rule). Whether to stream
@@ -178,15 +179,22 @@ class PiecePolicy:
         return self.tuner.turn(self.steps, favoured)
 
     def record_piece(
-        self, groups: int, seconds: float, overlapped: bool = False, work: Sequence[float] | None = None
+        self,
+        groups: int,
+        seconds: float,
+        overlapped: bool = False,
+        work: Sequence[float] | None = None,
+        tokens: float | None = None,
     ) -> None:
         """One piece of ``groups`` took ``seconds`` of ingestion; ``overlapped``: generation still ran;
-        ``work``: each group's work (tokens; None: 1 per group)."""
+        ``work``: each group's work (tokens; None: 1 per group); ``tokens``: the tokens its per-sample
+        stages ran on (None: all of ``work``; fewer where early rows had run on some responses)."""
         self._step_tokens += float(sum(work)) if work is not None else 0.0
         if self.steps == 1:  # the warm-up step: its first calls are slow for reasons of their own
             return
         per_group = sorted(work) if work is not None else [1.0] * groups
-        self.pieces.record(1, float(len(per_group)), seconds, nbytes=float(sum(per_group)), slowed=overlapped)
+        ran = float(sum(per_group)) if tokens is None else float(tokens)
+        self.pieces.record(1, float(len(per_group)), seconds, nbytes=ran, slowed=overlapped)
         self._fit = None
         self._step_pieces += 1
         self._step_work += per_group
@@ -194,6 +202,17 @@ class PiecePolicy:
             self._overlapped_s += seconds
         else:
             self._tail_s = seconds
+
+    def record_rows(self, seconds: float, tokens: float) -> None:
+        """An early-rows call (``early_rows.py``) took ``seconds`` to run the per-sample stages on
+        responses of ``tokens`` tokens while generation ran: the same stages a whole-batch piece runs,
+        so the fit must see them (without them it prices the whole batch at its pieces' leftover
+        work, and the whole-batch arm looks cheap enough to probe)."""
+        if self.steps == 1:
+            return
+        self.pieces.record(1, 0.0, seconds, nbytes=float(tokens), slowed=True)
+        self._fit = None
+        self._overlapped_s += seconds
 
     def record_step(self, finish: list[float], ended: float | None = None) -> None:
         """The step's group finish times (seconds from its start) and when its last piece's ingestion

@@ -123,19 +123,25 @@ def _balanced(trainer: Any, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         trainer.conduit_in_piece = False
 
 
-def ingest_piece(trainer: Any, piece: _Piece, timing_raw: dict, m: Metrics) -> int:
+def _tokens(meta: KVBatchMeta) -> int:
+    """Tokens of the responses in ``meta`` (their ``seq_len`` tags; 1 where untagged)."""
+    return sum(int(tag.get("seq_len", 1)) for tag in meta.tags)
+
+
+def ingest_piece(trainer: Any, piece: _Piece, timing_raw: dict, m: Metrics) -> tuple[int, int]:
     """Run a group piece's stages (with early rows, the per-sample ones only on its rows not yet
-    done); TransferQueue puts saved."""
+    done); (TransferQueue puts saved, tokens the per-sample stages ran on)."""
     early: EarlyRows | None = trainer.conduit_early
     if early is None or not early.active:
-        return _run(trainer, ingest_operators, piece, timing_raw, m)
-    saved = 0
+        return _run(trainer, ingest_operators, piece, timing_raw, m), _tokens(piece.meta)
+    saved = tokens = 0
     rest = early.rest(piece.meta)
     if rest is not None:
         part = _Piece(rest)
         saved += _run(trainer, sample_operators, part, timing_raw, m)
         piece.metrics.update(part.metrics)
-    return saved + _run(trainer, lambda t, p, r: [advantage_operator(t, p, r)], piece, timing_raw, m)
+        tokens = _tokens(rest)
+    return saved + _run(trainer, lambda t, p, r: [advantage_operator(t, p, r)], piece, timing_raw, m), tokens
 
 
 def early_ingestion(
@@ -145,9 +151,11 @@ def early_ingestion(
     stages (overlapped with generation), their metrics added to the step's ``parts``."""
 
     def run(meta: KVBatchMeta) -> None:
+        t0 = time.perf_counter()
         with m.span("ingest_early"):
             part = _Piece(_balanced(trainer, meta, {}))
             m.incr("tq_puts_saved", _run(trainer, sample_operators, part, timing_raw, m))
+        trainer.conduit_policy.record_rows(time.perf_counter() - t0, _tokens(part.meta))
         parts.append((len(part.meta), part.metrics))
 
     return run
@@ -407,11 +415,14 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
             t_piece = time.perf_counter()
             with m.span("ingest_tail" if last else "ingest", exposed=last):
                 piece.meta = _balanced(trainer, piece.meta, piece.metrics)
-                m.incr("tq_puts_saved", ingest_piece(trainer, piece, timing_raw, m))
+                saved, ran = ingest_piece(trainer, piece, timing_raw, m)
+                m.incr("tq_puts_saved", saved)
                 groups = check_groups(piece.meta.keys, piece.meta.tags, n)
                 fifo.put(piece.meta, groups, version)
             work = [sum(int(piece.meta.tags[r].get("seq_len", 1)) for r in g) for g in groups]
-            policy.record_piece(want, time.perf_counter() - t_piece, overlapped=not last, work=work)
+            policy.record_piece(
+                want, time.perf_counter() - t_piece, overlapped=not last, work=work, tokens=ran
+            )
             parts.append((len(piece.meta), piece.metrics))
             m.set_gauge("ready_samples", len(fifo))
             if last:

@@ -426,3 +426,58 @@ def test_the_arms_are_told_apart_by_the_core_noise_rule() -> None:
     past = PiecePolicy("auto", groups=8, unit=1)
     arms = _measured_arms(past, {"stream": [10.0], "whole": [9.4]}, 14, slowdown=3.0)
     assert arms[8:] == ["stream" if s % 10 == 0 else "whole" for s in range(9, 15)]
+
+
+def _early_rows_steps(policy: PiecePolicy, steps: int, early: bool) -> list[str]:
+    """The vLLM run's shape (16 groups of 800 tokens, most finishing in the last 0.2 s of a 6.7 s
+    generation; calls cost ``0.02 + 0.0002 s/token``): early rows run the per-sample stages on 75%
+    of the tokens while generation runs, then a streamed piece of 2 groups and a tail piece of 14
+    run the rest. ``early=False`` feeds the policy as before early rows were reported: no early
+    calls, and each piece's tokens taken as all its groups' tokens. The arm of each step."""
+
+    def cost(tokens: float) -> float:
+        return 0.02 + 0.0002 * tokens
+
+    finish = [4.4, 5.6] + [6.5 + 0.015 * i for i in range(14)]
+    arms, now = [], 0.0
+    for _ in range(steps):
+        g = policy.begin_step(now)
+        arms.append(policy.arm)
+        if policy.arm == "whole":
+            policy.record_piece(16, cost(16 * 800.0), work=[800.0] * 16)
+            ended = finish[-1] + cost(16 * 800.0)
+        else:
+            assert g < 16
+            early_tokens = [1600.0] * 6  # 9,600 of the step's 12,800 tokens, 6 calls
+            for t in early_tokens:
+                if early:
+                    policy.record_rows(cost(t), t)
+            rest = [(2, 400.0, True), (14, 2800.0, False)]  # (groups, tokens not done early, overlapped)
+            for groups, tokens, overlapped in rest:
+                seconds = cost(tokens)
+                policy.record_piece(
+                    groups, seconds, overlapped, work=[800.0] * groups, tokens=tokens if early else None
+                )
+            ended = finish[-1] + cost(2800.0)
+        policy.record_step(finish, ended)
+        now += 12.0
+    return arms
+
+
+def test_early_rows_count_in_the_whole_batch_price() -> None:
+    """Early rows run most per-sample work while generation runs, so a step's pieces are left with
+    little of it. Fitted on the pieces' full token counts and without the early calls (the policy
+    before they were reported), a whole-batch piece is priced at under half its 2.58 s, streaming's
+    gain (2.58 s less a 0.58 s tail) looks small, and ``auto`` probes the whole-batch arm (the
+    vLLM run's step 4: a 2.8 s exposed tail). With them, the fit prices the whole batch right and
+    streaming settles without a probe."""
+    truth = 0.02 + 0.0002 * 16 * 800.0
+    blind = PiecePolicy("auto", groups=16, unit=1, separate_rollout=True)
+    blind_arms = _early_rows_steps(blind, 8, early=False)
+    assert blind.whole_s(16 * 800.0) < 0.5 * truth
+    assert "whole" in blind_arms
+    seen = PiecePolicy("auto", groups=16, unit=1, separate_rollout=True)
+    arms = _early_rows_steps(seen, 8, early=True)
+    assert seen.whole_s(16 * 800.0) == pytest.approx(truth, rel=0.05)
+    assert arms == ["stream"] * 8
+    assert seen.per_token() == pytest.approx(0.0002, rel=0.05)

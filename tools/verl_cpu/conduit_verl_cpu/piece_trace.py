@@ -80,6 +80,7 @@ def install() -> None:
     schedule = g_schedule(raw) if raw else None
     piece_groups, begin_step = PiecePolicy.piece_groups, PiecePolicy.begin_step
     record_piece, record_step = PiecePolicy.record_piece, PiecePolicy.record_step
+    record_rows = PiecePolicy.record_rows
 
     @functools.wraps(piece_groups)
     def traced_piece_groups(self: Any) -> int:
@@ -100,12 +101,23 @@ def install() -> None:
 
     @functools.wraps(record_piece)
     def traced_record_piece(
-        self: Any, groups: int, seconds: float, overlapped: bool = False, work: Any = None
+        self: Any,
+        groups: int,
+        seconds: float,
+        overlapped: bool = False,
+        work: Any = None,
+        tokens: float | None = None,
     ) -> None:
-        piece = {"groups": groups, "seconds": seconds, "overlapped": overlapped}
+        piece = {"groups": groups, "seconds": seconds, "overlapped": overlapped, "tokens": tokens}
         piece["work"] = [float(w) for w in work] if work is not None else None
         getattr(self, "_trace", {"pieces": []})["pieces"].append(piece)
-        record_piece(self, groups, seconds, overlapped, work)
+        record_piece(self, groups, seconds, overlapped, work, tokens)
+
+    @functools.wraps(record_rows)
+    def traced_record_rows(self: Any, seconds: float, tokens: float) -> None:
+        rows = {"rows": True, "seconds": seconds, "tokens": float(tokens), "overlapped": True}
+        getattr(self, "_trace", {"pieces": []})["pieces"].append(rows)
+        record_rows(self, seconds, tokens)
 
     @functools.wraps(record_step)
     def traced_record_step(self: Any, finish: list[float], ended: float | None = None) -> None:
@@ -141,6 +153,7 @@ def install() -> None:
     PiecePolicy.begin_step = traced_begin_step  # type: ignore[method-assign]
     PiecePolicy.record_piece = traced_record_piece  # type: ignore[method-assign]
     PiecePolicy.record_step = traced_record_step  # type: ignore[method-assign]
+    PiecePolicy.record_rows = traced_record_rows  # type: ignore[method-assign]
     PiecePolicy._conduit_traced = True  # type: ignore[attr-defined]
 
 
