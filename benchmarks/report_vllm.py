@@ -55,6 +55,17 @@ def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
             )
     out += ["", *table(head, rows), ""]
     for label, d in docs:
+        f = d.get("ingestion_floor") or {}
+        if "exposed_ratio_floor" in f:
+            out.append(
+                f"- {label}: ingestion floor (every response ingested as it finishes, one after another, at "
+                f"verl_sync_tuned's whole-batch rate, {num(f['per_token_s'] * 1e3, 3)} ms per response token): "
+                f"{num(f['floor_s'], 3)} s after the last response (median; per iteration "
+                f"{', '.join(num(v, 2) for v in f['per_iteration'].values())}), plus verl_sync_tuned's own wait "
+                f"for generation's outputs {num(f['baseline_gen_wait_s'], 3)} s: no on-policy schedule's "
+                f"exposed time gets under {num(f['exposed_floor_s'], 3)} s here, "
+                f"{num(f['exposed_ratio_floor'], 3)}x verl_sync_tuned's."
+            )
         for pair, e in (d.get("equivalence") or {}).items():
             out.append(
                 f"- {label}: identical responses, {pair.replace('_vs_', ' vs ')}: "

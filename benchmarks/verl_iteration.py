@@ -57,7 +57,7 @@ from verl_runs import (  # noqa: E402
     sweep,
     table,
 )
-from verl_vllm_analysis import generation_cost, response_identity  # noqa: E402
+from verl_vllm_analysis import generation_cost, ingestion_floor, response_identity  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the paced rollout's sweep: response-length tail (p99 / median) and R (generation / ingestion)
@@ -301,6 +301,8 @@ def vllm_figures(result: dict[str, Any], systems: list[str]) -> None:
         for other in ("conduit", "verl_sync")
     }
     result["generation"] = {s: generation_cost(result["rows"], s) for s in systems}
+    if "conduit" in dirs:
+        result["ingestion_floor"] = ingestion_floor(result["rows"], dirs["conduit"], "conduit")
 
 
 def main() -> int:

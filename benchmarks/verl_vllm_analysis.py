@@ -72,6 +72,58 @@ def generation_cost(rows: list[dict[str, Any]], system: str) -> dict[str, float 
     }
 
 
+def _finishes(work: Path) -> dict[int, list[tuple[float, int]]]:
+    """Weight version -> its responses' (end time, response tokens), from the server's request log."""
+    path = work / "gen_events.jsonl"
+    out: dict[int, list[tuple[float, int]]] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        e = json.loads(line)
+        out.setdefault(int(e["version"]), []).append((float(e["t1"]), int(e.get("length", 0))))
+    return out
+
+
+def ingestion_floor(
+    rows: list[dict[str, Any]], work: Path, system: str, baseline: str = "verl_sync_tuned"
+) -> dict[str, Any]:
+    """The exposed time no on-policy schedule avoids on this workload and machine, per measured
+    iteration of ``system``: every response ingested the moment it finishes, one after another on
+    the one ingestion core, at the ``baseline``'s whole-batch rate (its ingestion seconds per response
+    token in the same iteration, which generated the same responses; its median where that iteration
+    is missing: one call per stage, no per-call cost); the floor is how long after the last
+    response that ends. Beside it the baseline's own wait for generation's outputs
+    (``gen_wait_exposed``), which every schedule has too. ``exposed_ratio_floor``: the least
+    exposed ratio ``system`` / ``baseline`` any on-policy schedule could reach here."""
+    base = [r for r in rows if r["system"] == baseline]
+    mine = [r for r in rows if r["system"] == system]
+    if not base or not mine:
+        return {"missing": True}
+    rates = {int(r["iteration"]): r["ingest_s"] / r["work"]["response_tokens"] for r in base}
+    median_rate = statistics.median(rates.values())
+    finishes = _finishes(work)
+    per_iteration = {}
+    for r in mine:
+        done = sorted(finishes.get(int(r["iteration"]), []))
+        if not done:
+            continue
+        t, rate = done[0][0], rates.get(int(r["iteration"]), median_rate)
+        for end, tokens in done:
+            t = max(t, end) + rate * tokens
+        per_iteration[int(r["iteration"])] = round(t - done[-1][0], 4)
+    if not per_iteration:
+        return {"missing": True}
+    floor = statistics.median(per_iteration.values())
+    wait = statistics.median(r["stages"]["gen_wait_exposed"] for r in base)
+    base_exposed = statistics.median(r["exposed_s"] for r in base)
+    return {
+        "per_token_s": round(median_rate, 7),
+        "floor_s": round(floor, 4),
+        "per_iteration": per_iteration,
+        "baseline_gen_wait_s": round(wait, 4),
+        "exposed_floor_s": round(floor + wait, 4),
+        "exposed_ratio_floor": round((floor + wait) / base_exposed, 3) if base_exposed else None,
+    }
+
+
 def run_info(work: Path) -> dict[str, Any]:
     """From the run's ``summary.json``: how the cores were split (``cores``; None when not split)."""
     path = work / "summary.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from conduit_verl_cpu.vllm_cpu import parse_prometheus  # noqa: E402
 from verl_analysis import ratios  # noqa: E402
-from verl_vllm_analysis import engine_steps, generation_cost, response_identity  # noqa: E402
+from verl_vllm_analysis import engine_steps, generation_cost, ingestion_floor, response_identity  # noqa: E402
 
 
 def _dump(work: Path, steps: dict[int, list[tuple[list[int], list[int]]]]) -> Path:
@@ -112,3 +112,35 @@ def test_ratios_against_an_off_policy_baseline_are_refused_with_the_reason() -> 
     assert "wall/conduit_over_verl_colocate_async" not in got
     assert "off-policy" in got["refused/conduit_over_verl_colocate_async"]
     assert got["median_wall_s/verl_colocate_async"] == 5.0  # reported all the same
+
+
+def _floor_row(
+    system: str, iteration: int, ingest_s: float, tokens: int, wait: float, exposed: float
+) -> dict:
+    return {
+        "system": system,
+        "iteration": iteration,
+        "ingest_s": ingest_s,
+        "work": {"response_tokens": tokens},
+        "stages": {"gen_wait_exposed": wait},
+        "exposed_s": exposed,
+    }
+
+
+def test_ingestion_floor_queues_responses_in_finish_order_at_the_baseline_rate(tmp_path: Path) -> None:
+    """Iteration 2: the baseline ingested 400 tokens in 2 s (5 ms/token). Responses of 100 tokens end
+    at 0, 0.1 and 1.0 s, and one of 100 at 1.0 s too: the first two are done by 1.0 s (0.5 s each, one
+    after the other), the last two take 1.0 s after generation ends: floor 1.0 s. With the baseline's
+    wait of 0.2 s and exposed 3.0 s, no on-policy schedule gets under (1.0 + 0.2) / 3.0 = 0.4."""
+    events = [(0.0, 100), (0.1, 100), (1.0, 100), (1.0, 100)]
+    (tmp_path / "gen_events.jsonl").write_text(
+        "\n".join(json.dumps({"version": 2, "t0": 0.0, "t1": t, "length": n}) for t, n in events)
+    )
+    rows = [
+        _floor_row("verl_sync_tuned", 2, 2.0, 400, 0.2, 3.0),
+        _floor_row("conduit", 2, 2.5, 400, 0.3, 1.6),
+    ]
+    got = ingestion_floor(rows, tmp_path, "conduit")
+    assert got["per_iteration"] == {2: 1.0}
+    assert got["exposed_floor_s"] == 1.2 and got["exposed_ratio_floor"] == 0.4
+    assert ingestion_floor(rows[1:], tmp_path, "conduit") == {"missing": True}
