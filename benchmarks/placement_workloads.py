@@ -111,10 +111,11 @@ def grpo_fields(tokens: int, samples: int, usable: dict[str, str]) -> list[Field
 
 
 def grpo_setup(tokens: int, samples: int, tiers: dict[str, str]) -> Callable[[], None]:
-    from conduit_verl.tq_store.backend import _layout
-    from conduit_verl.tq_store.columns import column_of, from_wire, to_wire
+    from conduit_verl.tq_store.columns import column_of
     from conduit_verl.tq_store.store import NodeStore
 
+    from conduit.buffer.columns import from_wire, to_wire
+    from conduit.buffer.keyed_client import as_layout as _layout
     from conduit.buffer.mapped import read_mapped
 
     store = NodeStore(placement=dict(tiers), default_tier="shm")

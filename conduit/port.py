@@ -16,7 +16,6 @@ anything a frame holds. Errors of the storage travel as a class name from :attr:
 message, re-raised at the caller as that class (else :attr:`Protocol.error`). A call unanswered for
 :data:`LIVENESS_SLICE_S` asks ``alive()`` (which raises if the storage is gone): a dead storage is
 reported as dead rather than after the whole timeout. Bind to loopback unless another node must reach it.
-Small calls that queue behind calls in flight go together (:class:`Coalescer`).
 """
 
 from __future__ import annotations
@@ -28,9 +27,9 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 import zmq
@@ -56,7 +55,6 @@ logger = logging.getLogger(__name__)
 KEY_BYTES = 32
 MAX_MESSAGE_CHARS = 4000  # of an error's message
 LIVENESS_SLICE_S = 2.0  # a call waits this long before asking whether the storage is alive
-P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -320,85 +318,3 @@ class PortClient:
             stop()
         else:
             loop.call_soon_threadsafe(stop)
-
-
-class Coalescer(Generic[P]):
-    """Calls to one storage that queue while ``max_in_flight`` are in flight go together (use from one
-    event loop): the next call carries all of them, as one :func:`join`-ed call where consecutive ones
-    have the same ``signature`` and disjoint keys, else one after another in arrival order. A lone call
-    waits for nothing. Each caller is answered when its call is done; when a joined call fails, its
-    parts are sent again one by one, so each caller gets the error of its own (one bad item in a joined
-    call fails only its own caller).
-
-    ``send(keys, payload)`` makes one call; ``join(payloads)`` one payload of several (keys in order)."""
-
-    def __init__(self, send: Callable[[np.ndarray, P], Awaitable[None]], join: Callable[[list[P]], P],
-                 signature: Callable[[P], Hashable], max_in_flight: int = 2) -> None:  # fmt: skip
-        self.send, self.join, self.signature, self.max_in_flight = send, join, signature, max_in_flight
-        self.pending: list[tuple[np.ndarray, P, asyncio.Future]] = []
-        self.in_flight = 0
-
-    async def put(self, keys: np.ndarray, payload: P) -> None:
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.pending.append((keys, payload, future))
-        self._pump()
-        await future
-
-    def _pump(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self.pending and self.in_flight < self.max_in_flight:
-            batch, self.pending = self.pending, []
-            self.in_flight += 1
-            loop.create_task(self._send_batch(batch))
-
-    async def _send_batch(self, batch: list[tuple[np.ndarray, P, asyncio.Future]]) -> None:
-        try:
-            for group in self._groups(batch):
-                await self._send_group(group)
-        finally:
-            self.in_flight -= 1
-            self._pump()
-
-    async def _send_group(self, group: list[tuple[np.ndarray, P, asyncio.Future]]) -> None:
-        if len(group) > 1:
-            try:
-                await self.send(np.concatenate([k for k, _, _ in group]), self.join([p for _, p, _ in group]))
-            except Exception:  # noqa: BLE001  (each part is sent again below and gets its own answer)
-                pass
-            else:
-                for _, _, future in group:
-                    if not future.done():
-                        future.set_result(None)
-                return
-        for keys, payload, future in group:
-            try:
-                await self.send(keys, payload)
-            except Exception as e:  # noqa: BLE001  (handed to the call's caller)
-                if not future.done():
-                    future.set_exception(e)
-            else:
-                if not future.done():
-                    future.set_result(None)
-
-    def _groups(self, batch: list[tuple[np.ndarray, P, asyncio.Future]]) -> list[list]:
-        """Consecutive runs of calls with one signature and disjoint keys (arrival order kept); a call
-        that names a key twice goes alone."""
-        groups: list[list] = []
-        seen = np.empty(0, dtype=np.int64)
-        joinable = False
-        for item in batch:
-            keys = np.asarray(item[0], dtype=np.int64)
-            unique = np.unique(keys).size == keys.size
-            if (
-                groups
-                and joinable
-                and unique
-                and self.signature(groups[-1][0][1]) == self.signature(item[1])
-                and not np.intersect1d(seen, keys).size
-            ):
-                groups[-1].append(item)
-                seen = np.concatenate([seen, keys])
-            else:
-                groups.append([item])
-                seen, joinable = keys, unique
-        return groups

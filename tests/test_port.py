@@ -14,8 +14,9 @@ import torch
 zmq = pytest.importorskip("zmq")
 
 from conduit import wire  # noqa: E402
+from conduit.buffer.keyed_client import Coalescer  # noqa: E402
 from conduit.errors import CapacityError, ConduitError, DTypeError  # noqa: E402
-from conduit.port import Coalescer, DataPort, PortClient, Protocol  # noqa: E402
+from conduit.port import DataPort, PortClient, Protocol  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "integrations" / "verl"), str(ROOT / "benchmarks")]
 
 import provenance  # noqa: E402
-from conduit_verl.tq_store.columns import column_of, from_wire, to_wire  # noqa: E402
+from conduit_verl.tq_store.columns import column_of  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
 from tq_batch import make_arrays, make_batch, payload_bytes  # noqa: E402
 
+from conduit.buffer.columns import from_wire, to_wire  # noqa: E402
 from conduit.buffer.ragged_kernels import gather_tokens  # noqa: E402
 
 FIELDS = ("input_ids", "responses", "response_mask", "old_log_probs", "rm_scores")

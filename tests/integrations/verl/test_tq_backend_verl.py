@@ -25,12 +25,13 @@ pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-deps -e tools/verl_cpu
 
-from conduit_verl.tq_store.columns import JAGGED, Column, field_of  # noqa: E402
+from conduit_verl.tq_store.columns import field_of  # noqa: E402
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from verl_cpu_run import run_harness  # noqa: E402
 
 from conduit import Ragged  # noqa: E402
+from conduit.buffer.columns import JAGGED, Column  # noqa: E402
 
 
 def test_jagged_field_pads_to_longest_row() -> None:

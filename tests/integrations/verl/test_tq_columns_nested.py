@@ -8,11 +8,12 @@ import torch
 
 pytest.importorskip("transfer_queue")
 
-from conduit_verl.tq_store.columns import JAGGED, Column, column_of, field_of  # noqa: E402
+from conduit_verl.tq_store.columns import column_of, field_of  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 import conduit.batch as columns  # noqa: E402
 from conduit import Ragged  # noqa: E402
+from conduit.buffer.columns import JAGGED, Column  # noqa: E402
 
 
 def ragged(lengths: list[int], rest: tuple[int, ...] = (), dtype: torch.dtype = torch.float32) -> Ragged:

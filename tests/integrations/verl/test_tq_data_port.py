@@ -12,10 +12,11 @@ import torch
 pytest.importorskip("transfer_queue")
 
 from conduit_verl.errors import StorageBackendError  # noqa: E402
-from conduit_verl.tq_store.columns import column_of, field_of, from_wire, to_wire  # noqa: E402
+from conduit_verl.tq_store.columns import column_of, field_of  # noqa: E402
 from conduit_verl.tq_store.store import PROTOCOL, NodeStore  # noqa: E402
 
 import conduit.port as data_port  # noqa: E402
+from conduit.buffer.columns import from_wire, to_wire  # noqa: E402
 from conduit.port import DataPort, PortClient  # noqa: E402
 
 

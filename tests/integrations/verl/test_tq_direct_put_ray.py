@@ -17,11 +17,13 @@ import torch
 
 pytest.importorskip("transfer_queue")
 
-import conduit_verl.tq_store.backend as backend  # noqa: E402
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
-from conduit_verl.tq_store.columns import column_of, spec_of, to_wire  # noqa: E402
+from conduit_verl.tq_store.columns import column_of  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
+
+from conduit.buffer import keyed_client  # noqa: E402
+from conduit.buffer.columns import from_wire, to_wire  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -104,7 +106,7 @@ def test_a_same_node_put_goes_in_place_once_and_reads_back_bit_identical(one_nod
 def test_a_put_under_the_size_threshold_travels_as_data(one_node, monkeypatch):
     import transfer_queue.interface as tqi
 
-    monkeypatch.setattr(tqi._TQ_CLIENT.storage_manager, "direct_min_bytes", 1 << 20)
+    monkeypatch.setattr(tqi._TQ_CLIENT.storage_manager.client(), "direct_min_bytes", 1 << 20)
     keys = [f"s{i}" for i in range(3)]
     td = grpo_batch([3, 8, 1], seed=6)
     s0 = stats()
@@ -137,9 +139,9 @@ def test_a_field_on_a_tier_the_writer_cannot_map_goes_the_old_way(one_node):
 @pytest.mark.parametrize("threads", [False, True], ids=["inline", "copy-threads"])
 def test_a_field_growing_between_plan_and_commit_is_planned_again(one_node, monkeypatch, threads):
     if threads:
-        monkeypatch.setattr(backend, "PARALLEL_COPY_MIN_BYTES", 0)
+        monkeypatch.setattr(keyed_client, "PARALLEL_COPY_MIN_BYTES", 0)
     actor = storage_actors()[0]
-    real = backend.write_mapped
+    real = keyed_client.write_mapped
     grown: list[int] = []
     once = threading.Lock()  # the copy threads write two fields at once
     longer = 5000 if not threads else 20_000  # longer than any row stored before: the field must grow
@@ -156,7 +158,7 @@ def test_a_field_growing_between_plan_and_commit_is_planned_again(one_node, monk
                 grown.append(1)
         return real(layout, rows, column)
 
-    monkeypatch.setattr(backend, "write_mapped", write_after_a_growth)
+    monkeypatch.setattr(keyed_client, "write_mapped", write_after_a_growth)
     keys = ["g0", "g1"]
     td = grpo_batch([30, 7], seed=3)
     s0 = stats()
@@ -204,20 +206,19 @@ def test_two_writer_processes_put_disjoint_keys_at_once(one_node):
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _plan_write_and_die(actor, gis: np.ndarray) -> None:
-    from conduit_verl.tq_store.backend import _layout
-
+    from conduit.buffer.keyed_client import as_layout
     from conduit.buffer.mapped import write_mapped
 
     td = grpo_batch([6, 6], seed=4)
     cols = {k: column_of(k, td[k]) for k in td.keys()}
     _, entries = ray.get(
         actor.write_plan.remote(
-            gis, {k: spec_of(c) for k, c in cols.items()}, ray.get_runtime_context().get_node_id()
+            gis, {k: c.plan_spec() for k, c in cols.items()}, ray.get_runtime_context().get_node_id()
         )
     )
     assert set(entries) == set(PAYLOAD)
     for k, (layout, rows) in entries.items():
-        write_mapped(_layout(layout), torch.from_numpy(np.array(rows, copy=True)), cols[k].data)
+        write_mapped(as_layout(layout), torch.from_numpy(np.array(rows, copy=True)), cols[k].data)
     os._exit(1)  # killed between the write and the commit
 
 
@@ -233,7 +234,7 @@ def test_a_writer_killed_between_plan_and_commit_leaves_the_indexes_absent(one_n
     td = grpo_batch([3, 11], seed=5)
     ray.get(actor.put.remote(gis, {k: to_wire(column_of(k, td[k])) for k in PAYLOAD}))
     wires = ray.get(actor.get.remote(gis, list(PAYLOAD)))
-    from conduit_verl.tq_store.columns import field_of, from_wire
+    from conduit_verl.tq_store.columns import field_of
 
     assert_same(TensorDict({k: field_of(from_wire(w)) for k, w in wires.items()}, [2]), td)
     with pytest.raises(ray.exceptions.RayTaskError, match="field 'rm_scores' holds scalar torch.float32"):
@@ -259,7 +260,7 @@ def test_large_puts_and_gets_copy_their_fields_on_threads_and_read_back_bit_iden
         return real()
 
     monkeypatch.setattr(mapped, "copy_pool", spy)
-    monkeypatch.setattr(backend, "PARALLEL_COPY_MIN_BYTES", 0)  # every put and get here goes on threads
+    monkeypatch.setattr(keyed_client, "PARALLEL_COPY_MIN_BYTES", 0)  # every put and get here goes on threads
     s0 = stats()
     for round_ in range(3):  # rows grow round by round (the fields move to larger files)
         lengths = [37 * (round_ + 1) + i for i in range(12)]

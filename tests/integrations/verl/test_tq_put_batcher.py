@@ -11,10 +11,9 @@ import torch
 pytest.importorskip("transfer_queue")
 
 from conduit_verl.errors import StorageBackendError  # noqa: E402
-from conduit_verl.tq_store.columns import (
-    column_of,  # noqa: E402
-    put_batcher,  # noqa: E402
-)
+from conduit_verl.tq_store.columns import column_of  # noqa: E402
+
+from conduit.buffer.keyed_client import put_batcher  # noqa: E402
 
 
 def cols(k: int, dtype=torch.int64) -> dict:

@@ -11,10 +11,11 @@ import torch
 pytest.importorskip("transfer_queue")
 
 from conduit_verl.errors import StorageBackendError  # noqa: E402
-from conduit_verl.tq_store.columns import JAGGED, OBJECT, SCALAR, column_of, field_of, from_wire, to_wire  # noqa: E402
+from conduit_verl.tq_store.columns import column_of, field_of  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
 from tensordict import NonTensorStack, TensorDict  # noqa: E402
 
+from conduit.buffer.columns import JAGGED, OBJECT, SCALAR, Column, from_wire, to_wire  # noqa: E402
 from conduit.buffer.mapped import StaleLayoutError, read_mapped  # noqa: E402
 
 
@@ -239,7 +240,6 @@ def test_field_schema_equals_transfer_queues_own():
 
 
 def test_merge_puts_each_part_back_at_its_positions():
-    from conduit_verl.tq_store.columns import Column
 
     whole = TensorDict(
         {"r": jagged([3, 0, 5, 2, 1], torch.float32), "s": torch.arange(5.0), "o": NonTensorStack(*"abcde")},

@@ -9,9 +9,10 @@ import torch
 
 pytest.importorskip("transfer_queue")
 from conduit_verl.errors import StorageBackendError  # noqa: E402
-from conduit_verl.tq_store.columns import column_of, spec_of, to_wire  # noqa: E402
+from conduit_verl.tq_store.columns import column_of  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
 
+from conduit.buffer.columns import to_wire  # noqa: E402
 from conduit.buffer.mapped import write_mapped  # noqa: E402
 
 MAX_GLOBAL_INDEX = 2**31  # store.MAX_GLOBAL_INDEX
@@ -98,7 +99,7 @@ def test_a_commit_whose_data_fields_do_not_fit_makes_nothing_of_the_plan_visible
         "responses": column_of("responses", jagged([3, 2])),
         "values": column_of("values", jagged([3, 2])),
     }
-    plan_id, entries = s.write_plan(gis, {f: spec_of(c) for f, c in cols.items()}, same_node=True)
+    plan_id, entries = s.write_plan(gis, {f: c.plan_spec() for f, c in cols.items()}, same_node=True)
     assert set(entries) == {"responses"}  # values is pinned to host: it goes with the commit, as data
     layout, rows = entries["responses"]
     lengths = write_mapped(layout, torch.from_numpy(rows), cols["responses"].data).numpy()
@@ -114,7 +115,7 @@ def test_a_write_plan_that_does_not_fit_reserves_nothing():
     s = NodeStore(default_tier="shm", budgets={"shm": 4096, "host": 0, "disk": 0})
     cols = {"a": column_of("a", jagged([2, 2])), "b": column_of("b", jagged([1000, 1]))}
     with pytest.raises(StorageBackendError, match=r"field 'b' needs \d+ bytes"):
-        s.write_plan(np.array([0, 1]), {f: spec_of(c) for f, c in cols.items()}, same_node=True)
+        s.write_plan(np.array([0, 1]), {f: c.plan_spec() for f, c in cols.items()}, same_node=True)
     assert not s.fields and s.stats()["plans_open"] == 0 and s.budgets.free["shm"] == 4096
     s.close()
 

@@ -15,19 +15,11 @@ import torch
 pytest.importorskip("transfer_queue")
 
 from conduit_verl.errors import StorageBackendError  # noqa: E402
-from conduit_verl.tq_store.columns import (
-    JAGGED,
-    OBJECT,
-    Column,
-    column_of,
-    field_of,
-    from_wire,
-    spec_of,
-    to_wire,
-)  # noqa: E402
+from conduit_verl.tq_store.columns import column_of, field_of  # noqa: E402
 from conduit_verl.tq_store.store import NodeStore  # noqa: E402
 from tensordict import NonTensorStack, TensorDict  # noqa: E402
 
+from conduit.buffer.columns import JAGGED, OBJECT, Column, from_wire, to_wire  # noqa: E402
 from conduit.buffer.mapped import StaleLayoutError, read_mapped, write_mapped  # noqa: E402
 
 
@@ -67,7 +59,7 @@ def columns_of(td: TensorDict) -> dict[str, Column]:
 
 def plan_and_write(s: NodeStore, gis: np.ndarray, cols: dict[str, Column]) -> tuple[int, dict, dict]:
     """The writer's half: a plan, then each planned field scattered into the mapped file."""
-    plan_id, entries = s.write_plan(gis, {f: spec_of(c) for f, c in cols.items()}, same_node=True)
+    plan_id, entries = s.write_plan(gis, {f: c.plan_spec() for f, c in cols.items()}, same_node=True)
     lengths = {}
     for f, (layout, rows) in entries.items():
         lens = write_mapped(layout, torch.from_numpy(rows), cols[f].data)
@@ -82,7 +74,7 @@ def direct_put(s: NodeStore, gis: np.ndarray, td: TensorDict, lock: threading.Lo
     lock = lock or threading.Lock()
     for tries in range(1, 100):
         with lock:
-            plan_id, entries = s.write_plan(gis, {f: spec_of(c) for f, c in cols.items()}, same_node=True)
+            plan_id, entries = s.write_plan(gis, {f: c.plan_spec() for f, c in cols.items()}, same_node=True)
         try:
             lengths = {}
             for f, (layout, rows) in entries.items():
@@ -223,7 +215,7 @@ def test_a_write_with_longer_rows_than_planned_is_refused_not_written():
     s = NodeStore()
     gis = np.array([0])
     cols = columns_of(batch([4]))
-    plan_id, entries = s.write_plan(gis, {f: spec_of(c) for f, c in cols.items()}, same_node=True)
+    plan_id, entries = s.write_plan(gis, {f: c.plan_spec() for f, c in cols.items()}, same_node=True)
     layout, rows = entries["responses"]
     longer = column_of("responses", ragged([layout.shape[1] + 1], torch.int64, 0))
     with pytest.raises(StaleLayoutError, match="responses"):
@@ -240,7 +232,7 @@ def test_a_plan_checks_every_field_first_naming_the_one_with_another_dtype():
     bad = columns_of(batch([3]))
     bad["old_log_probs"] = column_of("old_log_probs", ragged([3], torch.float64, 0))
     with pytest.raises(StorageBackendError, match="field 'old_log_probs' holds jagged torch.float32"):
-        s.write_plan(np.array([1]), {f: spec_of(c) for f, c in bad.items()}, same_node=True)
+        s.write_plan(np.array([1]), {f: c.plan_spec() for f, c in bad.items()}, same_node=True)
     assert s.stats()["plans_open"] == 0 and int(s.fields["responses"].used.sum()) == 1  # nothing reserved
     s.close()
 
@@ -250,7 +242,7 @@ def test_fields_the_writer_cannot_map_and_other_nodes_go_as_data(tmp_path):
     td = batch([6, 2, 9])
     gis = np.arange(3)
     cols = columns_of(td)
-    assert s.write_plan(gis, {f: spec_of(c) for f, c in cols.items()}, same_node=False) == (0, {})
+    assert s.write_plan(gis, {f: c.plan_spec() for f, c in cols.items()}, same_node=False) == (0, {})
     plan_id, lens, rest = plan_and_write(s, gis, cols)
     assert set(rest) == {"old_log_probs", "uid"}  # a host-tier field is not mapped: it goes as data
     assert s.commit(plan_id, gis, lens, rest)

@@ -22,12 +22,13 @@ import torch
 pytest.importorskip("transfer_queue")
 zmq = pytest.importorskip("zmq")
 from conduit_verl.errors import StorageBackendError  # noqa: E402
-from conduit_verl.tq_store.columns import column_of, to_wire  # noqa: E402
+from conduit_verl.tq_store.columns import column_of  # noqa: E402
 from conduit_verl.tq_store.store import PROTOCOL, NodeStore  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conduit import wire  # noqa: E402
+from conduit.buffer.columns import to_wire  # noqa: E402
 from conduit.port import DataPort, PortClient  # noqa: E402
 
 LOGGER = "conduit.port"

@@ -9,19 +9,16 @@ clients and its controller (metadata only) are unchanged.
   pinned to its node): a :class:`~conduit_verl.tq_store.store.NodeStore` answering on a data port
   (:mod:`conduit.port`; on loopback when the cluster has one node, else on the node's address; its key
   handed out through Ray). Ray places the actor, keeps it alive and reports its death.
-- Every process that uses TQ builds a :class:`ConduitStorageManager`: samples go to the actor of their
-  global index mod the number of nodes. A put of at least ``direct_put_min_bytes`` to the writer's own
-  node is written in place (a write plan, :func:`conduit.buffer.mapped.write_mapped`, a commit; a plan
-  refused as stale is made again); other puts travel whole, one column per field, small ones combined
-  (:func:`~conduit_verl.tq_store.columns.put_batcher`). A get from the actor's node gathers straight from
-  the mapped fields (:func:`conduit.buffer.mapped.read_mapped`), from another node over the port. Clear
-  forgets every field of the samples (TQ reuses global indexes).
+- Every process that uses TQ builds a :class:`ConduitStorageManager`: TQ's put/get/clear of a batch are
+  the core's :class:`~conduit.buffer.keyed_client.KeyedClient` calls (samples go to the actor of their
+  global index mod the number of nodes; a put of at least ``direct_put_min_bytes`` to the writer's own
+  node is written in place, a get from the actor's node gathers straight from the mapped fields), made
+  over the actors' data ports. Clear forgets every field of the samples (TQ reuses global indexes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import uuid
@@ -36,20 +33,12 @@ from tensordict import TensorDict
 from transfer_queue.metadata import BatchMeta
 from transfer_queue.storage.managers.base import StorageManager
 
-from conduit.buffer.mapped import Layout, StaleLayoutError, read_mapped, run_copies, write_mapped
+from conduit.buffer.keyed_client import DIRECT_PUT_MIN_BYTES, KeyedClient
+from conduit.buffer.keyed_service import raised_as
 from conduit.buffer.ragged_kernels import warm_ragged_kernels
-from conduit.port import Coalescer, DataPort, PortClient
+from conduit.port import DataPort, PortClient
 from conduit_verl.errors import StorageActorError, StorageBackendError
-from conduit_verl.tq_store.columns import (
-    Column,
-    column_of,
-    field_of,
-    field_schema,
-    from_wire,
-    put_batcher,
-    spec_of,
-    to_wire,
-)
+from conduit_verl.tq_store.columns import column_of, field_of, field_schema
 from conduit_verl.tq_store.store import AUTO, PROTOCOL, NodeStore, check_placement
 
 logger = logging.getLogger(__name__)
@@ -57,15 +46,7 @@ logger = logging.getLogger(__name__)
 NAME = "Conduit"
 NAMESPACE = "transfer_queue"
 DEFAULT_TIMEOUT_S = 60.0
-#: a get or put whose mapped fields hold at least this many bytes (a get counts 8 per token) copies
-#: them on threads, one field each
-PARALLEL_COPY_MIN_BYTES = 4 << 20
 LIVENESS_TIMEOUT_S = 5.0  # a store that does not answer a data-port call is asked this long if it lives
-#: a same-node put of fewer payload bytes sends its data through Ray (one round trip) instead of
-#: writing in place (two round trips, plan and commit, ~3.5 ms each here): verl's agent loop puts one
-#: trajectory at a time
-DIRECT_PUT_MIN_BYTES = 1 << 20
-PLAN_TRIES = 3  # write plans tried (each refused as stale) before a put sends its data instead
 
 
 @ray.remote(num_cpus=0)
@@ -221,7 +202,7 @@ class ConduitStorageManager(StorageManager):
         self._actors: list[Any] | None = None
         self._nodes: list[str] = []
         self._ports: list[PortClient] = []
-        self._batchers: dict[int, Coalescer] = {}
+        self._client: KeyedClient | None = None
         self.node = ray.get_runtime_context().get_node_id()
         warm_ragged_kernels()  # load the compiled copy kernels now, not in the first get
 
@@ -239,12 +220,12 @@ class ConduitStorageManager(StorageManager):
             self._ports = [PortClient(address, key, PROTOCOL) for address, key in ports]
         return self._actors
 
-    def _routes(self, gis: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
-        n = len(self._handles())
-        if n == 1:
-            return [(0, None)]
-        owner = gis % n
-        return [(i, pos) for i in range(n) if (pos := torch.nonzero(owner == i).flatten()).numel()]
+    def client(self) -> KeyedClient:
+        """The core's client of the storage actors (routing, writes in place, mapped reads)."""
+        if self._client is None:
+            self._handles()
+            self._client = KeyedClient(self._call, self._nodes, self.node, self.direct_min_bytes)
+        return self._client
 
     async def _call(self, i: int, method: str, *args: Any) -> Any:
         """``method`` of store ``i``: over its data port (``store.PROTOCOL``), else through Ray."""
@@ -252,8 +233,6 @@ class ConduitStorageManager(StorageManager):
         try:
             if method not in PROTOCOL.methods:
                 return await asyncio.wait_for(getattr(actor, method).remote(*args), self.timeout_s)
-            if method in ("write_plan", "read_plan"):  # the store is told whether the caller shares its node
-                args = (*args[:-1], args[-1] == self._nodes[i])
             return await self._ports[i].call(
                 method, args, self.timeout_s, lambda: self._alive(i, method, args)
             )
@@ -296,103 +275,24 @@ class ConduitStorageManager(StorageManager):
             raise NotImplementedError("data_parser is only supported by TransferQueue's SimpleStorage")
         if metadata.size == 0:
             return
-        gis = torch.as_tensor(metadata.global_indexes, dtype=torch.int64)
         columns = {f: column_of(f, data.get(f)) for f in data.keys()}
-        calls = []
-        for i, pos in self._routes(gis):
-            part = columns if pos is None else {f: c.select(pos) for f, c in columns.items()}
-            calls.append(self._put(i, gis if pos is None else gis[pos], part))
-        await asyncio.gather(*calls)
+        with raised_as(StorageBackendError):
+            await self.client().put(torch.as_tensor(metadata.global_indexes, dtype=torch.int64), columns)
         await self.notify_data_update(
             metadata.partition_ids[0], metadata.global_indexes, field_schema(data, columns)
         )
 
-    async def _put(self, i: int, keys: torch.Tensor, columns: dict[str, Column]) -> None:
-        """One store's part of a put: in place through a write plan where the store is on this node."""
-        gis = keys.numpy()
-        nbytes = sum(c.nbytes for c in columns.values())
-        if self._nodes[i] == self.node and nbytes >= self.direct_min_bytes:
-            specs = {f: spec_of(c) for f, c in columns.items()}
-            for _ in range(PLAN_TRIES):
-                plan_id, entries = await self._call(i, "write_plan", gis, specs, self.node)
-                if not entries:
-                    break
-                try:
-                    lengths = await _write_planned(entries, columns)
-                except StaleLayoutError:  # the field grew into a new file since the plan
-                    await self._call(i, "abandon", plan_id)
-                    continue
-                rest = {f: to_wire(c) for f, c in columns.items() if f not in entries}
-                if await self._call(i, "commit", plan_id, gis, lengths, rest):
-                    return
-        if nbytes < self.direct_min_bytes:  # small: combined with the puts queued meanwhile
-            await self._batcher(i).put(gis, columns)
-        else:
-            await self._send_put(i, gis, columns)
-
-    async def _send_put(self, i: int, gis: np.ndarray, columns: dict[str, Column]) -> None:
-        await self._call(i, "put", gis, {f: to_wire(c) for f, c in columns.items()})
-
-    def _batcher(self, i: int) -> Coalescer:
-        batcher = self._batchers.get(i)
-        if batcher is None:
-            batcher = self._batchers[i] = put_batcher(lambda gis, cols: self._send_put(i, gis, cols))
-        return batcher
-
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
         if metadata.size == 0:
             return TensorDict({}, batch_size=0)
-        gis = torch.as_tensor(metadata.global_indexes, dtype=torch.int64)
-        names = list(metadata.field_names)
-        routes = self._routes(gis)
-        parts = await asyncio.gather(
-            *(
-                self._read(i, gis if pos is None else gis[pos], names, own=len(routes) == 1)
-                for i, pos in routes
-            )
-        )
-        if len(parts) == 1:
-            columns = parts[0]
-        else:
-            positions = [pos for _, pos in routes]
-            columns = {f: Column.merge([p[f] for p in parts], positions, len(gis)) for f in names}
+        gis, names = torch.as_tensor(metadata.global_indexes, dtype=torch.int64), list(metadata.field_names)
+        with raised_as(StorageBackendError):
+            columns = await self.client().get(gis, names)
         return TensorDict({f: field_of(columns[f]) for f in names}, batch_size=len(gis))
 
-    async def _read(self, i: int, gis: torch.Tensor, names: list[str], own: bool) -> dict[str, Column]:
-        """One store's part of a get. ``own``: the columns are returned as they are, so arrays from the
-        data port (read-only) are copied; parts that are merged afterwards are read in place. Mapped
-        fields are gathered on the reader pool's threads when the get is large (the copies release
-        the GIL: two fields copy at once, and the event loop is not blocked meanwhile)."""
-        plan = await self._call(i, "read_plan", gis.numpy(), names, self.node)
-        out: dict[str, Column] = {}
-        mapped: dict[str, tuple] = {}
-        for name, entry in plan.items():
-            if entry[0] != "mapped":
-                out[name] = from_wire(entry, writable=own)
-                continue
-            _, kind, layout, lengths, rows = entry
-            lens = None if lengths is None else torch.from_numpy(np.array(lengths, copy=True))
-            mapped[name] = (_layout(layout), torch.from_numpy(np.array(rows, copy=True)), lens, kind)
-        nbytes = sum(int(e[2].sum()) * 8 for e in mapped.values() if e[2] is not None)
-        jobs = [functools.partial(_read_field, *e) for e in mapped.values()]
-        results = await run_copies(jobs, nbytes, PARALLEL_COPY_MIN_BYTES)
-        retry = [name for name, col in zip(mapped, results) if col is None]
-        out.update({name: col for name, col in zip(mapped, results) if col is not None})
-        if retry:  # those fields grew into new files since the plan
-            wires = await self._call(i, "get", gis.numpy(), retry)
-            out.update({n: from_wire(w, writable=own) for n, w in wires.items()})
-        return out
-
     async def clear_data(self, metadata: BatchMeta) -> None:
-        if metadata.size == 0:
-            return
-        gis = torch.as_tensor(metadata.global_indexes, dtype=torch.int64)
-        await asyncio.gather(
-            *(
-                self._call(i, "clear", (gis if pos is None else gis[pos]).numpy())
-                for i, pos in self._routes(gis)
-            )
-        )
+        if metadata.size != 0:
+            await self.client().clear(torch.as_tensor(metadata.global_indexes, dtype=torch.int64))
 
     async def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Refused with a clear error. TransferQueue would take a ``NotImplementedError`` as "this backend
@@ -420,31 +320,3 @@ class ConduitStorageManager(StorageManager):
     def stats(self) -> list[dict[str, Any]]:
         """Each node's counters and field tiers."""
         return ray.get([a.stats.remote() for a in self._handles()], timeout=self.timeout_s)
-
-
-async def _write_planned(
-    entries: dict[str, tuple], columns: dict[str, Column]
-) -> dict[str, np.ndarray | None]:
-    """Each planned field's rows scattered into the store's mapped file (one copy; large puts one field
-    per copy thread, :func:`conduit.buffer.mapped.run_copies`); the lengths to commit."""
-    jobs = {
-        name: functools.partial(
-            write_mapped, _layout(layout), torch.from_numpy(np.array(rows, copy=True)), columns[name].data
-        )
-        for name, (layout, rows) in entries.items()
-    }
-    nbytes = sum(columns[name].nbytes for name in jobs)
-    results = await run_copies(list(jobs.values()), nbytes, PARALLEL_COPY_MIN_BYTES)
-    return {name: None if r is None else r.numpy() for name, r in zip(jobs, results)}
-
-
-def _read_field(layout: Layout, rows: torch.Tensor, lengths: torch.Tensor | None, kind: str) -> Column | None:
-    """A mapped field's gather; None if its file was replaced since the plan (the caller asks again)."""
-    try:
-        return Column(kind, read_mapped(layout, rows, lengths))
-    except StaleLayoutError:
-        return None
-
-
-def _layout(layout: Any) -> Layout:
-    return layout if isinstance(layout, Layout) else Layout(*layout)
