@@ -151,8 +151,10 @@ def test_a_field_growing_between_plan_and_commit_is_planned_again(one_node, monk
             if not grown:  # another writer's longer rows move the field to a new file meanwhile
                 long = TensorDict({"responses": torch.arange(longer).view(1, longer)}, [1])
                 ray.get(
-                    actor.put.remote(
-                        np.array([90_000]), {"responses": to_wire(column_of("responses", long["responses"]))}
+                    actor.call.remote(
+                        "put",
+                        np.array([90_000]),
+                        {"responses": to_wire(column_of("responses", long["responses"]))},
                     )
                 )
                 grown.append(1)
@@ -170,7 +172,7 @@ def test_a_field_growing_between_plan_and_commit_is_planned_again(one_node, monk
     assert delta(s0, s1, "bytes_put_copied") == grower  # only the growing put; the retry went in place
     assert s1["plans_open"] == 0
     assert_same(tq.kv_batch_get(keys=keys, partition_id="train"), td)
-    ray.get(actor.clear.remote(np.array([90_000])))
+    ray.get(actor.call.remote("clear", np.array([90_000])))
     tq.kv_clear(keys=keys, partition_id="train")
 
 
@@ -212,9 +214,7 @@ def _plan_write_and_die(actor, gis: np.ndarray) -> None:
     td = grpo_batch([6, 6], seed=4)
     cols = {k: column_of(k, td[k]) for k in td.keys()}
     _, entries = ray.get(
-        actor.write_plan.remote(
-            gis, {k: c.plan_spec() for k, c in cols.items()}, ray.get_runtime_context().get_node_id()
-        )
+        actor.call.remote("write_plan", gis, {k: c.plan_spec() for k, c in cols.items()}, True)
     )
     assert set(entries) == set(PAYLOAD)
     for k, (layout, rows) in entries.items():
@@ -229,17 +229,17 @@ def test_a_writer_killed_between_plan_and_commit_leaves_the_indexes_absent(one_n
         ray.get(_plan_write_and_die.remote(actor, gis), timeout=120)
     assert ray.get(actor.stats.remote())["plans_open"] == 1
     with pytest.raises(ray.exceptions.RayTaskError, match=r"not stored for global indexes \[70000, 70001\]"):
-        ray.get(actor.read_plan.remote(gis, ["responses"], "elsewhere"))
+        ray.get(actor.call.remote("read_plan", gis, ["responses"], False))
     # a later put of those indexes (here: straight to the actor, as the data path does) works
     td = grpo_batch([3, 11], seed=5)
-    ray.get(actor.put.remote(gis, {k: to_wire(column_of(k, td[k])) for k in PAYLOAD}))
-    wires = ray.get(actor.get.remote(gis, list(PAYLOAD)))
+    ray.get(actor.call.remote("put", gis, {k: to_wire(column_of(k, td[k])) for k in PAYLOAD}))
+    wires = ray.get(actor.call.remote("get", gis, list(PAYLOAD)))
     from conduit_verl.tq_store.columns import field_of
 
     assert_same(TensorDict({k: field_of(from_wire(w)) for k, w in wires.items()}, [2]), td)
     with pytest.raises(ray.exceptions.RayTaskError, match="field 'rm_scores' holds scalar torch.float32"):
-        ray.get(actor.write_plan.remote(gis, {"rm_scores": ("scalar", "torch.int64", (), 0)}, "x"))
-    ray.get(actor.clear.remote(gis))
+        ray.get(actor.call.remote("write_plan", gis, {"rm_scores": ("scalar", "torch.int64", (), 0)}, False))
+    ray.get(actor.call.remote("clear", gis))
 
 
 def test_a_put_of_another_dtype_is_refused_naming_the_field(one_node):

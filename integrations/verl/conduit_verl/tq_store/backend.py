@@ -51,7 +51,7 @@ LIVENESS_TIMEOUT_S = 5.0  # a store that does not answer a data-port call is ask
 
 @ray.remote(num_cpus=0)
 class StorageActor:
-    """A :class:`NodeStore` on one node, answering on its data port and through Ray (one lock)."""
+    """A :class:`NodeStore` on one node, answering on its data port (and :meth:`call` through Ray; one lock)."""
 
     def __init__(self, **kwargs: Any) -> None:
         warm_ragged_kernels()
@@ -67,33 +67,12 @@ class StorageActor:
         """The data port's address and its key (handed out only through Ray)."""
         return self.port.address, self.port.key
 
-    def put(self, gis: np.ndarray, wires: dict[str, tuple]) -> None:
+    def call(self, method: str, *args: Any) -> Any:
+        """One of the store's data-port calls (:data:`~conduit_verl.tq_store.store.PROTOCOL`) through Ray."""
+        if method not in PROTOCOL.methods:
+            raise StorageBackendError(f"a Conduit storage actor does not answer {method!r}")
         with self.lock:
-            self.store.put(gis, wires)
-
-    def get(self, gis: np.ndarray, names: list[str]) -> dict[str, tuple]:
-        with self.lock:
-            return self.store.get(gis, names)
-
-    def write_plan(self, gis: np.ndarray, specs: dict[str, tuple], node: str) -> tuple[int, dict]:
-        with self.lock:
-            return self.store.write_plan(gis, specs, node == self.node)
-
-    def commit(self, plan_id: int, gis: np.ndarray, lengths: dict, wires: dict[str, tuple]) -> bool:
-        with self.lock:
-            return self.store.commit(plan_id, gis, lengths, wires)
-
-    def abandon(self, plan_id: int) -> None:
-        with self.lock:
-            self.store.abandon(plan_id)
-
-    def read_plan(self, gis: np.ndarray, names: list[str], node: str) -> dict[str, tuple]:
-        with self.lock:
-            return self.store.read_plan(gis, names, node == self.node)
-
-    def clear(self, gis: np.ndarray) -> None:
-        with self.lock:
-            self.store.clear(gis)
+            return getattr(self.store, method)(*args)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -228,11 +207,9 @@ class ConduitStorageManager(StorageManager):
         return self._client
 
     async def _call(self, i: int, method: str, *args: Any) -> Any:
-        """``method`` of store ``i``: over its data port (``store.PROTOCOL``), else through Ray."""
-        actor = self._handles()[i]
+        """``method`` of store ``i``, over its data port (:data:`~conduit_verl.tq_store.store.PROTOCOL`)."""
+        self._handles()
         try:
-            if method not in PROTOCOL.methods:
-                return await asyncio.wait_for(getattr(actor, method).remote(*args), self.timeout_s)
             return await self._ports[i].call(
                 method, args, self.timeout_s, lambda: self._alive(i, method, args)
             )
@@ -243,11 +220,6 @@ class ConduitStorageManager(StorageManager):
                 f"Conduit storage actor {self.names[i]} (node {self._nodes[i][:12]}) did not answer "
                 f"{method} within {self.timeout_s:g}s"
             ) from e
-        except ray.exceptions.RayActorError as e:
-            raise self._died(i, method, args, e) from e
-        except ray.exceptions.RayTaskError as e:
-            cause = e.as_instanceof_cause()
-            raise (cause if isinstance(cause, StorageBackendError) else StorageBackendError(str(e))) from e
         except Exception as e:  # noqa: BLE001  (raised by the store, sent back over the port)
             raise StorageBackendError(f"Conduit storage actor {self.names[i]}: {method}: {e}") from e
 
