@@ -64,7 +64,8 @@ def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
                 f"{', '.join(num(v, 2) for v in f['per_iteration'].values())}), plus verl_sync_tuned's own wait "
                 f"for generation's outputs {num(f['baseline_gen_wait_s'], 3)} s: no on-policy schedule's "
                 f"exposed time gets under {num(f['exposed_floor_s'], 3)} s here, "
-                f"{num(f['exposed_ratio_floor'], 3)}x verl_sync_tuned's."
+                f"{num(f['exposed_ratio_floor'], 3)}x verl_sync_tuned's, and no wall ratio under "
+                f"{num(f.get('wall_ratio_floor'), 3)}x (its wall with its exposed time cut to that floor)."
             )
         for pair, e in (d.get("equivalence") or {}).items():
             out.append(

@@ -92,7 +92,8 @@ def ingestion_floor(
     is missing: one call per stage, no per-call cost); the floor is how long after the last
     response that ends. Beside it the baseline's own wait for generation's outputs
     (``gen_wait_exposed``), which every schedule has too. ``exposed_ratio_floor``: the least
-    exposed ratio ``system`` / ``baseline`` any on-policy schedule could reach here."""
+    exposed ratio ``system`` / ``baseline`` any on-policy schedule could reach here; ``wall_ratio_floor``
+    the least wall ratio: the baseline's median wall with its exposed time cut to that floor."""
     base = [r for r in rows if r["system"] == baseline]
     mine = [r for r in rows if r["system"] == system]
     if not base or not mine:
@@ -114,6 +115,7 @@ def ingestion_floor(
     floor = statistics.median(per_iteration.values())
     wait = statistics.median(r["stages"]["gen_wait_exposed"] for r in base)
     base_exposed = statistics.median(r["exposed_s"] for r in base)
+    base_wall = statistics.median(r["wall_s"] for r in base)
     return {
         "per_token_s": round(median_rate, 7),
         "floor_s": round(floor, 4),
@@ -121,6 +123,7 @@ def ingestion_floor(
         "baseline_gen_wait_s": round(wait, 4),
         "exposed_floor_s": round(floor + wait, 4),
         "exposed_ratio_floor": round((floor + wait) / base_exposed, 3) if base_exposed else None,
+        "wall_ratio_floor": round((base_wall - base_exposed + floor + wait) / base_wall, 3),
     }
 
 

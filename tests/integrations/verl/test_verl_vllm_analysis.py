@@ -124,6 +124,7 @@ def _floor_row(
         "work": {"response_tokens": tokens},
         "stages": {"gen_wait_exposed": wait},
         "exposed_s": exposed,
+        "wall_s": 10.0,
     }
 
 
@@ -131,7 +132,8 @@ def test_ingestion_floor_queues_responses_in_finish_order_at_the_baseline_rate(t
     """Iteration 2: the baseline ingested 400 tokens in 2 s (5 ms/token). Responses of 100 tokens end
     at 0, 0.1 and 1.0 s, and one of 100 at 1.0 s too: the first two are done by 1.0 s (0.5 s each, one
     after the other), the last two take 1.0 s after generation ends: floor 1.0 s. With the baseline's
-    wait of 0.2 s and exposed 3.0 s, no on-policy schedule gets under (1.0 + 0.2) / 3.0 = 0.4."""
+    wait of 0.2 s and exposed 3.0 s, no on-policy schedule gets under (1.0 + 0.2) / 3.0 = 0.4, nor,
+    with the baseline's wall of 10 s, under a wall ratio of 0.82."""
     events = [(0.0, 100), (0.1, 100), (1.0, 100), (1.0, 100)]
     (tmp_path / "gen_events.jsonl").write_text(
         "\n".join(json.dumps({"version": 2, "t0": 0.0, "t1": t, "length": n}) for t, n in events)
@@ -143,4 +145,5 @@ def test_ingestion_floor_queues_responses_in_finish_order_at_the_baseline_rate(t
     got = ingestion_floor(rows, tmp_path, "conduit")
     assert got["per_iteration"] == {2: 1.0}
     assert got["exposed_floor_s"] == 1.2 and got["exposed_ratio_floor"] == 0.4
+    assert got["wall_ratio_floor"] == 0.82  # (10 - 3 + 1.2) / 10
     assert ingestion_floor(rows[1:], tmp_path, "conduit") == {"missing": True}
