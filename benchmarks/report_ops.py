@@ -376,10 +376,13 @@ def scaling_measured(d: Doc) -> list[str]:
         out.append("")
     refit = v.get("refit") or {}
     if refit:
-        out.append(f"Refit ({refit.get('source', DASH)}); a diagnostic: the model above runs on the defaults "
-                   "(its share at the largest scale under the refit is in the sensitivity line). Validation: "
-                   f"per call held out {(v.get('verdict') or {}).get('refit_per_call_held_out', DASH)}, "
-                   f"per iteration {(v.get('verdict') or {}).get('refit_per_iteration', DASH)}.")  # fmt: skip
+        vd = v.get("verdict") or {}
+        out.append(f"One calibration, fitted on {refit.get('fit_nodes', DASH)} nodes only ({refit.get('source', DASH)}; "
+                   f"offpath_s {ms(refit.get('offpath_s'), 2)} ms); the model above runs on it (the defaults' share at "
+                   "the largest scale is in the sensitivity line). Validation: per call held out "
+                   f"{vd.get('refit_per_call_held_out', DASH)}, per iteration held out "
+                   f"{vd.get('refit_per_iteration_held_out', DASH)}, per iteration (all) "
+                   f"{vd.get('refit_per_iteration', DASH)}.")  # fmt: skip
         out.append("")
         vh = ["system", "nodes", "op / samples / bytes", "predicted s", "measured s", "ratio", "within ±25%"]
         tabs = (refit.get("per_call_held_out") or []) + (refit.get("per_iteration") or [])

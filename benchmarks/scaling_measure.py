@@ -33,7 +33,14 @@ import numpy as np
 import provenance
 from scaling_config import TOPOLOGY, Calibration, Cluster, Compute, Workload
 from scaling_measure_tq import DESIGN, POLL_S, SYSTEMS
-from scaling_validate import FIT_NODES, TOLERANCE, call_validation, iteration_validation, refit_calls
+from scaling_validate import (
+    FIT_NODES,
+    TOLERANCE,
+    call_validation,
+    fit_offpath,
+    iteration_validation,
+    refit_calls,
+)
 
 from conduit.errors import ConfigError
 from conduit.topology import load
@@ -218,6 +225,7 @@ def validate(
         out["refit"] = refit_validation(calls, iters, cal, workload, host_cores)
         out["refit"]["per_call_held_out_verdict"] = verdict(out["refit"]["per_call_held_out"])
         out["refit"]["per_iteration_verdict"] = verdict(out["refit"]["per_iteration"])
+        out["refit"]["per_iteration_held_out_verdict"] = verdict(out["refit"]["per_iteration_held_out"])
     return out
 
 
@@ -241,18 +249,26 @@ def refit_validation(
     workload: Workload,
     host_cores: int,
 ) -> dict[str, Any]:
-    """The store constants refitted to the driver's calls on ``FIT_NODES`` (``refit_calls``), validated on
-    the calls of the other node counts (held out) and on every measured iteration."""
+    """One calibration from the measurements on ``FIT_NODES`` only: the store constants refitted to the
+    driver's calls there (``refit_calls``), then ``offpath_s`` to the iterations there (``fit_offpath``,
+    as they ran: ``host_cores`` shared cores); validated on the calls and iterations of the other node
+    counts (held out), every table kept whole too."""
     large = json.loads(LARGE_CALLS.read_text())["rows"]
     nic = Cluster.from_topology(load(TOPOLOGY), 16).nic_bytes_per_s  # as scaling.py validates those calls
     refit = refit_calls(cal, calls, LOOPBACK_BYTES_PER_S, large, nic)
+    off = fit_offpath(iters, replace(refit, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S,
+                      host_cores)  # fmt: skip
+    refit = replace(refit, offpath_s=off, source=f"{refit.source}; offpath_s: fit to the measured iterations "
+                    f"on {list(FIT_NODES)} Ray nodes ({host_cores} shared cores), log least squares")  # fmt: skip
     per_call = call_validation(calls, refit, LOOPBACK_BYTES_PER_S)
     per_iteration = iteration_table(iters, refit, workload, host_cores)
-    return {"fit_nodes": list(FIT_NODES), "stores": refit.stores, "source": refit.source,
+    return {"fit_nodes": list(FIT_NODES), "stores": refit.stores, "offpath_s": off, "source": refit.source,
+            "calibration": refit.to_dict(),
             "per_call_held_out": [t for t in per_call if t["nodes"] not in FIT_NODES],
             "per_call_in_sample": [t for t in per_call if t["nodes"] in FIT_NODES],
             "per_call_large_in_sample": call_validation(large, refit, nic),
-            "per_iteration": per_iteration}  # fmt: skip
+            "per_iteration": per_iteration,
+            "per_iteration_held_out": [t for t in per_iteration if t["nodes"] not in FIT_NODES]}  # fmt: skip
 
 
 def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None = None) -> dict[str, Any]:

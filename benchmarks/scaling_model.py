@@ -10,7 +10,8 @@ request of every client in turn), one store per node, one NIC per node for the s
 (send and receive apart), and each calling process (the driver, each agent-loop worker, each training
 rank; a process does its own side of its calls' parts one at a time, the stores theirs meanwhile).
 Where the nodes share one host's cores (``Cluster.host_cores``: the measured configurations, Ray nodes on
-one machine) every such service also holds one of those cores while it works. Each call's service time is the core's
+one machine) every such service holds one of those cores while it works, and so does each part's off-path
+work (``Calibration.offpath_s``; none without ``host_cores``). Each call's service time is the core's
 cost-model equation (``OperatorCost``: a + b * samples + per_byte * bytes, constants from the
 ``Calibration``); the wire is bytes / the NIC's rate.
 
@@ -217,6 +218,8 @@ class Iteration:
             yield from self.request(s)
 
     def _store_side(self, o: int, seconds: float, node: int, op: str, nbytes: float) -> Proc:
+        if self.cpu is not None and self.cal.offpath_s > 0:  # the part's I/O threads: a core, off the path
+            self.env.process(work(self.env, self.cpu, self.cal.offpath_s))
         with self.stores[o].request() as st:
             yield st
             yield from work(self.env, self.cpu, seconds)
@@ -332,12 +335,13 @@ class Iteration:
             t = self.env.now
             yield from step()
             self.phases[name] = self.env.now - t
+        self.end_s = float(self.env.now)  # off-path work may still hold a core; the iteration is over
 
     def run(self) -> dict[str, Any]:
         """Simulate the iteration; its time, phases, the busiest resources and the controller's load."""
         self.env.process(self._iteration())
         self.env.run()
-        total = float(self.env.now)
+        total = self.end_s
         kinds: dict[str, float] = defaultdict(float)
         for name, s in self.busy.items():
             kind = name.rstrip("0123456789")

@@ -234,6 +234,45 @@ def iteration_validation(
     return validation_table(predicted, rows)
 
 
+def fit_offpath(
+    measured: Iterable[Mapping[str, Any]],
+    cal: Calibration,
+    workload: Workload,
+    compute: Compute,
+    nic_bytes_per_s: float,
+    host_cores: int,
+    fit_nodes: tuple[int, ...] = FIT_NODES,
+    upper_s: float = 0.05,
+) -> float:
+    """``Calibration.offpath_s`` fitted to the measured iterations on ``fit_nodes`` (the rows of
+    :func:`iteration_validation`; the others are held out), every other constant of ``cal`` kept: the
+    value in [0, ``upper_s``] minimising the squared log ratios of predicted to measured data-path
+    seconds (a grid, then Brent's method around its best point). The term acts only through
+    ``host_cores`` (the cores every Ray node of the measuring machine shared), so ``ConfigError``
+    without them, or without a measured iteration on ``fit_nodes``."""
+    from scipy.optimize import minimize_scalar
+
+    rows = [m for m in measured if m.get("nodes") in fit_nodes]
+    if host_cores <= 0:
+        raise ConfigError(
+            f"fit_offpath: host_cores must be > 0 (the measuring host's cores), got {host_cores!r}"
+        )
+    if not rows:
+        raise ConfigError(f"fit_offpath: no measured iteration on the fit nodes {fit_nodes}")
+
+    def loss(x: float) -> float:
+        table = iteration_validation(
+            rows, replace(cal, offpath_s=max(0.0, x)), workload, compute, nic_bytes_per_s, host_cores
+        )
+        return sum(float(np.log(max(t["predicted_s"], 1e-12) / t["measured_s"])) ** 2 for t in table)
+
+    grid = np.linspace(0.0, upper_s, 21)
+    best = int(np.argmin([loss(x) for x in grid]))
+    lo, hi = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
+    res = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-5})
+    return float(res.x) if res.fun <= loss(grid[best]) else float(grid[best])
+
+
 def probe_controller(fields: int = 8, reps: int = 20) -> dict[str, float]:
     """TransferQueue's controller's work per request, measured in this process: its request handlers
     (``kv_retrieve_meta``, ``notify_data_update``, ``kv_list``) on real messages, serialised and
@@ -326,7 +365,7 @@ def refit_report(result: Mapping[str, Any]) -> dict[str, Any]:
     topo = load(TOPOLOGY)
     out = sm.refit_validation(calls, iters, cal, sm.WORKLOAD, 2)
     largest = Cluster.from_topology(topo, topo.gpu_count)
-    refit = replace(cal, stores=out["stores"], source=out["source"])
+    refit = Calibration.from_dict(out["calibration"])
     out["data_path_share_at_largest"] = {
         d: round(simulate(DESIGNS[d], largest, Workload(), Compute(), refit)["data_path_share"], 4)
         for d in DESIGNS
