@@ -253,11 +253,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     b.set_ylabel("data path share of the iteration, % (modelled)")
     if measured:
         c = axes[2]
+        fit = " (fit on 1, 8 nodes)" if any("predicted_defaults_s" in r for r in measured) else ""
         for system, color in (("conduit", "tab:blue"), ("tq_simplestorage", "tab:orange")):
             mine = sorted((r for r in measured if r["system"] == system), key=lambda r: r["nodes"])
             n = [r["nodes"] for r in mine]
             c.plot(n, [r["measured_s"] for r in mine], "o-", color=color, label=f"{system} measured")
-            c.plot(n, [r["predicted_s"] for r in mine], "x--", color=color, label=f"{system} model")
+            c.plot(n, [r["predicted_s"] for r in mine], "x--", color=color, label=f"{system} model{fit}")
         c.set_xscale("log", base=2)
         c.set_yscale("log")
         c.set_xlabel("Ray nodes on one 2-core machine (1 rank each)")

@@ -226,6 +226,9 @@ def validate(
         out["refit"]["per_call_held_out_verdict"] = verdict(out["refit"]["per_call_held_out"])
         out["refit"]["per_iteration_verdict"] = verdict(out["refit"]["per_iteration"])
         out["refit"]["per_iteration_held_out_verdict"] = verdict(out["refit"]["per_iteration_held_out"])
+        for v in out["refit"]["per_iteration"]:  # the model runs on this calibration: its prediction leads
+            row = next(r for r in tq if (r["system"], r["nodes"]) == (v["system"], v["nodes"]))
+            row["predicted_defaults_s"], row["predicted_s"] = row["predicted_s"], round(v["predicted_s"], 4)
     return out
 
 
