@@ -25,23 +25,12 @@ import torch
 
 from conduit import wire
 from conduit.batch import Ragged
-from conduit.buffer.keyed import Data, Spec
+from conduit.buffer.keyed import JAGGED, OBJECT, SCALAR, Data, Spec
 from conduit.buffer.ragged_kernels import copy_segments
 from conduit.buffer.recycled import host_pool
 from conduit.errors import SchemaError
 
-SCALAR, JAGGED, OBJECT = "scalar", "jagged", "object"
 KINDS = (SCALAR, JAGGED, OBJECT)
-
-
-def kind_of(spec: Spec) -> str:
-    """The kind of the column a :class:`~conduit.buffer.keyed.Spec` describes."""
-    return OBJECT if spec.dtype is None else JAGGED if spec.ragged else SCALAR
-
-
-def spec_for(kind: str, dtype: torch.dtype | None, rest: tuple[int, ...]) -> Spec:
-    """The :class:`~conduit.buffer.keyed.Spec` of a column of ``kind``, ``dtype`` and per-item shape."""
-    return Spec(None) if kind == OBJECT else Spec(dtype, tuple(rest), kind == JAGGED)
 
 
 @dataclass(frozen=True)
@@ -54,22 +43,24 @@ class Column:
     @staticmethod
     def of(data: Data) -> Column:
         """The column holding ``data`` (its kind from its type)."""
-        return Column(kind_of(Spec.of(data)), data)
+        return Column(Spec.of(data).kind, data)
 
     @property
     def size(self) -> int:
         return len(self.data)
 
     @property
+    def spec(self) -> Spec:
+        return Spec.of(self.data)
+
+    @property
     def dtype(self) -> torch.dtype | None:
-        if isinstance(self.data, torch.Tensor):
-            return self.data.dtype
-        return self.data.values.dtype if isinstance(self.data, Ragged) else None
+        return self.spec.dtype
 
     @property
     def rest(self) -> tuple[int, ...]:
-        """Per-token shape of a jagged column."""
-        return tuple(self.data.values.shape[1:]) if isinstance(self.data, Ragged) else ()
+        """Per-item (scalar) or per-token (jagged) shape."""
+        return self.spec.shape
 
     @property
     def nbytes(self) -> int:

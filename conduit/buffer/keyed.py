@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 AUTO = "auto"  # default_tier: columns not pinned by hand are planned
 Data = torch.Tensor | Ragged | list
+SCALAR, JAGGED, OBJECT = "scalar", "jagged", "object"  # the kinds of column: fixed, ragged, objects
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,14 @@ class Spec:
     dtype: torch.dtype | None
     shape: tuple[int, ...] = ()
     ragged: bool = False
+
+    @property
+    def kind(self) -> str:
+        return OBJECT if self.dtype is None else JAGGED if self.ragged else SCALAR
+
+    @staticmethod
+    def of_kind(kind: str, dtype: torch.dtype | None, shape: tuple[int, ...]) -> Spec:
+        return Spec(None) if kind == OBJECT else Spec(dtype, tuple(shape), kind == JAGGED)
 
     @staticmethod
     def of(data: Data) -> Spec:
@@ -134,8 +143,11 @@ class KeyedStore:
     def check(self, name: str, spec: Spec) -> None:
         """:class:`SchemaError` if column ``name`` holds something else than ``spec``."""
         column = self.columns.get(name)
-        if column is not None and spec_of(column) != spec:
-            raise SchemaError(f"{self.noun} {name!r} holds {spec_of(column)}; a write brought {spec}")
+        if column is not None and (has := spec_of(column)) != spec:
+            raise SchemaError(
+                f"{self.noun} {name!r} holds {has.kind} {has.dtype} {has.shape}; a write brought {spec.kind} "
+                f"{spec.dtype} {spec.shape} (clear the {self.noun}'s {self.keys_noun} first)"
+            )
 
     def _create(self, name: str, spec: Spec) -> None:
         if name in self.columns:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit.buffer.columns import KINDS, OBJECT, Column, from_wire, kind_of, spec_for, to_wire
-from conduit.buffer.keyed import KeyedStore, spec_of
+from conduit.buffer.columns import KINDS, OBJECT, Column, from_wire, to_wire
+from conduit.buffer.keyed import KeyedStore, Spec, spec_of
 from conduit.errors import ConduitError, SchemaError
 from conduit.wire import torch_dtype
 
@@ -61,15 +61,6 @@ class KeyedService:
             columns = self._checked(slots, wires)
             self.keyed.write(slots, {name: col.data for name, col in columns.items()})
 
-    def _check(self, name: str, kind: str, dtype: torch.dtype | None, rest: tuple[int, ...]) -> None:
-        column = self.keyed.columns.get(name)
-        if column is not None and spec_of(column) != spec_for(kind, dtype, rest):
-            has, noun = spec_of(column), self.keyed.noun
-            raise SchemaError(
-                f"{noun} {name!r} holds {kind_of(has)} {has.dtype} {has.shape}; a put brought {kind} "
-                f"{dtype} {tuple(rest)} (clear the {noun}'s {self.keyed.keys_noun} first)"
-            )
-
     def _checked(self, slots: torch.Tensor, wires: Any) -> dict[str, Column]:
         """The columns of ``wires``, every one checked before any is written."""
         if not isinstance(wires, dict):
@@ -82,7 +73,7 @@ class KeyedService:
                 raise type(e)(f"{self.keyed.noun} {name!r}: {e}") from None
             if col.size != slots.numel():
                 raise SchemaError(f"{self.keyed.noun} {name!r}: {col.size} values for {slots.numel()} keys")
-            self._check(name, col.kind, col.dtype, col.rest)
+            self.keyed.check(name, col.spec)
         return columns
 
     def write_plan(self, gis: Any, specs: Any, same_node: bool) -> tuple[int, dict]:
@@ -94,14 +85,11 @@ class KeyedService:
             slots = self.keys(gis, distinct=True)
             self.keyed.expire()
             checked = self._specs(specs)
-            for name, (kind, dtype, rest, _) in checked.items():
-                self._check(name, kind, dtype, rest)
+            for name, (spec, _) in checked.items():
+                self.keyed.check(name, spec)
             if not same_node or not slots.numel():
                 return 0, {}
-            return self.keyed.plan_write(
-                slots,
-                {name: (spec_for(kind, dtype, rest), n) for name, (kind, dtype, rest, n) in checked.items()},
-            )
+            return self.keyed.plan_write(slots, checked)
 
     def commit(self, plan_id: int, gis: Any, lengths: dict[str, np.ndarray | None], wires: Any) -> bool:
         """Make a plan's rows (``lengths``: per column its items' lengths, None for scalars) and ``wires``
@@ -127,7 +115,7 @@ class KeyedService:
             return {name: to_wire(self._column(name, d)) for name, d in data.items()}
 
     def _column(self, name: str, data: Any) -> Column:
-        return Column(kind_of(spec_of(self.keyed.columns[name])), data)
+        return Column(spec_of(self.keyed.columns[name]).kind, data)
 
     def read_plan(self, gis: Any, names: list[str], same_node: bool) -> dict[str, tuple]:
         """Per column: where a same-node reader maps it (``("mapped", kind, layout, lengths, rows)``), or
@@ -138,7 +126,7 @@ class KeyedService:
             for name, entry in plan.items():
                 if isinstance(entry, tuple):
                     layout, lengths, rows = entry
-                    kind = kind_of(spec_of(self.keyed.columns[name]))
+                    kind = spec_of(self.keyed.columns[name]).kind
                     out[name] = (
                         "mapped",
                         kind,
@@ -155,15 +143,12 @@ class KeyedService:
         with raised_as(self.error):
             self.keyed.clear(self.keys(gis))
 
-    def stats(self) -> dict[str, Any]:
-        """Counters, and per column its tier (and whether it spilled there) and bytes."""
-        return self.keyed.stats()
-
     def close(self) -> None:
         self.keyed.close()
 
-    def _specs(self, specs: Any) -> dict[str, tuple[str, torch.dtype | None, tuple[int, ...], int]]:
-        """A write plan's specs, checked: ``{column: (kind, dtype, per-token shape, longest)}``."""
+    def _specs(self, specs: Any) -> dict[str, tuple[Spec, int]]:
+        """A write plan's specs (``{column: (kind, dtype, per-token shape, longest)}``), checked: ``{column:
+        (spec, longest)}``."""
         if not isinstance(specs, dict):
             raise SchemaError(f"the specs of a write plan are a dict, not a {type(specs).__name__}")
         out = {}
@@ -182,7 +167,10 @@ class KeyedService:
                 raise SchemaError(
                     f"{self.keyed.noun} {name!r}: a malformed write-plan spec {str(spec)[:200]}"
                 )
-            out[name] = (kind, None if dtype is None else torch_dtype(dtype), tuple(rest), longest)
+            out[name] = (
+                Spec.of_kind(kind, None if dtype is None else torch_dtype(dtype), tuple(rest)),
+                longest,
+            )
         return out
 
     def keys(self, gis: Any, distinct: bool = False) -> torch.Tensor:

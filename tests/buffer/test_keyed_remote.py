@@ -77,7 +77,7 @@ def test_the_service_checks_keys_and_columns_and_raises_one_class(tmp_path):
     with pytest.raises(SchemaError, match="names some of its 2 keys twice"):
         svc.put(np.array([5, 5]), {"v": to_wire(Column.of(torch.ones(2)))})
     with pytest.raises(
-        SchemaError, match=r"column 'v' holds scalar torch.float32 \(\); a put brought scalar torch.int64"
+        SchemaError, match=r"column 'v' holds scalar torch.float32 \(\); a write brought scalar torch.int64"
     ):
         svc.put(np.array([5]), {"v": to_wire(Column.of(torch.ones(1, dtype=torch.int64)))})
     strict = KeyedService(KeyedStore(), error=Refusal)
@@ -105,7 +105,7 @@ def test_the_client_routes_writes_in_place_on_its_node_and_merges_a_read(tmp_pat
 
     got = asyncio.run(run())
     assert rows(got["r"]) == [list(range(10, 15)), [1, 2], [3, 4, 5]] and rows(got["o"]) == ["e", "b", "c"]
-    here, there = (s.stats() for s in services)
+    here, there = (s.keyed.stats() for s in services)
     assert here["bytes_put_direct"] > 0 and "bytes_put_direct" not in there  # store 1 is on another node
     assert here["bytes_get_mapped"] > 0 and there["bytes_get_copied"] > 0
     assert services[0].keyed.columns["r"].missing(torch.tensor([4, 0])) == [4]
