@@ -365,7 +365,8 @@ def scaling_measured(d: Doc) -> list[str]:
         tab = v.get(key) or []
         if not tab:
             continue
-        out.append(f"Validation {name}: {(v.get('verdict') or {}).get(key.removesuffix('_measured'), DASH)} "
+        before = " on the defaults (before the fit below)" if v.get("refit") else ""
+        out.append(f"Validation {name}{before}: {(v.get('verdict') or {}).get(key.removesuffix('_measured'), DASH)} "
                    f"({v.get('target', '±25%')}).")  # fmt: skip
         out.append("")
         vh = ["system", "nodes", "op / samples / bytes", "predicted s", "measured s", "ratio", "within ±25%"]
