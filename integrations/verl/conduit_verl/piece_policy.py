@@ -247,12 +247,13 @@ class PiecePolicy:
 
     def _follow_workload(self, tokens_per_sample: float) -> None:
         """After the warm-up step, start from the cached decision; once the workload drifted, drop
-        the measurements and recall (or probe) the new workload's decision."""
+        the tuner's measurements of the arms and recall (or probe) the new workload's decision. The
+        model's streamed steps stay: the drift watch needs several steps of the new workload before it
+        fires, so they are its own, and each step's gain is re-predicted from its own work."""
         if self.tuner.signature is not None:  # recalled once already: only a drift re-opens it
             if not self.tuner.drifted(tokens_per_sample):
                 return
             self.tuner.forget()
-            self.streamed.clear()
         hit = self.tuner.recall(tokens_per_sample)
         self.tuner.follow(hit[0].arm if hit else None)
         if hit is not None:

@@ -170,3 +170,25 @@ def test_tuner_cache_knob_is_validated(bad: object) -> None:
     with pytest.raises(ConfigError, match="tuner_cache"):
         ConduitTrainerConfig(tuner_cache=bad)  # type: ignore[arg-type]
     assert ConduitTrainerConfig(tuner_cache="/tmp/x").tuner_cache == "/tmp/x"
+
+
+def test_a_drift_keeps_streaming_where_the_model_says_it_pays(tmp_path: Path) -> None:
+    """Responses that grow as the policy learns (the vLLM run: 107 -> 178 tokens per sample over six
+    steps) re-open the cached decision, but the model's streamed steps are the new workload's own:
+    where they say streaming pays (a rollout on its own hardware, cheap pieces, groups spread out),
+    no whole-batch step is run to re-measure it."""
+    policy = PiecePolicy("auto", GROUPS, 1, _tuning(tmp_path), separate_rollout=True)
+    finish = [0.5 * i for i in range(1, GROUPS + 1)]
+    arms, now = [], 0.0
+    for i in range(14):
+        per_sample = 64.0 * 1.25**i  # drifts out of the tolerance every few steps
+        g = policy.begin_step(now)
+        arms.append(policy.arm)
+        sizes = [g] * (GROUPS // g) + ([GROUPS % g] if GROUPS % g else [])
+        for j, k in enumerate(sizes):
+            work = [per_sample * N] * k
+            policy.record_piece(k, 0.05 + 0.0002 * sum(work), overlapped=j < len(sizes) - 1, work=work)
+        policy.record_step(finish, ended=finish[-1] + 0.05 + 0.0002 * per_sample * N * sizes[-1])
+        now += 10.0
+    assert policy.tuner.signature is not None and len(policy.streamed) == 3
+    assert arms == ["stream"] * 14 and policy.probe_steps <= 1  # the first streamed step only
