@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-zmq = pytest.importorskip("zmq")
+pytest.importorskip("zmq")
+
+from port_calls import call, raw_socket  # noqa: E402
 
 from conduit import wire  # noqa: E402
 from conduit.buffer.keyed_client import Coalescer  # noqa: E402
 from conduit.errors import CapacityError, ConduitError, DTypeError  # noqa: E402
-from conduit.port import DataPort, PortClient, Protocol  # noqa: E402
+from conduit.port import DataPort, Protocol  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,6 @@ class Target:
 PROTOCOL = Protocol({"put": ("keys", "values"), "get": ("keys",)}, errors=(CapacityError,), records=(Where,))
 
 
-async def _alive() -> None:
-    return None
-
-
 @pytest.fixture
 def port():
     server = DataPort(Target(), PROTOCOL, threading.Lock(), "127.0.0.1")
@@ -57,47 +55,31 @@ def port():
     server.close()
 
 
-def run(port: DataPort, method: str, *args):
-    async def main():
-        client = PortClient(port.address, port.key, PROTOCOL)
-        try:
-            return await client.call(method, args, 10, _alive)
-        finally:
-            client.close()
-
-    return asyncio.run(main())
-
-
 def test_a_call_round_trips_arrays_tensors_and_records(port):
     values = torch.tensor([[1.5, 2.5], [3.0, -1.0]], dtype=torch.bfloat16)
-    assert run(port, "put", np.array([3, 4]), values) == Where("rows", (2, 2))
-    got = run(port, "get", np.array([4, 3]))
+    assert call(port, "put", np.array([3, 4]), values) == Where("rows", (2, 2))
+    got = call(port, "get", np.array([4, 3]))
     assert got["values"].dtype == torch.bfloat16 and torch.equal(got["values"], values.flip(0))
     assert got["keys"].tolist() == [4, 3]
 
 
 def test_errors_travel_by_class_and_what_is_not_data_is_refused_by_the_writer(port):
     with pytest.raises(CapacityError, match="5 rows do not fit"):
-        run(port, "put", np.arange(5), torch.zeros(5))
+        call(port, "put", np.arange(5), torch.zeros(5))
     with pytest.raises(ConduitError, match=r"KeyError: 9"):  # not in the protocol's errors: the base class
-        run(port, "get", np.array([9]))
+        call(port, "get", np.array([9]))
     with pytest.raises(ConduitError, match=r"put values holds a .*object"):
-        run(port, "put", np.array([0]), object())
+        call(port, "put", np.array([0]), object())
     with pytest.raises(ConduitError, match="does not answer 'close'"):
-        run(port, "close")
+        call(port, "close")
 
 
 def test_unsigned_frames_run_nothing_and_the_port_keeps_serving(port):
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(port.address)
-    raw.send_multipart([b"junk", b"more"])
-    assert not raw.poll(300)
-    raw.close()
-    ctx.term()
+    with raw_socket(port.address) as raw:
+        raw.send_multipart([b"junk", b"more"])
+        assert not raw.poll(300)
     assert port.refused["unsigned"] == 1 and not port.target.rows
-    assert run(port, "put", np.array([1]), torch.ones(1, 3)).shape == (1, 3)
+    assert call(port, "put", np.array([1]), torch.ones(1, 3)).shape == (1, 3)
 
 
 def test_dtypes_are_looked_up_in_the_fixed_list_only():

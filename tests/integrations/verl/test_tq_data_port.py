@@ -14,6 +14,7 @@ pytest.importorskip("transfer_queue")
 from conduit_verl.errors import StorageBackendError  # noqa: E402
 from conduit_verl.tq_store.columns import column_of, field_of  # noqa: E402
 from conduit_verl.tq_store.store import PROTOCOL, NodeStore  # noqa: E402
+from port_calls import call, never_dead, raw_socket  # noqa: E402
 
 import conduit.port as data_port  # noqa: E402
 from conduit.buffer.columns import from_wire, to_wire  # noqa: E402
@@ -35,10 +36,6 @@ def port():
     store.close()
 
 
-async def _never_dead() -> None:
-    return None
-
-
 def test_calls_round_trip_and_many_in_flight_are_matched_by_id(port):
     async def main() -> list:
         client = PortClient(port.address, port.key, PROTOCOL)
@@ -47,12 +44,12 @@ def test_calls_round_trip_and_many_in_flight_are_matched_by_id(port):
                 "put",
                 (np.array([k]), {"r": to_wire(column_of("r", jagged([k + 1], 100 * k)))}),
                 10,
-                _never_dead,
+                never_dead,
             )
             for k in range(20)
         ]
         await asyncio.gather(*puts)
-        gets = [client.call("get", (np.array([k]), ["r"]), 10, _never_dead) for k in reversed(range(20))]
+        gets = [client.call("get", (np.array([k]), ["r"]), 10, never_dead) for k in reversed(range(20))]
         out = await asyncio.gather(*gets)
         client.close()
         return out
@@ -68,9 +65,9 @@ def test_the_stores_error_is_raised_at_the_caller_and_unknown_methods_are_refuse
     async def main() -> None:
         client = PortClient(port.address, port.key, PROTOCOL)
         with pytest.raises(StorageBackendError, match=r"field 'r' is not stored for global indexes \[5\]"):
-            await client.call("get", (np.array([5]), ["r"]), 10, _never_dead)
+            await client.call("get", (np.array([5]), ["r"]), 10, never_dead)
         with pytest.raises(StorageBackendError, match="does not answer 'close'"):
-            await client.call("close", (), 10, _never_dead)
+            await client.call("close", (), 10, never_dead)
         client.close()
 
     asyncio.run(main())
@@ -108,21 +105,8 @@ def test_a_silent_port_asks_whether_the_store_lives_then_times_out(monkeypatch):
 
 
 def test_garbage_on_the_port_is_not_answered_and_the_port_keeps_serving(port):
-    import zmq
-
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(port.address)
-    raw.send_multipart([b"not a pickle", b"junk"])
-    assert not raw.poll(500), "the port answered a frame without a MAC"
-    raw.close()
-    ctx.term()
+    with raw_socket(port.address) as raw:
+        raw.send_multipart([b"not a pickle", b"junk"])
+        assert not raw.poll(500), "the port answered a frame without a MAC"
     assert port.refused["unsigned"] == 1
-
-    async def main() -> None:
-        client = PortClient(port.address, port.key, PROTOCOL)
-        await client.call("clear", (np.array([0]),), 10, _never_dead)
-        client.close()
-
-    asyncio.run(main())  # still serving
+    call(port, "clear", np.array([0]))  # still serving

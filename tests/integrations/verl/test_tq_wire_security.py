@@ -26,6 +26,7 @@ from conduit_verl.tq_store.columns import column_of  # noqa: E402
 from conduit_verl.tq_store.store import PROTOCOL, NodeStore  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from port_calls import call, never_dead, raw_socket  # noqa: E402
 
 from conduit import wire  # noqa: E402
 from conduit.buffer.columns import to_wire  # noqa: E402
@@ -60,13 +61,8 @@ def port():
 
 @pytest.fixture
 def raw(port):
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(port.address)
-    yield sock
-    sock.close()
-    ctx.term()
+    with raw_socket(port.address) as sock:
+        yield sock
 
 
 def stored(store: NodeStore) -> list[float]:
@@ -107,21 +103,6 @@ def probe(sock, key: bytes, refusals: int = 0) -> dict:
     return header
 
 
-async def _never_dead() -> None:
-    return None
-
-
-def call(port: DataPort, method: str, *args):
-    async def main():
-        client = PortClient(port.address, port.key, PROTOCOL)
-        try:
-            return await client.call(method, args, 10, _never_dead)
-        finally:
-            client.close()
-
-    return asyncio.run(main())
-
-
 def test_a_crafted_pickle_runs_nothing_and_is_logged(port, raw, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger=LOGGER)
     target = tmp_path / "ran"
@@ -160,8 +141,8 @@ def test_unsigned_and_replayed_frames_are_refused_and_logged(port, raw, caplog):
 
     async def legit() -> None:
         client = Recording(port.address, port.key, PROTOCOL)
-        await client.call("put", (np.array([5]), {"v": scalar_wire([9.0])}), 10, _never_dead)
-        await client.call("clear", (np.array([5]),), 10, _never_dead)
+        await client.call("put", (np.array([5]), {"v": scalar_wire([9.0])}), 10, never_dead)
+        await client.call("clear", (np.array([5]),), 10, never_dead)
         client.close()
 
     asyncio.run(legit())
@@ -266,7 +247,7 @@ def test_a_client_refuses_an_unsigned_reply_and_runs_nothing(tmp_path, caplog):
     async def main() -> None:
         client = PortClient(address, os.urandom(32), PROTOCOL)
         with pytest.raises(TimeoutError):
-            await client.call("get", (np.array([0]), ["v"]), 1.0, _never_dead)
+            await client.call("get", (np.array([0]), ["v"]), 1.0, never_dead)
         client.close()
 
     asyncio.run(main())
