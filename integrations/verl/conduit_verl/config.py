@@ -86,53 +86,30 @@ class ConduitTrainerConfig:
     group_log: str | None = None
 
     def __post_init__(self) -> None:
-        if self.overlap not in ("sync", "async"):
-            raise ConfigError(f"trainer.v1.conduit.overlap must be 'sync' or 'async', got {self.overlap!r}")
-        for name in ("piece_groups", "g_del"):
-            value = getattr(self, name)
-            if name == "piece_groups" and value == "auto":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                extra = " or 'auto'" if name == "piece_groups" else ""
-                raise ConfigError(f"trainer.v1.conduit.{name} must be an int >= 0{extra}, got {value!r}")
-        if self.poll_interval_s is not None and not _positive(self.poll_interval_s):
-            raise ConfigError(
-                f"trainer.v1.conduit.poll_interval_s must be a finite number > 0, got {self.poll_interval_s!r}"
-            )
-        if not _positive(self.rollout_timeout_s):
-            raise ConfigError(
-                "trainer.v1.conduit.rollout_timeout_s must be a finite number > 0 (a wait is never "
-                f"unbounded), got {self.rollout_timeout_s!r}"
-            )
-        if self.on_timeout not in ("error", "drop"):
-            raise ConfigError(
-                f"trainer.v1.conduit.on_timeout must be 'error' or 'drop', got {self.on_timeout!r}"
-            )
-        if self.tuner_cache is not None and (not isinstance(self.tuner_cache, str) or not self.tuner_cache):
-            raise ConfigError(
-                f"trainer.v1.conduit.tuner_cache must be a directory path or null, got {self.tuner_cache!r}"
-            )
-        if self.rollout_hardware not in ("shared", "separate"):
-            raise ConfigError(
-                "trainer.v1.conduit.rollout_hardware must be 'shared' (the rollout shares the actor's "
-                f"devices or cores) or 'separate' (it has its own), got {self.rollout_hardware!r}"
-            )
-        if self.journal is not None and not isinstance(self.journal, bool):
-            raise ConfigError(f"trainer.v1.conduit.journal must be true, false or null, got {self.journal!r}")
         k = self.max_staleness
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-            raise ConfigError(
-                "trainer.v1.conduit.max_staleness must be an int >= 0 (policy versions a trained group may "
-                f"lag; 0 = on-policy), got {k!r}"
-            )
-        if self.on_stale not in ("drop", "recompute"):
-            raise ConfigError(
-                f"trainer.v1.conduit.on_stale must be 'drop' or 'recompute', got {self.on_stale!r}"
-            )
-        if self.group_log is not None and (not isinstance(self.group_log, str) or not self.group_log):
-            raise ConfigError(
-                f"trainer.v1.conduit.group_log must be a file path or null, got {self.group_log!r}"
-            )
+        checks = (  # (valid, key, what it must be), in the order they are reported
+            (self.overlap in ("sync", "async"), "overlap", "'sync' or 'async'"),
+            (self.piece_groups == "auto" or _count(self.piece_groups), "piece_groups",
+             "an int >= 0 or 'auto'"),
+            (_count(self.g_del), "g_del", "an int >= 0"),
+            (self.poll_interval_s is None or _positive(self.poll_interval_s), "poll_interval_s",
+             "a finite number > 0"),
+            (_positive(self.rollout_timeout_s), "rollout_timeout_s",
+             "a finite number > 0 (a wait is never unbounded)"),
+            (self.on_timeout in ("error", "drop"), "on_timeout", "'error' or 'drop'"),
+            (self.tuner_cache is None or _nonempty_str(self.tuner_cache), "tuner_cache",
+             "a directory path or null"),
+            (self.rollout_hardware in ("shared", "separate"), "rollout_hardware",
+             "'shared' (the rollout shares the actor's devices or cores) or 'separate' (it has its own)"),
+            (self.journal is None or isinstance(self.journal, bool), "journal", "true, false or null"),
+            (_count(k), "max_staleness",
+             "an int >= 0 (policy versions a trained group may lag; 0 = on-policy)"),
+            (self.on_stale in ("drop", "recompute"), "on_stale", "'drop' or 'recompute'"),
+            (self.group_log is None or _nonempty_str(self.group_log), "group_log", "a file path or null"),
+        )  # fmt: skip
+        for valid, key, must in checks:
+            if not valid:
+                raise ConfigError(f"trainer.v1.{MODE}.{key} must be {must}, got {getattr(self, key)!r}")
         if k > 0 and self.overlap == "sync":
             raise ConfigError(
                 f"trainer.v1.conduit.max_staleness={k} needs overlap=async (the streaming step); "
@@ -204,3 +181,11 @@ class ConduitTrainerConfig:
 
 def _positive(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _nonempty_str(x: object) -> bool:
+    return isinstance(x, str) and bool(x)
