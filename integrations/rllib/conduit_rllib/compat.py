@@ -268,22 +268,16 @@ def _check_sample() -> str | None:
 
 
 def sample_episodes(
-    env_runner_group: Any,
-    *,
-    sample_timeout_s: float | None,
-    max_env_steps: int | None = None,
-    max_agent_steps: int | None = None,
-    concat: bool = True,
+    env_runner_group: Any, *, sample_timeout_s: float | None, **limit: int | None
 ) -> tuple[list[Any], list[Any]]:
-    """``(episodes, env-runner metrics)`` from one synchronous sampling round, as RLlib's DQN and PPO do."""
+    """``(episodes, env-runner metrics)`` from one synchronous sampling round, as RLlib's DQN and PPO do;
+    ``limit``: ``max_env_steps`` or ``max_agent_steps`` (none: one round of every env runner)."""
     return synchronous_parallel_sample(  # type: ignore[no-any-return]
         worker_set=env_runner_group,
-        max_env_steps=max_env_steps,
-        max_agent_steps=max_agent_steps,
-        concat=concat,
         sample_timeout_s=sample_timeout_s,
         _uses_new_env_runners=True,
         _return_metrics=True,
+        **limit,
     )
 
 
