@@ -3,17 +3,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from autotune_loop import PROBE_ITERS, PROBE_WARMUP, Probes, SyntheticLoop
+from autotune_rank import ranking, split_halves
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from autotune_loop import PROBE_ITERS, PROBE_WARMUP, Probes, SyntheticLoop  # noqa: E402
-from autotune_rank import ranking, split_halves  # noqa: E402
-
-from conduit.costmodel import Knobs  # noqa: E402
-from conduit.errors import ClosedError  # noqa: E402
+from conduit.costmodel import Knobs
+from conduit.errors import ClosedError
 
 
 def test_split_halves_compares_the_even_rounds_with_the_odd() -> None:

@@ -4,13 +4,8 @@ both are measured on the same steps as the grid's."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from autotune_verl_analysis import gaps, grid_view, same_steps, targets  # noqa: E402
+from autotune_verl_analysis import gaps, grid_view, same_steps, targets
 
 
 def _view(rests: dict[int, tuple[int, float]], wall: float = 12.0) -> dict:

@@ -1,10 +1,6 @@
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import core_demo as demo  # noqa: E402
+import core_demo as demo
 
 
 def test_demo_runs_both_modes_and_writes_results(tmp_path, capsys):

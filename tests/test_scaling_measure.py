@@ -10,12 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-from scaling_config import Calibration  # noqa: E402
-from scaling_measure import (  # noqa: E402
+from scaling_config import Calibration
+from scaling_measure import (
     QUICK_WORKLOAD,
     backend_ratios,
     parse_nodes,
@@ -24,9 +20,11 @@ from scaling_measure import (  # noqa: E402
     tq_row,
     validate,
 )
-from scaling_validate import call_seconds  # noqa: E402
+from scaling_validate import call_seconds
 
-from conduit.errors import ConfigError  # noqa: E402
+from conduit.errors import ConfigError
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def fake_config(system: str, nodes: int, seconds: float, agent_puts: int = 16) -> dict:

@@ -4,20 +4,14 @@ flags a miss beyond +-25%. Tiny workloads on a tiny cluster: seconds, not minute
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 import simpy
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-from scaling_config import TOPOLOGY, Calibration, Cluster, Compute, Workload  # noqa: E402
-from scaling_model import DESIGNS, Controller, Iteration, compute_only_s, simulate  # noqa: E402
-from scaling_validate import (  # noqa: E402
+from scaling_config import TOPOLOGY, Calibration, Cluster, Compute, Workload
+from scaling_model import DESIGNS, Controller, Iteration, compute_only_s, simulate
+from scaling_validate import (
     call_seconds,
     call_validation,
     fit_stores,
@@ -26,8 +20,8 @@ from scaling_validate import (  # noqa: E402
     validation_table,
 )
 
-from conduit.errors import ConfigError  # noqa: E402
-from conduit.topology import load  # noqa: E402
+from conduit.errors import ConfigError
+from conduit.topology import load
 
 TINY = Workload(prompts=8, n=4, response_median=300, max_response=2048)
 CLUSTER = Cluster(nodes=2, gpus_per_node=2, nic_bytes_per_s=50e9, nic_latency_s=5e-6)

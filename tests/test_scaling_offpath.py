@@ -5,22 +5,16 @@ nodes and refuses input it cannot fit. Tiny workloads: seconds."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 import simpy
+from scaling_config import Calibration, Cluster, Compute, Workload
+from scaling_model import DESIGNS, Iteration, simulate
+from scaling_validate import call_seconds, fit_offpath, iteration_validation
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-from scaling_config import Calibration, Cluster, Compute, Workload  # noqa: E402
-from scaling_model import DESIGNS, Iteration, simulate  # noqa: E402
-from scaling_validate import call_seconds, fit_offpath, iteration_validation  # noqa: E402
-
-from conduit.errors import ConduitError, ConfigError  # noqa: E402
+from conduit.errors import ConduitError, ConfigError
 
 TINY = Workload(prompts=8, n=4, prompt_median=128, response_median=256, max_prompt=512, max_response=1024)
 NO_COMPUTE = Compute(peak_flops=1e30, decode_step_s=1e-12, decode_per_seq_s=1e-12)

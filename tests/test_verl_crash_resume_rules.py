@@ -6,15 +6,12 @@ trainer with the journal off). No run is started: the runs are stubbed."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import verl_crash_analysis as vca  # noqa: E402
-import verl_crash_resume as vcr  # noqa: E402
+import verl_crash_analysis as vca
+import verl_crash_resume as vcr
 
 
 def _trial(t: int, lost: float, kill_s: float = 2.0, **kw: Any) -> dict[str, Any]:

@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from autotune_verl import SETTLE, schedule  # noqa: E402
-from autotune_verl_analysis import (  # noqa: E402
+from autotune_verl import SETTLE, schedule
+from autotune_verl_analysis import (
     evaluate,
     grid_view,
     read_trace,

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 pytest.importorskip("verl")
 
-from tuning_cost_verl import probe_flags, tuning_cost  # noqa: E402
+from tuning_cost_verl import probe_flags, tuning_cost
 
 
 def _rows(arms: str, walls: list[float], probes: str) -> list[dict]:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from verl_analysis import exposed_profile, rows_for_run  # noqa: E402
+from verl_analysis import exposed_profile, rows_for_run
 
 
 def _write_run(work: Path, steps: list[dict[str, float]]) -> None:

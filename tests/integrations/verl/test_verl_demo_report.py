@@ -3,16 +3,10 @@ verl_sync_tuned's over the iterations both measured (rows as the benchmark write
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
 pytest.importorskip("verl")
-import verl_demo  # noqa: E402
+import verl_demo
 
 
 def _row(system: str, iteration: int, **stages: float) -> dict:
