@@ -1,11 +1,6 @@
 """What every cell of ``rllib_atari.py`` shares, whichever venv runs it (numpy and the standard library
-only: TorchRL's cell imports it from its own venv): the Atari-shaped stand-in episodes, the latency
-timer and the memory readers.
-
-``episode_fragments(steps, dim, seed)`` yields the same fragments, in the same order, to every system:
-episodes of geometric length (mean ``MEAN_LIFE``, a life) of random uint8 ``dim`` x ``dim`` frames, cut
-into fragments of ``FRAGMENT`` env steps as RLlib's Atari DQN example samples them. One seed gives one
-stream, so each system inserts the same env steps (the rows' ``work`` can be compared).
+only): the Atari-shaped stand-in episodes (:func:`episode_fragments`: one seed, one stream, the same env
+steps for every system), the latency timer and the memory readers.
 """
 
 from __future__ import annotations

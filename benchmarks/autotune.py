@@ -2,40 +2,17 @@
 
     python benchmarks/autotune.py [--quick] [--device cpu|cuda] [--out FILE]
 
-The workload is a real loop on the core (:class:`SyntheticLoop`): per iteration a producer does torch
-work (an MLP layer) and puts ``PUTS`` fragments of ``FRAG`` items, each item ``dim`` float32 features
-and a reward; an ingestion operator normalises the features and discounts the rewards (vectorised);
-the consumer gets ``GETS`` batches of ``batch`` items and does torch work on each (a layer over the
-delivered features, then an MLP layer). Nothing is a stub: every configuration runs a real
-``Conduit``.
-
-Calibration (sizes ``CALIB_DIMS``, never evaluated): ten configurations per size (:data:`CALIB_CONFIGS`:
-sync ``g_del`` 1 and 8; async ones with ``g_ing``, ``g_del`` and depth varied apart), each run
-``CALIB_ROUNDS`` times in fresh random orders, give the ingestion
-and delivery costs (``OperatorCost.fit`` over per-iteration totals; delivery's per-byte term from the
-measured host link of ``conduit.discovery.local_topology()``), the fixed cost per put, and the overlap
-costs (``calibrate_overlap``: interference ``sigma``, hand-off per get, wake-up per ingestion and per
-delivery call). The model's median relative error on the calibration runs is the tuner's ``margin``.
-At each evaluated size the workload's own compute (producer, consumer) is timed alone, without
-Conduit: that is the workload, not the data path.
-
-For each of 5 evaluated sizes, all 32 configurations of :data:`SPACE` are measured (median seconds
-per iteration over 6 rounds, each in a fresh random order), the model predicts each, and an
-:class:`~conduit.tuner.AutoTuner` (fresh cache) measures, with short probes (``PROBE_ITERS``), those of
-its top 3 predicted within ``margin`` of the best, and the best predicted of the other overlap mode
-(no more once its time passes their iterations at the predicted best plus 2% of a 100-iteration run;
-the first is always measured), ``REPEATS`` times each in alternating rounds (:class:`Probes` keeps
-each candidate's ``Conduit`` open between its probes), and picks. Printed and written per size: best
-measured, predicted best, the top-8 order (same set? same order?), Kendall's tau over all 32 (and over
-the 22 configurations not used in calibration; between two measured rounds; and between the medians
-of the even and of the odd rounds, "half vs half": about the most any model can reach against this
-machine's noise), the auto pick's gap to the best measured configuration — in the grid, and
-re-measured (:func:`confirm`: the pick and the grid's best in ``CONFIRM_ROUNDS`` fresh alternating
-runs each, since the best of 32 noisy medians is low partly by luck) — and the tuning overhead
-(tuning time beyond running the same iterations at the best configuration: set-up and worse
-candidates) as a share of a 100-iteration run. JSON and a
-PNG (measured against predicted, manual configurations grey, the pick highlighted) under
-``benchmarks/results/``.
+The workload is a real loop on the core (:class:`autotune_loop.SyntheticLoop`). Calibration
+(``autotune_calibration.py``, never evaluated): the ten :data:`CALIB_CONFIGS` at each of ``CALIB_DIMS``,
+each run ``CALIB_ROUNDS`` times, give the ingestion and delivery costs (``OperatorCost.fit``; delivery's
+per-byte term from the measured host link), the fixed cost per put and the overlap costs
+(``calibrate_overlap``); the model's median relative error on them is the tuner's ``margin``. At each
+evaluated size all 32 configurations of :data:`SPACE` are measured (rounds in fresh random orders)
+and predicted, and an :class:`~conduit.tuner.AutoTuner` with a fresh cache probes its top candidates
+and picks. Reported per size: the best measured and predicted, the top-8
+order, Kendall's tau (also between rounds and half against half: what noise allows), the pick's gap to
+the best (in the grid and re-measured, :func:`confirm`) and the tuning overhead as a share of a
+100-iteration run. Method: ``benchmarks/notes/autotune.md``. JSON and PNG under ``benchmarks/results/``.
 """
 
 from __future__ import annotations

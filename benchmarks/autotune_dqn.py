@@ -3,25 +3,13 @@
 
     python benchmarks/autotune_dqn.py [--quick] [--batch N] [--out FILE]
 
-The workload is RLlib 2.60's DQN on CartPole-v1 (local env runner, local learner, one torch thread)
-with Conduit's plugin. Every configuration of :data:`conduit_rllib.dqn_tuning.SPACE` (overlap, depth,
-``g_del``, ``stage_steps``) is built and trained for real; a training step is timed around RLlib's
-``training_step`` (sampling, the Conduit path, the learner update, weight sync), and only learning
-steps (the ones that made a gradient update) count. Per configuration: the median over ``rounds``
-rounds (each builds the algorithm afresh, configurations in a fresh random order) of the mean seconds
-per learning step over whole staging cycles (a staged put is paid once per ``stage_steps`` steps),
-and the work done (learning steps, gradient updates; a gap is refused where they differ).
-
-Then an ``overlap="auto"`` run does what a user's run does: warm-up under the sync probe,
-calibration, the model's pick, its trial and a recheck of the probe right after it; the model it ranked with (``DQNTuning``'s, calibrated in that
-run) predicts every configuration. Printed and written: Kendall's tau between predicted and measured
-over the grid (and between two measured rounds, and between the medians of the even and of the odd
-rounds: what noise allows), the top-8 overlap, the pick's gap to the best measured configuration — in
-the grid, and re-measured (:func:`confirm`: both in ``CONFIRM_ROUNDS`` fresh alternating runs, since
-the best of 18 noisy medians is low partly by luck) —, and the tuning overhead: the time the auto run's steps until the
-choice took beyond as many steps at the best configuration (probe and trial steps at worse knobs,
-calibration, the buffer's moves), as a share of 100 learning steps at the best. JSON and a PNG under
-``benchmarks/results/``.
+RLlib 2.60's DQN on CartPole-v1 with Conduit's plugin. Every configuration of
+:data:`conduit_rllib.dqn_tuning.SPACE` is trained for real, timed around ``training_step`` over learning
+steps only (whole staging cycles), median over rounds in fresh random orders, with its work. Then an
+``overlap="auto"`` run does what a user's run does, and its calibrated model predicts every
+configuration. Reported: Kendall's tau (and what noise allows), the top-8 overlap, the pick's gap to the
+best (in the grid and re-measured, :func:`confirm`) and the tuning overhead as a share of 100 learning
+steps at the best. Method: ``benchmarks/notes/autotune_dqn.md``. JSON and PNG under ``benchmarks/results/``.
 """
 
 from __future__ import annotations

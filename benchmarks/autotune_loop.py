@@ -1,6 +1,8 @@
-"""The workload of ``autotune.py`` (and ``granularity.py``): a real loop on the core, per iteration ``PUTS``
-fragments produced and put, an ingestion operator, ``GETS`` batches got and consumed (module docstring of
-``autotune.py``), and the tuner's probes of it (:class:`Probes`)."""
+"""The workload of ``autotune.py`` (and ``granularity.py``): a real loop on the core. Per iteration a
+producer does torch work (an MLP layer) and puts ``PUTS`` fragments of ``FRAG`` items (``dim`` float32
+features and a reward); an ingestion operator normalises the features and discounts the rewards; the
+consumer gets ``GETS`` batches of ``batch`` items and does torch work on each. Also the tuner's probes of
+it (:class:`Probes`)."""
 
 from __future__ import annotations
 

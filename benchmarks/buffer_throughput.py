@@ -68,24 +68,18 @@ DOCUMENTED = (harness, orchestrate, analysis, load_module, memcpy_peer, conduit_
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer cells and rounds (a smoke run)")
+    ap = script.parser(__doc__, quick="fewer cells and rounds (a smoke run)", out=DEFAULT_OUT)
     ap.add_argument(
         "--load",
         action="store_true",
         help="also time every round with (cores - 1) busy processes on the other cores",
     )
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma list of systems to run")
     ap.add_argument("--torchrl-python", type=Path, default=DEFAULT_PYTHON, help="python of the TorchRL venv")
     ap.add_argument(
         "--setup-torchrl", action="store_true", help="build the TorchRL venv first if it is missing"
     )
     return ap.parse_args(argv)
-
-
-def _on_row(row: dict[str, Any]) -> None:
-    print(progress_line(row), flush=True)
 
 
 def make_systems(
@@ -127,7 +121,8 @@ def run_all(args: argparse.Namespace, grid: dict[str, list[int]], timing: Timing
         for s in systems:
             if isinstance(s, RemoteTorchRL):
                 torchrl_info = s.info()
-        all_rows = run_interleaved(systems, cells, timing, _on_row, errors, load)
+        on_row = lambda row: print(progress_line(row), flush=True)  # noqa: E731
+        all_rows = run_interleaved(systems, cells, timing, on_row, errors, load)
         load_reference = reference_slowdown(load) if load is not None else None
     finally:
         if load is not None:

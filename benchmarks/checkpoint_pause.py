@@ -1,15 +1,11 @@
 """Checkpoint pause: how long a save of a full buffer holds the buffer's lock while ingestion runs.
 
-A prioritized buffer of 1 GiB (1 KiB items) is filled; a producer thread keeps putting
-batches and a consumer thread keeps sampling while the buffer is saved three times: a full save
-(every segment written) and two incremental ones (only the segments written since are new; a
-reused segment is verified, then copied the first time — the only other copy is the previous
-checkpoint's — and hard-linked once another kept checkpoint has a copy of its own). Each row reports the
-pause (the longest time the save held the buffer's lock; ``locked_s``: all its holds), the longest put and sample seen during the save and
-without one, the bytes written and the segments written/reused. Medians over 3 repeats.
-
     .venv/bin/python benchmarks/checkpoint_pause.py [--quick] [--out FILE]
 
+A 1 GiB prioritized buffer (1 KiB items) is saved three times, a full save and two incremental ones,
+while a producer thread puts and a consumer thread samples. Each row: the pause (longest hold of the
+lock; ``locked_s``: all holds), the longest put and sample during a save and without one, bytes written,
+segments written/reused; medians over 3 repeats. Method: ``benchmarks/notes/checkpoint_pause.md``.
 Writes ``benchmarks/results/checkpoint_pause[_quick].json`` (with provenance) and its PNG.
 """
 

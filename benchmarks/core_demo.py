@@ -1,10 +1,8 @@
 """A short demo of the core: a DQN-shaped loop with Conduit's overlap off (inline) and on.
 
-Each iteration an "actor" hands over a rollout fragment (n-step returns are computed at ingestion),
-the learner asks for a prioritized batch, trains a small MLP on it and sends priorities back.
-``sync`` runs every step inline — the native path's behaviour; ``async`` ingests and prepares
-batches on background workers. Both run interleaved in one process and the table compares the
-exposed experience-path latency (time the loop is blocked on experience handling) per iteration.
+Each iteration an "actor" hands over a fragment (n-step returns at ingestion), the learner samples a
+prioritized batch, trains a small MLP and sends priorities back; ``sync`` runs inline, ``async`` on
+background workers, interleaved in one process. The table compares the exposed latency per iteration.
 
 Run: ``python benchmarks/core_demo.py [--iters 60] [--batch 256] [--dim 64] [--out DIR]``
 """

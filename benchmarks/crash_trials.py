@@ -1,24 +1,14 @@
 """Crash trials: SIGKILL a producing process at random moments, recover, and check what survived.
 
-Core: a producer ``Conduit`` (prioritized replay, journal on at its default flush interval, a
-checkpoint every few hundred puts) puts numbered items and updates their priorities; the trial kills
-it at a random moment, recovers (``Conduit.load``: the newest intact checkpoint, then the journal) and
-checks that the recovered items are exactly items ``0..M-1``, each once (count and checksum), with
-the priorities the producer gave them, and measures how much committed experience was lost (in
-seconds: the durability point).
-
-RLlib: a DQN (Conduit replay) trains and ``algo.save()``s over the same path in a loop, printing
-``SAVING`` before and ``SAVED`` after each save; the trial kills it *inside a save*: after the
-``SAVING`` line, at a random moment within the save's measured duration (the median of the saves seen
-so far). A kill counts as inside the save when no ``SAVED`` followed its ``SAVING``; trials go on
-until ``--trials`` kills landed inside (at most three times as many attempts). After each kill a
-fresh algorithm restores from the path and the buffer must be exactly one that a save wrote, the
-previous or the new (checksum of items, priorities, counters). Each trial's process restores the
-previous trial's checkpoint and completes one save before the kill window opens.
-
     .venv/bin/python benchmarks/crash_trials.py [--quick] [--trials N]
 
-Writes ``benchmarks/results/crash_trials[_quick].json`` (with provenance) and prints its table.
+Core: a producer ``Conduit`` (prioritized, journal on, periodic checkpoints) is killed at a random
+moment and recovered with ``Conduit.load``; the items must be exactly ``0..M-1``, once each, with their
+priorities, and the committed experience lost is measured. RLlib: a DQN with Conduit replay is killed
+*inside* an ``algo.save()`` (within the save's measured duration; at most three attempts per kill that
+lands inside); the restored buffer must be exactly one a save wrote. Method:
+``benchmarks/notes/crash_trials.md``. Writes ``benchmarks/results/crash_trials[_quick].json`` (with
+provenance) and prints its table.
 """
 
 from __future__ import annotations

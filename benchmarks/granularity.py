@@ -2,16 +2,11 @@
 
     python benchmarks/granularity.py [--quick] [--device cpu|cuda] [--out FILE]
 
-The workload is ``autotune.py``'s real loop on the core (producer torch work and puts, an ingestion
-operator, gets and consumer torch work; see :class:`autotune_loop.SyntheticLoop`). Three sweeps, median
-seconds per iteration each:
-
-1. ``g_ing`` in 1..16 (async, ``g_del`` 1, depth 2) for several batch and item sizes;
-2. ``g_del`` in 1..16 (sync and async, ``g_ing`` 4, depth ``2 * g_del``) for the same sizes;
-3. overlap off (sync, ``g_del`` 1) against on (async, ``g_ing`` 4, ``g_del`` 2, depth 4) across item
-   sizes. Every row carries its work counters (the table: ``report_tables.granularity``).
-
-JSON and a three-panel PNG under ``benchmarks/results/``.
+The workload is ``autotune.py``'s loop (:class:`autotune_loop.SyntheticLoop`). Sweeps, median seconds
+per iteration: ``g_ing`` in 1..16 (async, ``g_del`` 1, depth 2); ``g_del`` in 1..16 (sync and async,
+``g_ing`` 4, depth ``2 * g_del``); overlap off (sync, ``g_del`` 1) against on (async, ``g_ing`` 4,
+``g_del`` 2, depth 4) across item sizes. Rows carry their work counters. JSON and a three-panel PNG
+under ``benchmarks/results/``.
 """
 
 from __future__ import annotations

@@ -2,26 +2,14 @@
 
     python benchmarks/migration.py [--quick] [--out FILE]
 
-A GRPO-shaped token buffer (ragged ``responses`` int64, ``log_probs`` and ``advantages`` fp32, plus
-per-item ``id`` and ``reward``) whose response length grows step by step (512 → 16k tokens). Each
-iteration writes one step's responses at the current length and reads them back, consume-once, into a
-consumer's tensors: the data path's work, timed per iteration (every item's id is counted in and out).
-
-Tiers are this machine's host tiers (pageable host, shm, disk: real allocations, real copies); the
-*budgets* are simulated — the host tier is given 40% of the end size (a stand-in for GPU memory left
-after the model) and shm 70% — and a policy whose placement exceeds a budget is out of memory at
-that size: its point is missing, shown as such. Policies:
-
-- ``greedy``: fill the fastest tier until it runs out, planned once at the start; columns grow where
-  they are.
-- ``conservative``: everything on the largest tier (disk), which always fits.
-- ``conduit``: the planner at the start, and ``Placer.grow`` at every size change: re-plan with
-  hysteresis and migrate online (migration seconds and the longest pause reported per step).
-- ``best_static`` (reference): at every size, each fixed placement that fits (the planner's plan for
-  that size, all host, all shm, all disk) measured on a fresh buffer; the fastest is the best static.
-
-Targets: Conduit never out of memory and within 1.1× of the best static placement at every size
-(steady-state median iteration; the migration's one-off cost is reported beside it).
+A GRPO-shaped token buffer whose response length grows (512 → 16k tokens); each iteration writes a
+step's responses and reads them back, consume-once (ids counted in and out). Real host tiers (pageable,
+shm, disk), simulated budgets (host 40%, shm 70% of the end size): a policy over a budget is out of
+memory, its point missing. Policies: ``greedy`` (fastest tier first, planned once), ``conservative`` (all
+disk), ``conduit`` (planned, then ``Placer.grow`` at every size: re-plan with hysteresis, migrate online)
+and ``best_static`` (each fixed placement that fits, on a fresh buffer; the fastest). Target: Conduit
+never out of memory and within 1.1× of the best static at every size. Method:
+``benchmarks/notes/migration.md``.
 """
 
 from __future__ import annotations

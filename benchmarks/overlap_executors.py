@@ -2,15 +2,11 @@
 
     python benchmarks/overlap_executors.py [--quick] [--steps 300] [--rounds 3] [--out FILE]
 
-A learner thread runs a small training step (MLP 64→256→256→1, batch 256, one torch thread) and
-hands one rollout fragment per step to background ingestion, which runs the same vectorised kernels
-Conduit's ingestion does (n-step returns over a 1 000 × 64 fragment, then a write into a
-100 000-slot ring); at most one fragment is in flight. Three setups, interleaved round by round in
-one run: the learner alone; ingestion on a background *thread* (Conduit's async executor); the same
-ingestion in a forked *process* writing into a shared-memory ring, fed through a shared-memory
-staging slot (the hand-over copy is charged to the learner step, as it would be). Reported per setup:
-median learner step time, its slowdown versus alone, and fragments ingested per second. Writes JSON
-and a PNG bar plot.
+A learner step (MLP 64→256→256→1, batch 256, one torch thread) hands one fragment per step to
+background ingestion (n-step returns over 1 000 × 64, a write into a 100 000-slot ring), at most one in
+flight. Setups, interleaved round by round: the learner alone, ingestion on a *thread*, ingestion in a
+forked *process* over shared memory. Reported: median learner step, slowdown versus alone, fragments
+ingested per second. Method: ``benchmarks/notes/overlap_executors.md``. Writes JSON and a PNG.
 """
 
 from __future__ import annotations

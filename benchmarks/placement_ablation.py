@@ -2,27 +2,15 @@
 
     python benchmarks/placement_ablation.py [--quick] [--out FILE]
 
-Workloads (real allocations and copies on this machine's host tiers: pageable host, shm, disk):
-
-- ``dqn_replay``: a prioritized replay buffer (``obs``, ``next_obs`` of ``dim`` floats, action,
-  reward, done) as RLlib's DQN uses it: per iteration one 32-step fragment in, a batch of 256 sampled
-  and its priorities updated; observation size grows across the sweep.
-- ``grpo_tq``: verl's GRPO fields in the TransferQueue backend's node store (``responses``,
-  ``input_ids``, ``attention_mask`` int64; ``old_log_probs``, ``ref_log_prob``, ``advantages`` fp32):
-  per iteration a step's batch is put, and read the way verl's stages read it (token ids and masks by
-  three stages, log-probs and advantages once) by a reader on the same node: mapped in place on shm
-  and disk, copied out on host. Response length grows across the sweep. The store runs in this
-  process: the Ray transport that a host-tier field pays in a real run (the actor's reply) is not in
-  these figures, so they favour ``host`` — the planner's model keeps that tier out of its candidates.
-
-Placements: ``all_pageable_host``, ``all_shm``, ``all_disk`` (on a GPU machine also ``all_pinned``
-and ``one_gpu``, the DQN learner then reading on ``cuda:0``) and ``planned`` (``conduit.placement.plan``
-on this machine's measured topology). Budgets are simulated (60% of the largest DQN buffer: the fast tier's room, a
-stand-in for GPU memory left after the model); a placement over a budget is out of memory: a missing
-point, listed. Planner accuracy: the planner's predicted seconds per iteration against the measured
-ones, Spearman's rank correlation over every (placement, size) point of a workload. GPU placements
-(``pinned_zero_copy``, ``one_gpu``, ``sharded_gpus``) are priced against the described 8×H200 topology
-(``topologies/h200x8.toml``) and reported as predictions, labelled so: this machine has no GPU.
+Real allocations and copies on this machine's host tiers (pageable host, shm, disk). ``dqn_replay``: a
+prioritized replay as RLlib's DQN uses it (a fragment in, a batch sampled and its priorities updated),
+observations growing. ``grpo_tq``: verl's GRPO fields in the TransferQueue backend's node store, put and
+read as verl's stages read them, responses growing; the store runs in this process, so the Ray transport
+a host-tier field pays is missing (it favours ``host``). Placements: ``all_*`` and ``planned``
+(``conduit.placement.plan`` on the measured topology); budgets are simulated and a placement over one is
+out of memory (a missing point). Planner accuracy: Spearman's rank correlation of predicted against
+measured seconds. GPU placements are priced on ``topologies/h200x8.toml``: predictions, labelled so.
+Method: ``benchmarks/notes/placement_ablation.md``.
 """
 
 from __future__ import annotations

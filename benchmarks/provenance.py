@@ -1,19 +1,11 @@
 """Provenance of a benchmark run: which commit, whether the tree was dirty, and the machine's load.
 
-Every benchmark that writes a results JSON records, in its ``machine`` section::
+    tok = provenance.start()                 # first thing the run does (reads the git facts)
+    ...
+    machine.update(provenance.finish(tok))   # git_commit, git_dirty, load_average_start/_end, created_utc
 
-    tok = provenance.start()              # first thing the run does
-    ...                                   # the run
-    machine.update(provenance.finish(tok))  # last thing before writing the JSON
-
-``finish`` gives ``git_commit`` (``git rev-parse HEAD``; ``"unknown"`` outside a git checkout),
-``git_dirty`` (``git status --porcelain`` non-empty, untracked files included; ``None`` where git
-cannot tell), ``load_average_start`` / ``load_average_end`` (1/5/15-minute load averages, ``None``
-where the OS has none) and ``created_utc`` (when ``finish`` ran). The git facts are read in
-``start``: they describe the code the run imported, even if the tree changes while it runs.
-
-Import it from a script in ``benchmarks/`` (its folder is ``sys.path[0]`` when run as a script)
-or put this folder on ``sys.path`` first. Standard library only (the GPU scripts need it too).
+The git facts are read in ``start`` (the code the run imported); ``git_dirty`` counts untracked files
+and is None where git cannot tell. Standard library only (the GPU scripts need it too).
 """
 
 from __future__ import annotations

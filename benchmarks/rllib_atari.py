@@ -3,31 +3,15 @@
     python benchmarks/rllib_atari.py [--quick] [--capacity N ...] [--dim 64|84]
         [--systems conduit native torchrl] [--torchrl-python PY] [--setup-torchrl] [--out FILE]
 
-Per capacity, Conduit's frame-once replay (``ConduitReplay`` with RLlib's ``FrameStacking(num_frames=4)``:
-each frame stored once as uint8, stacks built at delivery), twice: frames where the
-planner puts them (host on this machine), and frames on the disk tier (a RAM budget that holds only the
-transition rows: ``enable(..., memory_budget=...)``; ``disk_gib`` is the memmap's size); then native
-RLlib's ``PrioritizedEpisodeReplayBuffer`` with env-stacked float32 observations
-(``rllib_atari_native.py``; a capacity that does not fit this machine is refused with what it needs);
-then TorchRL's ``TensorDictReplayBuffer(LazyMemmapStorage(capacity, scratch_dir=...),
-PrioritizedSampler(capacity, 0.5, 0.4), batch_size=32)`` holding each transition's uint8 ``pixels`` and
-``("next", "pixels")`` stacks ``[4, H, W]`` (``peers/torchrl_atari.py``, in the TorchRL venv of
-``envs/setup_torchrl.sh``; its row comes back as JSON; a missing or broken venv gives a refused row
-saying why, a memmap larger than the free disk is refused with what it needs). Measured: the insert
-rate (env steps per second through ``add`` / ``extend``, one 4-step fragment per call), prioritized
-sample + priority update latency at batch 32 (p50 / p99, the training batch of stacked observations
-built: Conduit's delivery, native's learner connector, TorchRL's gather from the memmap), resident
-memory (VmRSS growth, anonymous / file-mapped), the disk a memmap occupies and the bytes the
-observations take. The episodes are Atari-shaped stand-ins, not ALE (``atari_stream.py``: one seed, the
-same episodes and env steps in every cell): random frames (RLlib sees them normalized to float32
-``u / 128 - 1`` as ``wrap_atari_for_new_api_stack`` yields them), life-length episodes, fragments of 4
-steps as RLlib's Atari DQN example samples them; a buffer cell measures the buffer, so no env runs.
-Every row carries its work (env steps inserted, samples, priority updates); ratios (peer ÷ Conduit)
-are refused where it differs, and ``targets_met`` judges the issue's TorchRL target (Conduit with
-frames on disk >= 3x faster p50 at 1M).
-
-Not here: iteration wall / exposed time on ALE, learning curves. ``--quick`` (capacity 20k, 300 rounds)
-writes to /tmp unless ``--out`` says otherwise.
+Per capacity: Conduit's frame-once replay (``ConduitReplay`` with ``FrameStacking(num_frames=4)``), with
+frames where the planner puts them and on the disk tier (a RAM budget holding only the transition rows);
+native RLlib's ``PrioritizedEpisodeReplayBuffer`` with env-stacked float32 observations
+(``rllib_atari_native.py``); TorchRL's memmapped prioritized buffer (``peers/torchrl_atari.py``, in the venv
+of ``envs/setup_torchrl.sh``). Refused rows say why (no venv, not enough memory or disk). Measured: insert
+rate, sample + priority update latency at batch 32 (p50 / p99, the training batch built), resident memory,
+memmap disk and observation bytes, on Atari-shaped stand-in episodes (``atari_stream.py``), not ALE.
+Ratios (peer ÷ Conduit) are refused where the work differs; ``targets_met`` judges the TorchRL target.
+Method: ``benchmarks/notes/rllib_atari.md``. ``--quick`` (capacity 20k) writes to /tmp unless ``--out``.
 """
 
 from __future__ import annotations

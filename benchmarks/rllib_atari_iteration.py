@@ -3,33 +3,14 @@
     python benchmarks/rllib_atari_iteration.py [--quick | --demo] [--steps-per-iter 1000] [--iters 12]
         [--capacity 100000] [--env ale_py:ALE/Qbert-v5] [--overlap sync|async] [--seed 1] [--out FILE]
 
-Needs the ``atari`` extra (``pip install -e ".[rllib,atari,bench]"``). RLlib 2.60's Atari DQN: the env
-through ``wrap_atari_for_new_api_stack(dim=64)`` (64×64 grayscale, frame skip 4, episodic lives, rewards
-clipped), 4-frame stacks, n-step 3, ``PrioritizedEpisodeReplayBuffer`` (α 0.5, β 0.4), train batch 32,
-rollout fragments of 4 steps (one gradient update per fragment), the CNN of RLlib's Atari frame-stacking
-example, one local env runner and learner. The two systems differ only where they must:
-
-- native stacks frames in the env (the wrapper's ``framestack=4``, RLlib's ``--use-gym-wrapper-
-  framestacking``): RLlib's own ``FrameStackingLearner`` cannot run beside its prioritized episode buffer
-  (``notes/rllib_atari.md``), so every step's observation is a float32 ``[64, 64, 4]`` stack kept in the
-  buffer's episodes (64 KiB per step);
-- Conduit (``conduit_rllib.enable``) runs RLlib's frame-stacking connectors (``FrameStackingEnvToModule``
-  / ``FrameStackingLearner``, lookback 3): each frame is stored once, as uint8 (4 KiB), each transition as
-  frame references, and the stacks are built at delivery.
-
-Both see the same module input ``[64, 64, 4]``; at an episode's start the env wrapper repeats the first
-frame where RLlib's connector pads with zeros (the learning signal differs there, the work does not).
-Native and Conduit alternate iteration by iteration in one process (A B A B, one warm-up pair that fills
-the buffers: learning starts after one iteration's steps) through ``rllib_iteration.run_workload``: the
-same wrappers time both exposed experience paths (native: buffer add + sample + priority update + learner
-connector; Conduit: the plugin's add, sample incl. stacking, priority update, ready) and every row carries
-its work (env steps sampled, gradient updates, module steps trained). The ratios (Conduit ÷ native,
-medians per iteration) are refused when any counter's total differs. Targets: exposed ≤ 0.1×, wall ≤ 0.8×.
-Each row also records the bytes its replay holds (``replay_gib``: native's stacked observations; Conduit's
-frames plus transition rows) and the process's resident memory (``process_rss_gib``: both systems share the
-process, so it is not split). Writes the JSON (with provenance: commit, dirty flag, load at start and end)
-and a PNG beside it. ``--quick`` (200 steps, 2 iterations) is a smoke run writing to /tmp; ``--demo`` is
-``./dev demo atari``: a few minutes, writing ``atari_demo.json`` and ``.png`` into ``demo_results/``.
+Needs the ``atari`` extra. RLlib 2.60's Atari DQN (:func:`make_config`); native stacks frames in the env
+(float32 ``[64, 64, 4]`` per step in its buffer: its ``FrameStackingLearner`` cannot run beside the
+prioritized episode buffer), Conduit runs RLlib's frame-stacking connectors and stores each frame once as
+uint8. Both alternate iteration by iteration in one process through ``rllib_iteration.run_workload``
+(same timing wrappers, work counters per row; a ratio is refused when the work differs). Targets:
+exposed ≤ 0.1×, wall ≤ 0.8×. Rows also record the replay's bytes and the shared process's RSS. Method:
+``benchmarks/notes/rllib_atari_iteration.md``. ``--quick`` is a smoke run writing to /tmp; ``--demo`` is
+``./dev demo atari``, writing ``atari_demo.json`` and ``.png`` into ``demo_results/``.
 """
 
 from __future__ import annotations

@@ -3,23 +3,12 @@
     python benchmarks/rllib_convergence.py [--seeds 3] [--target 100]
         [--max-env-steps 15000] [--max-seconds-per-run 600] [--quick] [--out FILE]
 
-Conduit's async DQN path changes *when* data and priorities become visible to the learner (env steps
-staged 32 at a time before one put, priority updates sent every 32 updates, deliveries prepared up to
-16 ahead). This benchmark shows whether that changes learning: per seed it trains native RLlib, Conduit
-async and Conduit sync with the same seed, one after the other, and records
-the env steps each needed to reach a mean episode return of ``--target`` (``null`` if it did not within
-``--max-env-steps``). Every run is stopped by the target, the env-step budget, or — as a safety net,
-flagged ``stopped_by: "time"`` in the JSON — ``--max-seconds-per-run``.
-
-Per run the JSON carries the learning curve (env steps, mean return), wall time and exposed
-experience-path time side by side (per iteration and in total, measured as in ``rllib_iteration.py``),
-and the work done (env steps sampled, gradient updates, module steps trained). One PNG plots the curves.
-
-Defaults (DQN with the recipe's settings, 3 seeds, target 100, 15,000 env steps — RLlib's epsilon decays
-over the first 10,000) take at most about 35 minutes on 2 cores (a run that never reaches the target:
-native about 5 minutes, each Conduit run about 3); seeds that reach the target stop earlier.
-``--quick``: one seed, 2,000 env steps, small batches — a smoke run of a few minutes that checks the
-pipeline, not learning.
+Per seed, native RLlib, Conduit async and Conduit sync train with the same seed, one after the other;
+each run records the env steps it needed to reach a mean return of ``--target`` (``null`` if not within
+``--max-env-steps``; a run stopped by ``--max-seconds-per-run`` is flagged ``stopped_by: "time"``), its
+learning curve, wall and exposed time per iteration (as in ``rllib_iteration.py``) and its work. One PNG
+plots the curves. Method: ``benchmarks/notes/rllib_convergence.md``. Defaults take at most about 35
+minutes on 2 cores; ``--quick`` (one seed, 2,000 env steps) checks the pipeline, not learning.
 """
 
 from __future__ import annotations

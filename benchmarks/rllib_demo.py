@@ -3,14 +3,10 @@
     ./dev demo [--seconds 60] [--out demo_results/] [--train-batch-size 32]
     python benchmarks/rllib_demo.py [same flags]        (with conduit-rl[rllib,bench] installed)
 
-Both algorithms are built with the same seed and trained alternately, one iteration each (native,
-Conduit, native, ...), so both see the same machine load: ``rllib_iteration.run_workload``, the RLlib
-benchmark's own loop, on a time budget. Per iteration it prints the wall time and the exposed
-experience-path time, both systems timed by the same wrappers (``rllib_native_timing.py``: the replay
-buffer's add + sample + priority update, the learner connector and minibatch iteration for native RLlib;
-the plugin's methods that replace them for Conduit), and the iteration's work (env steps sampled,
-gradient updates, module steps trained). Then medians and ratios (Conduit ÷ native, ``rllib_iteration.
-ratios``) — refused, with the reason, if the two sides did different work; writes ``demo.json`` and
+Both algorithms are built with the same seed and trained alternately, one iteration each, through
+``rllib_iteration.run_workload`` on a time budget. Per iteration it prints the wall time, the exposed
+experience-path time (both systems timed by the same wrappers, ``rllib_native_timing.py``) and the work;
+then the medians and ratios (Conduit ÷ native), refused if the work differs. Writes ``demo.json`` and
 ``demo.png`` into ``--out``.
 """
 

@@ -3,24 +3,13 @@
     python benchmarks/rllib_iteration.py [--quick] [--env ID] [--algo dqn|ppo]
         [--train-batch-size N] [--iters N] [--overlap sync|async] [--out FILE]
 
-Per iteration it records end-to-end wall time and exposed experience-path latency, both systems
-timed by the same wrappers (``rllib_native_timing.py``, ``install(conduit=True)``): native = buffer
-add + sample + priority update + learner connector + minibatch iteration; Conduit = the plugin's
-methods that replace them (add, sample incl. building the learner input, priority update, first
-ready, minibatch preparation). The plugin's own timer (``conduit/exposed_s``) is kept beside it as a
-cross-check (``conduit_reported_exposed_s``). Every row also carries the iteration's work: env steps
-sampled, gradient updates (counted at the learner) and module steps trained (samples). A workload's
-ratios (Conduit ÷ native, medians) are reported only when both sides did the same total work over the
-measured iterations; otherwise the ratio is refused ("—", JSON ``null`` with ``ratio_refused`` naming
-the counts) and the median wall time per gradient update is shown beside it.
-
-Conduit DQN's staleness is measured beside the ratios (``rllib_staleness.py``): the priority age of
-each train batch (gradient updates whose priorities were not yet applied when it was drawn) and the
-staging delay (transitions collected but not yet sampleable when it was asked for); native RLlib has
-both at 0 by construction. The JSON records the run's settings (``machine.settings``: env steps per
-DQN iteration, PPO train batch, measured and warm-up iterations). Writes JSON rows and a PNG bar plot
-of the ratios per workload. ``--quick`` (200 env steps per DQN iteration, PPO batch ≤ 1000, 3
-iterations) is a smoke run: it writes to /tmp unless ``--out`` says otherwise.
+Per iteration: wall time and exposed experience-path time, both systems timed by the same wrappers
+(``rllib_native_timing.py``; the plugin's own ``conduit/exposed_s`` kept as
+``conduit_reported_exposed_s``), and the work (env steps, gradient updates, module steps). Ratios
+(Conduit ÷ native, medians) are refused unless the work is equal; the median wall per gradient update is
+shown beside. Conduit DQN's staleness is measured beside (``rllib_staleness.py``). Method:
+``benchmarks/notes/rllib_iteration.md``. JSON rows and a PNG of the ratios per workload; ``--quick`` is a
+smoke run writing to /tmp unless ``--out``.
 """
 
 from __future__ import annotations

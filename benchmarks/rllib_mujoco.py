@@ -5,27 +5,13 @@ equal gradient updates.
         [--env-runners 2] [--train-batch-size 4000] [--minibatch-size 256] [--num-epochs 10]
         [--iters 10] [--overlap sync|async] [--out FILE]
 
-Needs the ``mujoco`` extra (``pip install -e ".[mujoco,bench]"``: Meta-World 3.1.1, which pins
-mujoco 3.3.0). ``--env metaworld:<task>`` (default ``metaworld:reach-v3``) is Meta-World's MT1 task
-``<task>``: ``gym.make("Meta-World/MT1", env_name=<task>, seed=<--seed>)`` (Meta-World's own wrappers:
-a 500-step TimeLimit, AutoTerminateOnSuccess left off, RecordEpisodeStatistics, a random one of MT1's
-50 goal positions at every reset), registered with RLlib as ``metaworld-mt1-<task>`` by
-:func:`register_metaworld`, which also sets the observation space Meta-World reports once a task is
-set (its env is built goal-hidden, with 0 bounds on the goal's 3 entries, and MT1's tasks show the
-goal); observations stay float64 (39,), actions float32 (4,). Any other ``--env`` is a gymnasium id
-(``HalfCheetah-v5``). Native RLlib PPO and RLlib PPO through ``conduit_rllib.enable`` (GAE at
-ingestion, every epoch's minibatches prepared by ``get_epochs``) alternate iteration by iteration in
-one process (A B A B, same seed, one warm-up pair), each with ``--env-runners`` remote env runners,
-through ``rllib_iteration.run_workload``: the same wrappers time both systems' exposed experience
-path (native: learner connector, GAE included, and minibatch iteration; Conduit: the plugin's add,
-deliver and prepared minibatches) and every row carries its work (env steps sampled, gradient
-updates, module steps trained). Both envs' episodes have a fixed length and are only truncated
-(MT1: 500 steps, HalfCheetah: 1,000), so both sides cut the same episode chunks and RLlib's update
-count is the same for both; a ratio (Conduit ÷ native, medians per iteration) is still refused when
-any counter differs. Targets: exposed ≤ 0.3×, wall ≤ 1.0×. Writes the JSON (with provenance:
-commit, dirty flag, load at start and end; the env's versions) and a PNG beside it. ``--quick``
-(1,000 steps, 2 epochs, 3 iterations) is a smoke run: it writes to /tmp unless ``--out`` says
-otherwise.
+Needs the ``mujoco`` extra. ``--env metaworld:<task>`` is Meta-World's MT1 task (:func:`register_metaworld`);
+any other ``--env`` is a gymnasium id. Native RLlib PPO and PPO through ``conduit_rllib.enable`` (GAE at
+ingestion, minibatches by ``get_epochs``) alternate iteration by iteration in one process through
+``rllib_iteration.run_workload`` (same timing wrappers, work counters per row; a ratio is refused when any
+counter differs). Targets: exposed ≤ 0.3×, wall ≤ 1.0×. Method: ``benchmarks/notes/rllib_mujoco.md``.
+Writes the JSON (with provenance and the env's versions) and a PNG; ``--quick`` (1,000 steps, 2 epochs,
+3 iterations) is a smoke run writing to /tmp unless ``--out``.
 """
 
 from __future__ import annotations

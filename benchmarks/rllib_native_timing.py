@@ -1,15 +1,10 @@
 """Per-iteration timing of RLlib's native experience path, by wrapping the methods that make it up.
 
 Experience path = replay-buffer add + sample + priority update + learner connector + minibatch
-iteration (the time spent *producing* each minibatch, not the update on it). RLlib's own timers are
-moving averages per call, so they cannot give per-iteration sums; these wrappers can. Used by the
-demo (``benchmarks/rllib_demo.py``, run by ``./dev demo``) through ``benchmarks/rllib_iteration.py``. The
-wrapped methods are RLlib internals (2.60); this is measurement code, not part of ``conduit_rllib``.
-
-``install(timer, conduit=True)`` also wraps the Conduit plugin's replacements of those methods
-(``ConduitReplay.add/sample/update_priorities/ready``, ``ConduitOnPolicy.add/deliver`` and each
-prepared minibatch), so both systems' exposed time is measured by the same wrappers; ``timed_train``
-then no longer adds the plugin's own ``conduit/exposed_s`` (the caller can still read it).
+iteration (producing each minibatch, not the update on it); RLlib's own timers are moving averages per
+call. ``install(timer, conduit=True)`` also wraps the Conduit plugin's replacements of those methods, so
+both systems are measured by the same wrappers (``timed_train`` then no longer adds the plugin's own
+``conduit/exposed_s``). The wrapped methods are RLlib 2.60 internals: measurement code only.
 """
 
 from __future__ import annotations

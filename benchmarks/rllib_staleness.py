@@ -1,21 +1,13 @@
 """How stale Conduit DQN's samples are, measured per sampled train batch (used by ``rllib_iteration.py``).
 
-Async Conduit stages env steps before one put and queues priority updates before one send, and
-prepares deliveries ahead of the learner; the benchmark's speed-up is bought with this staleness, so
-it is measured beside the ratios, per train batch the learner receives:
+- **priority age** (gradient updates): updates made before this batch whose priorities had not reached
+  the buffer when it was drawn (queued in the plugin or the Conduit, or made while the batch waited
+  prepared ahead); ``None`` unless the sampler is prioritized.
+- **staging delay** (transitions): transitions collected (``ConduitReplay.add``) but not yet sampleable
+  when the learner asks (staged, queued for ingestion, or held back for n-step returns), over modules.
 
-- **priority age** (gradient updates): updates made before this batch whose priorities had not been
-  applied to the buffer when the batch was drawn — queued in the plugin (``stage_steps``), queued in
-  the Conduit, or made while the batch waited prepared ahead. ``None`` unless the sampler is
-  prioritized.
-- **staging delay** (transitions): transitions collected (``ConduitReplay.add``) but not yet
-  inserted in the buffer when the learner asks for the batch, so not sampleable — staged in the
-  plugin, queued for ingestion, or held back for n-step returns. Summed over modules.
-
-Native RLlib has both at 0 by construction: its training step adds the episodes to the buffer before
-sampling, and updates priorities right after every update. Measurement code only: it wraps a
-``ConduitDQN``'s ``ConduitReplay`` instance, its Conduits and their buffers and delivery plans (a few
-dict operations per call, on the learner's and the delivery thread).
+Native RLlib has both at 0 by construction. Measurement code only: it wraps a ``ConduitDQN``'s
+``ConduitReplay``, its Conduits, buffers and delivery plans.
 """
 
 from __future__ import annotations

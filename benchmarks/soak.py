@@ -2,21 +2,11 @@
 
     python benchmarks/soak.py [--quick] [--minutes M] [--out FILE]
 
-Each overlap mode (``sync``, then ``async``) runs for half of ``--minutes`` (default 10, ``--quick``
-1) with ``P`` producer threads putting fragments as fast as they can and ``C`` consumer threads
-taking batches as fast as they can from a consume-once (FIFO) buffer, so every item must come out
-exactly once. Checked, per mode:
-
-- nothing lost or duplicated: items in == items out, per producer, and a 64-bit checksum of every
-  item id in == out (wrapping sums of a multiplicative hash, one vectorised reduction per batch);
-- every delivered item's contents are exactly what its producer wrote (regenerated from its id and
-  compared, one ``torch.equal`` per batch);
-- throughput (items/s) and resident memory (``/proc/self/statm``) sampled over time: the RSS growth
-  after warm-up (the first fifth of the run) should be ~0;
-- p50/p99 latency of ``put`` and ``get`` (a constant-memory log histogram, so the record itself
-  does not grow).
-
-Writes a JSON (rows, ratios, provenance) and a PNG of throughput and RSS over time.
+Each overlap mode (``sync``, then ``async``) runs half of ``--minutes`` (default 10, ``--quick`` 1) with
+``P`` producer and ``C`` consumer threads on a consume-once buffer. Checked per mode: items in == out and
+a 64-bit checksum of the ids (nothing lost or duplicated); every delivered item equals what its producer
+wrote; throughput and RSS over time (growth after warm-up ~0); put/get p50/p99 from a constant-memory
+histogram. Method: ``benchmarks/notes/soak.md``. Writes a JSON and a PNG.
 """
 
 from __future__ import annotations

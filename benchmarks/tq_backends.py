@@ -2,50 +2,16 @@
 
     python benchmarks/tq_backends.py [--quick] [--nodes {1,3}] [--out FILE]
 
-What is timed is what verl calls: ``tq.kv_batch_put`` of a GRPO-shaped batch, then ``tq.kv_batch_get``
-of all its fields (then ``tq.kv_clear``, untimed). The batch, per sample: ``input_ids``, ``responses``,
-``response_mask`` (int64), ``old_log_probs`` (float32) — jagged nested tensors sharing one length per
-sample, drawn uniformly in [L/2, L] for response length L — and ``rm_scores`` (one float32).
-
-TransferQueue allows one ``tq.init`` per process and one controller per Ray cluster, so every system
-runs in its own long-lived worker subprocess (this file with ``--worker``) with its own Ray cluster;
-the driver sends it one cell at a time over stdin/stdout (JSON lines). Cells are interleaved: for each
-cell, round by round, each system in turn (rotating the order), so drift in machine load hits every
-system alike; each number reported is the median over the timed rounds (round 0 is a warm-up that
-also checks the data read back equals the data written). A plain memcpy of the same bytes is timed
-in the driver in the same rounds (per round the fastest of a few back-to-back copies): ``copy_into``,
-``copy_`` of each field's flat values into preallocated tensors, is the reference of the memcpy
-target; ``copy``, a ``clone`` (fresh memory: fast while glibc reuses freed pages, slow once a field
-passes its 32 MiB mmap threshold and every copy faults its pages in), is reported beside it.
-
-- ``--nodes 1`` (same node): the worker process is the TQ client (as verl's driver is); it puts and gets.
-- ``--nodes 3`` (cross node): a ``ray.cluster_utils.Cluster`` of 3 nodes on this machine (127.0.0.1);
-  puts come from an actor pinned to node A, gets from an actor pinned to node B. All "nodes" share one
-  machine, so cross-node traffic is loopback TCP (Ray's object manager, or TQ's ZMQ), not a real NIC.
-- Default: both (same node: 3 x 3 cells; cross node: 3 cells). ``--quick``: same node, 2 x 2 cells.
-
-RayStore: TQ's ``RayStorageClient.put`` stores every tensor with ``ray.put(t, _tensor_transport="nixl")``;
-where Ray's NIXL transport is unavailable that put raises, and RayStore is dropped from the run with
-the error recorded under ``skipped`` (and ``errors``) in the JSON.
-
-SimpleStorage runs at 1, 2 and 4 storage units (``--simple-units``; TQ's default is 2), each unit
-count in its own worker, interleaved with the other systems; its rows carry ``storage_units``, and the
-ratios and targets compare Conduit with SimpleStorage's best unit count in each cell and op (named in
-``simplestorage_units``; ``best_of_units`` marks that row).
-
-Ray logical CPUs: TQ's controller and each SimpleStorage unit reserve ``num_cpus=1``, so ``u`` units
-need ``u + 1`` logical CPUs (too few and ``tq.init`` hangs). A same-node cluster gets
-``max(3, u + 1)``; a cross-node node gets 2, or 3 where the units round-robin more than one unit onto
-a node (logical only; the machine has what it has). Conduit's storage actors reserve none.
-
-Conduit's path bytes (``conduit_path_bytes``): the storage actors' counters per round, summed over the
-actors — gets: ``bytes_get_mapped`` (read in place by a same-node reader) and ``bytes_get_copied``
-(gathered and shipped over the data port); puts: ``bytes_put_direct`` (scattered by a same-node writer
-straight into the store's mapped memory) out of ``bytes_put``. ``mapped_share`` is the measured share
-of the payload that took the mapped path. They count bytes per path, not copies: the JSON reports no
-copies-per-byte figure (an earlier one multiplied these counters by a table of copies per path).
-
-Writes a JSON (rows, ratios, targets, machine facts) and a PNG of the same stem.
+Timed: ``tq.kv_batch_put`` of a GRPO-shaped batch, then ``tq.kv_batch_get`` of all its fields (``kv_clear``
+untimed). Each system runs in its own worker subprocess with its own Ray cluster (``tq.init`` once per
+process, one controller per cluster), driven one cell at a time over JSON lines (``tq_phase.py``); systems
+are interleaved per round, the median over the timed rounds is reported, and round 0 (warm-up) checks the
+data read back. A memcpy of the same bytes is timed in the driver in the same rounds. ``--nodes 3`` runs
+a 3-node ``ray.cluster_utils.Cluster`` on this machine (loopback). SimpleStorage is swept over
+``--simple-units`` and compared at its best count per cell and op; RayStore is recorded under ``skipped``
+where Ray's NIXL transport is missing. Ray logical CPUs: TQ's controller and each SimpleStorage unit
+reserve one (``tq_worker.ray_cpus``; too few and ``tq.init`` hangs). The JSON's ``setup`` says the rest;
+the method and its caveats: ``benchmarks/notes/tq_backends.md``.
 """
 
 from __future__ import annotations
@@ -64,11 +30,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(HERE / "peers")]
 import provenance  # noqa: E402
+import report_tables  # noqa: E402
 import script  # noqa: E402
 from tq_analysis import compute_ratios, evaluate_targets, mark_best_units, units_summary  # noqa: E402
 from tq_batch import JAGGED_FIELDS  # noqa: E402
 from tq_phase import Phase  # noqa: E402
-from tq_report import figure_title, format_table, format_targets, plot  # noqa: E402
+from tq_report import figure_title, plot  # noqa: E402
 from tq_worker import SIMPLE_TOTAL_SIZE, worker_label, worker_main  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "tq_backends.json"
@@ -224,12 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     png = args.out.with_suffix(".png")
     if rows:
         plot(rows, systems, png, figure_title(result))
-    print("\n" + format_table(rows, systems))
-    for s, why in skipped.items():
-        print(f"\n{s}: SKIPPED — {why.splitlines()[0][:400]}")
+    script.show(report_tables.tq_backends(result))  # the table, skipped systems and targets of BENCHMARKS.md
     if errors:
         print(f"\n{len(errors)} error(s) recorded in the JSON")
-    print("\nTargets:\n" + format_targets(targets))
     print(
         f"\nwrote {args.out} and {png}  ({wall:.0f}s wall; load {load_start} -> {facts['load_average_end']})"
     )

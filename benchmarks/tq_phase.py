@@ -1,4 +1,4 @@
-"""The driver side of ``tq_backends.py`` (its docstring gives the method): one phase's cells, rounds
+"""The driver side of ``tq_backends.py`` (the method: ``notes/tq_backends.md``): one phase's cells, rounds
 interleaved over the systems' worker subprocesses, the memcpy reference timed in the same rounds, the rows."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What a ``tq_backends.py`` run prints and draws: the table of GB/s per cell and op (SimpleStorage once per
-unit count), the targets' verdicts, and the figure (bars per system, memcpy references as ticks)."""
+"""What a ``tq_backends.py`` run draws: bars of GB/s per system (SimpleStorage once per unit count) and
+memcpy references as ticks; its table is ``report_tables.tq_backends``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 
 import script
 from tq_analysis import cells_of, find, simple_units
-from tq_worker import MIB
 
 
 def columns_of(rows: list[dict], systems: list[str]) -> list[tuple[str, str, int | None]]:
@@ -20,53 +19,6 @@ def columns_of(rows: list[dict], systems: list[str]) -> list[tuple[str, str, int
         elif any(r["system"] == s for r in rows):
             cols.append((s, s, None))
     return cols
-
-
-def format_table(rows: list[dict], systems: list[str]) -> str:
-    cols = columns_of(rows, systems)
-    head = ["nodes", "samples x tokens", "MiB", "op", *[f"{h} GB/s" for h, _, _ in cols], "clone GB/s",
-            "copy_ GB/s", "Conduit/Simple(best u)", "Conduit/copy_", "Conduit mapped %",
-            "Conduit TQ-client ms"]  # fmt: skip
-    lines = []
-    for nodes, b, t in cells_of(rows):
-        memcpy = find(rows, "memcpy", "copy", nodes, b, t)
-        into = find(rows, "memcpy", "copy_into", nodes, b, t)
-        for op in ("put", "get"):
-            got = [find(rows, s, op, nodes, b, t, u) for _, s, u in cols]
-            if not any(got):
-                continue
-            anyrow = next(r for r in got if r)
-            c, s = find(rows, "Conduit", op, nodes, b, t), find(rows, "SimpleStorage", op, nodes, b, t)
-            share = (c.get("conduit_path_bytes") or {}).get("mapped_share") if c else None
-            lines.append([
-                str(nodes), f"{b} x {t}", f"{anyrow['bytes'] / MIB:.1f}", op,
-                *[f"{x['gb_per_s']:.3f}" if x else "-" for x in got],
-                f"{memcpy['gb_per_s']:.2f}" if memcpy else "-",
-                f"{into['gb_per_s']:.2f}" if into else "-",
-                f"{c['gb_per_s'] / s['gb_per_s']:.2f}x (u={s['storage_units']})" if c and s else "-",
-                f"{c['gb_per_s'] / into['gb_per_s']:.0%}" if c and into else "-",
-                f"{share:.0%}" if share is not None else "-",
-                f"{c['client_seconds'] * 1e3:.1f}" if c and c.get("client_seconds") is not None else "-",
-            ])  # fmt: skip
-    widths = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join(
-        [fmt.format(*head), fmt.format(*["-" * w for w in widths]), *(fmt.format(*x) for x in lines)]
-    )
-
-
-def format_targets(targets: dict[str, dict]) -> str:
-    out = []
-    for t in targets.values():
-        verdict = "n/a (no cells)" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
-        cells = ", ".join(
-            f"{c['samples']}x{c['tokens_per_sample']}: {c['ratio']:.2f}"
-            + (f" (u={c['simplestorage_units']})" if "simplestorage_units" in c else "")
-            + (f" (bound {c['bound']:.2f})" if "bound" in c else "")
-            for c in t["cells"]
-        )
-        out.append(f"  [{verdict}] {t['rule']}" + (f"\n         ratios: {cells}" if cells else ""))
-    return "\n".join(out)
 
 
 def plot(rows: list[dict], systems: list[str], path: Path, title: str) -> None:

@@ -2,22 +2,14 @@
 
     python benchmarks/tuning_cost_verl.py [--steps 100] [--rollout hf|paced] [--quick]
 
-Two conduit runs of GRPO with ``piece_groups=auto`` (the default), ``--steps`` measured iterations each
-after the warm-up step: the first with a fresh tuner cache, the second sharing that cache (it
-starts from the decision the first kept: what every later run of the workload pays). Per run:
-
-- the arm each step ran (``whole``: one whole-batch piece, verl's schedule; ``stream``: pieces);
-- the probe steps (``conduit/policy/probe_steps`` increments: steps run only to measure an arm);
-- the settled arm: the arm of most steps that were not probes;
-- the tuning cost: the sum over the steps run in the *other* arm of (their iteration less the median
-  iteration of the settled arm's non-probe steps), as a share of the run's summed iterations. Steps
-  differ by their responses, so this sum carries that noise (it can come out negative); the arms'
-  medians and step counts are given beside it.
-
-Target (issue 14): tuning costs at most 2% of a 100-iteration run. Work counters (steps, responses,
-response tokens) are recorded per run; both runs do the same work (same seed, same data). JSON +
-PNG (each step's iteration by arm, probes marked) under ``benchmarks/results/``. A ``paced`` row is a
-model of separate rollout hardware (``verl_iteration.py``), not a GPU measurement.
+Two conduit runs of GRPO with ``piece_groups=auto``, ``--steps`` measured iterations each after the
+warm-up: the first with a fresh tuner cache, the second sharing it. Per run: each step's arm (``whole``
+or ``stream``), the probe steps (``conduit/policy/probe_steps`` increments), the settled arm (most
+non-probe steps), and the tuning cost: over the steps in the *other* arm, the sum of (iteration less the
+settled arm's median non-probe iteration), as a share of the run's summed iterations (it carries the
+steps' noise and can be negative). Target (issue 14): at most 2% of a 100-iteration run. Method:
+``benchmarks/notes/tuning_cost_verl_hf.md``. JSON + PNG under ``benchmarks/results/``; a ``paced`` row is
+a model of separate rollout hardware, not a GPU measurement.
 """
 
 from __future__ import annotations

@@ -1,42 +1,20 @@
 """verl crash trials: SIGKILL a ``conduit``-mode trainer mid-step, resume, count what the resume kept.
 
-Real verl in CPU mode (``tools/verl_cpu``), GRPO, a checkpoint after every step, a *paced*
-rollout (real tokens released at a modelled inference server's times, ``pace.py``: generation
-times are modelled, not measured on a GPU). Two systems, both Conduit's own trainer (verl trainer
-mode ``conduit``), the same run config:
-
-- ``conduit_journal_on``: the rollout journal on (``trainer.v1.conduit.journal``): the resume
-  restores the interrupted step's journaled groups and generates only the others;
-- ``conduit_journal_off`` (the baseline): the journal off, so it resumes as verl does: the
-  checkpoint of the previous step, and the interrupted step's generation thrown away (verl keeps
-  finished rollouts only in memory). Not verl's own trainer mode.
-
-One long run per system; trial ``t`` kills the whole job (launcher, Ray, workers) ``kill_s[t]``
-seconds after step ``t + 1`` began (the previous step's metrics line written: verl logs a step's
-metrics after its checkpoint, the last thing the step does) and relaunches the same command, which
-resumes; each relaunch is a trial. The kill schedule is drawn once, in seconds, and shared by both
-systems (a time relative to a step's own length would kill the system with the shorter steps
-earlier). A trial is *degenerate* when its kill came after the step was checkpointed (nothing of it
-to lose; the relaunch then starts at the next step, whose start cannot be seen, so the next trial
-is skipped and degenerate too) or before any generation request was sent; degenerate trials are
-counted and left out of the medians and the ratios. Per trial: the prompt groups kept (restored
-from the journal) and regenerated, the requests the rollout server saw again, prompts lost /
-duplicated (the resumed step's trained prompts, counted against the baseline's resumed step: must be
-zero), whether the kept groups' trained responses are the journaled ones (checksum), the generation
-work (request-seconds) done before the kill and lost, and the generation time lost::
-
-    lost_gen_s = elapsed_gen_s - (ref_gen_s - resumed_gen_s)
-
-``elapsed_gen_s``: generation wall time of the step before the kill; ``resumed_gen_s``: the resumed
-step's generation time (verl's ``timing_s/gen``); ``ref_gen_s``: the baseline's resumed step's (it
-generates the whole step again). For the baseline it is ``elapsed_gen_s``: all of it. Ratios
-(baseline over journal) are per trial, over the trials clean in both systems with the same step and
-kill time, and their median is reported. The durability lag (group finished → journal fsynced)
-comes from the journal's ``lag.jsonl``.
-
     .venv/bin/python benchmarks/verl_crash_resume.py [--quick | --trials N] [--out PATH]
 
-Writes ``benchmarks/results/verl_crash_resume.json`` (with provenance) and ``.png``; prints its table.
+Real verl in CPU mode, GRPO, a checkpoint every step, paced rollout (generation times modelled). Two
+systems, both verl trainer mode ``conduit``: ``conduit_journal_on`` (the rollout journal restores the
+interrupted step's finished groups) and ``conduit_journal_off``, the baseline, which resumes as verl does
+(the step generated again). One long run per system; trial ``t`` kills the whole job ``kill_s[t]`` seconds
+after step ``t + 1`` began (a schedule drawn once and shared) and relaunches it. Degenerate trials (killed
+after the checkpoint, or before any request) are counted and left out. Per trial: groups kept and
+regenerated, prompts lost or duplicated, generation work lost and generation time lost::
+
+    lost_gen_s = elapsed_gen_s - (ref_gen_s - resumed_gen_s)  # ref: the baseline's resumed step
+
+Ratios are baseline over journal per pair of clean trials of equal work, their median reported
+(``verl_crash_analysis.py``). Method: ``benchmarks/notes/verl_crash_resume.md``. Writes
+``benchmarks/results/verl_crash_resume.json`` (with provenance) and ``.png``; prints its table.
 """
 
 from __future__ import annotations

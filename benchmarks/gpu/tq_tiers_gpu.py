@@ -2,20 +2,14 @@
 
     python benchmarks/gpu/tq_tiers_gpu.py [--out DIR] [--samples 256] [--tokens 4096] [--iters 20]
 
-Needs torch with CUDA, numba and tensordict (carry their wheels); not Ray, verl or TransferQueue: it
-drives the backend's per-node store (``conduit_verl.tq_store.store.NodeStore``) directly, as a
-storage actor does. Under 8 minutes on one GPU at the defaults.
+Needs torch with CUDA, numba and tensordict (not Ray, verl or TransferQueue): it drives the backend's
+``NodeStore`` directly, as a storage actor does. Under 8 minutes on one GPU at the defaults.
 
-1. **Tiers** — a GRPO-shaped batch (jagged int64 ids and masks, fp32 log-probs, one fp32 reward per
-   sample; lengths uniform in [tokens/2, tokens]) put into a store whose fields all sit on one tier
-   (``shm``, ``pinned``, ``cuda``), read back and checked equal, then timed: ``put`` (host batch in)
-   and ``get`` (what the store answers a reader on another node: gather, then host memory).
-2. **CUDA IPC** — one field ``[capacity, max_len]`` int64 on the GPU, owned by this process; a second
-   process on the same GPU reads a batch of its rows' valid prefixes into its own GPU tensor
-   (a) through CUDA IPC: torch.multiprocessing hands it the array's memory (opened once, timed), and
-   each read is one gather on the device; (b) without it: the owner gathers on the device and copies
-   to shared (pageable) host memory, the reader copies that to its device (two PCIe crossings). Both checked
-   equal to the owner's gather; timed per read with the device synchronised.
+1. **Tiers**: a GRPO-shaped batch put into a store whose fields all sit on one tier (``shm``, ``pinned``,
+   ``cuda``), read back and checked equal, then ``put`` and ``get`` timed.
+2. **CUDA IPC**: a second process reads a batch of rows' valid prefixes of a GPU-owned field into its own
+   GPU tensor (a) through CUDA IPC, one gather on the device, (b) without it, through shared host memory
+   (two PCIe crossings); both checked equal, timed per read with the device synchronised.
 
 Writes ``tq_tiers_gpu.json`` (provenance, one row per measurement with GB/s of payload) into ``--out``.
 """
