@@ -175,6 +175,13 @@ SECTIONS: tuple[Section, ...] = (
         ("verl_staleness_grpo.json", "verl_staleness_ppo.json"),
         stale.staleness,
         ("verl_staleness_grpo.png", "verl_staleness_grpo_reward.png", "verl_staleness_ppo.png"),
+        subsections=(
+            sub(
+                "verl_staleness_vllm_grpo",
+                "On vLLM: generation on a core of its own",
+                lambda d: stale.staleness({"verl_staleness_vllm_grpo.json": d}),
+            ),
+        ),
     ),
     Section(
         "tq_backends",

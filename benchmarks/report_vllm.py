@@ -56,15 +56,16 @@ def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
     out += ["", *table(head, rows), ""]
     for label, d in docs:
         f = d.get("ingestion_floor") or {}
+        per_token = f.get("per_token_s")
         if "exposed_ratio_floor" in f:
             out.append(
                 f"- {label}: ingestion floor (every response ingested as it finishes, one after another, at "
-                f"verl_sync_tuned's whole-batch rate, {num(f['per_token_s'] * 1e3, 3)} ms per response token): "
-                f"{num(f['floor_s'], 3)} s after the last response (median; per iteration "
-                f"{', '.join(num(v, 2) for v in f['per_iteration'].values())}), plus verl_sync_tuned's own wait "
-                f"for generation's outputs {num(f['baseline_gen_wait_s'], 3)} s: no on-policy schedule's "
-                f"exposed time gets under {num(f['exposed_floor_s'], 3)} s here, "
-                f"{num(f['exposed_ratio_floor'], 3)}x verl_sync_tuned's, and no wall ratio under "
+                f"verl_sync_tuned's whole-batch rate, {num(per_token * 1e3 if per_token is not None else None, 3)} ms per response token): "
+                f"{num(f.get('floor_s'), 3)} s after the last response (median; per iteration "
+                f"{', '.join(num(v, 2) for v in (f.get('per_iteration') or {}).values())}), plus verl_sync_tuned's own wait "
+                f"for generation's outputs {num(f.get('baseline_gen_wait_s'), 3)} s: no on-policy schedule's "
+                f"exposed time gets under {num(f.get('exposed_floor_s'), 3)} s here, "
+                f"{num(f.get('exposed_ratio_floor'), 3)}x verl_sync_tuned's, and no wall ratio under "
                 f"{num(f.get('wall_ratio_floor'), 3)}x (its wall with its exposed time cut to that floor)."
             )
         for pair, e in (d.get("equivalence") or {}).items():
