@@ -150,3 +150,30 @@ def test_the_verl_cpu_harness_listens_on_loopback_only(tmp_path: Path) -> None:
     # torch.distributed's TCPStore (the gloo rendezvous at MASTER_PORT of verl's FSDP worker) listened
     # on the wildcard address; the harness's init_process_group patch binds it to MASTER_ADDR
     assert not exposed, f"the harness listened beyond loopback: {exposed}"
+
+
+LAUNCHER_CHILD = r"""
+import sys
+import conduit_verl_cpu.run as run
+run.parse_args(["--rollout", "vllm", "--core-split", "0:1", "--steps", "1"])
+print("RAY_IMPORTED", "ray" in sys.modules)
+import ray._private.ray_constants as rc
+print("RESULT", rc.ENABLE_RAY_CLUSTER)
+"""
+
+
+def test_the_verl_launcher_sets_loopback_before_anything_imports_ray() -> None:
+    """The fast counterpart of the run above. Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, at
+    import; parsing ``--core-split`` imports TransferQueue and with it Ray, so the launcher must set
+    it when it is imported. (It was set later, in ``set_cpu_env``, and from the core split on every
+    harness run's Ray bound all interfaces; the slow run above caught it.)"""
+    pytest.importorskip("conduit_verl_cpu")
+    pytest.importorskip("vllm")
+    base = {k: v for k, v in os.environ.items() if k not in LOOPBACK_ENV}
+    proc = subprocess.run(
+        [sys.executable, "-c", LAUNCHER_CHILD], capture_output=True, text=True, timeout=300, env=base
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    lines = proc.stdout.splitlines()
+    assert "RAY_IMPORTED True" in lines  # the premise: parsing imports Ray
+    assert "RESULT False" in lines, proc.stdout[-2000:]

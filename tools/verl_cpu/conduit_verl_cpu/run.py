@@ -20,7 +20,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from conduit_verl_cpu.overrides import TQ_BACKENDS
+# Ray reads this once, when it is first imported: with "0" every Ray process (GCS, raylet, workers,
+# TransferQueue) binds 127.0.0.1. Set before anything below can import Ray (parsing --core-split
+# imports conduit_verl.compat, which imports TransferQueue, which imports Ray).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+from conduit_verl_cpu.overrides import TQ_BACKENDS  # noqa: E402
 from conduit_verl_cpu.patches import ALLOCATOR_ENV, CPU_ENV
 
 if TYPE_CHECKING:
@@ -276,8 +281,6 @@ def set_cpu_env(metrics_path: Path, poll_interval: str | None = None, seed: int 
         os.environ[POLL_ENV] = poll_interval
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    # every process (Ray workers, TransferQueue) then reports 127.0.0.1 as its node address
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # verl warns once per process about optional engines (megatron, veomni, ...) it cannot import
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:verl.workers.engine")
 
