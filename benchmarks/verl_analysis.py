@@ -29,16 +29,19 @@ INGEST = ("old_log_prob", "ref", "values", "adv")
 STAGES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
 
 
+def gen_events(path: Path) -> list[dict[str, Any]]:
+    """The rollout server's request log (``gen_events.jsonl``: one response a line, its weight
+    ``version``, ``t0`` / ``t1`` wall clock, ``length``); empty when the run has none."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def gen_stats(path: Path) -> dict[int, dict[str, float]]:
     """Weight version -> the rollout server's log for that step: ``start`` / ``end`` (first request
     start, last request end, wall clock), ``responses``, ``response_tokens`` (the work counters),
     and for a paced rollout ``model_gen_s`` (unscaled modelled time of the step's generation) and
     ``late_s`` (most a response came after its modelled time)."""
     out: dict[int, dict[str, float]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        e = json.loads(line)
+    for e in gen_events(path):
         v, t0, t1 = int(e["version"]), float(e["t0"]), float(e["t1"])
         s = out.setdefault(v, {"start": t0, "end": t1, "responses": 0, "response_tokens": 0})
         s["start"], s["end"] = min(s["start"], t0), max(s["end"], t1)

@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from verl_analysis import gen_events
+
 #: The share of identical responses the issue asks for between ``sync`` and ``conduit``.
 IDENTICAL_TARGET = 0.95
 
@@ -74,10 +76,8 @@ def generation_cost(rows: list[dict[str, Any]], system: str) -> dict[str, float 
 
 def _finishes(work: Path) -> dict[int, list[tuple[float, int]]]:
     """Weight version -> its responses' (end time, response tokens), from the server's request log."""
-    path = work / "gen_events.jsonl"
     out: dict[int, list[tuple[float, int]]] = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        e = json.loads(line)
+    for e in gen_events(work / "gen_events.jsonl"):
         out.setdefault(int(e["version"]), []).append((float(e["t1"]), int(e.get("length", 0))))
     return out
 

@@ -20,7 +20,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
@@ -123,9 +123,9 @@ def _balanced(trainer: Any, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         trainer.conduit_in_piece = False
 
 
-def _tokens(meta: KVBatchMeta) -> int:
-    """Tokens of the responses in ``meta`` (their ``seq_len`` tags; 1 where untagged)."""
-    return sum(int(tag.get("seq_len", 1)) for tag in meta.tags)
+def _tokens(tags: Iterable[dict[str, Any]]) -> int:
+    """Tokens of the responses with ``tags`` (their ``seq_len``; 1 where untagged)."""
+    return sum(int(tag.get("seq_len", 1)) for tag in tags)
 
 
 def ingest_piece(trainer: Any, piece: _Piece, timing_raw: dict, m: Metrics) -> tuple[int, int]:
@@ -133,14 +133,14 @@ def ingest_piece(trainer: Any, piece: _Piece, timing_raw: dict, m: Metrics) -> t
     done); (TransferQueue puts saved, tokens the per-sample stages ran on)."""
     early: EarlyRows | None = trainer.conduit_early
     if early is None or not early.active:
-        return _run(trainer, ingest_operators, piece, timing_raw, m), _tokens(piece.meta)
+        return _run(trainer, ingest_operators, piece, timing_raw, m), _tokens(piece.meta.tags)
     saved = tokens = 0
     rest = early.rest(piece.meta)
     if rest is not None:
         part = _Piece(rest)
         saved += _run(trainer, sample_operators, part, timing_raw, m)
         piece.metrics.update(part.metrics)
-        tokens = _tokens(rest)
+        tokens = _tokens(rest.tags)
     return saved + _run(trainer, lambda t, p, r: [advantage_operator(t, p, r)], piece, timing_raw, m), tokens
 
 
@@ -155,7 +155,7 @@ def early_ingestion(
         with m.span("ingest_early"):
             part = _Piece(_balanced(trainer, meta, {}))
             m.incr("tq_puts_saved", _run(trainer, sample_operators, part, timing_raw, m))
-        trainer.conduit_policy.record_rows(time.perf_counter() - t0, _tokens(part.meta))
+        trainer.conduit_policy.record_rows(time.perf_counter() - t0, _tokens(part.meta.tags))
         parts.append((len(part.meta), part.metrics))
 
     return run
@@ -419,7 +419,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
                 m.incr("tq_puts_saved", saved)
                 groups = check_groups(piece.meta.keys, piece.meta.tags, n)
                 fifo.put(piece.meta, groups, version)
-            work = [sum(int(piece.meta.tags[r].get("seq_len", 1)) for r in g) for g in groups]
+            work = [_tokens(piece.meta.tags[r] for r in g) for g in groups]
             policy.record_piece(
                 want, time.perf_counter() - t_piece, overlapped=not last, work=work, tokens=ran
             )

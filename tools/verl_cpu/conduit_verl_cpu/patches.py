@@ -18,6 +18,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 CPU_MODE_ENV = "CONDUIT_VERL_CPU"
+#: with "0", Ray 2.60 keeps 127.0.0.1 (else it replaces _node_ip_address=127.0.0.1 by the routable
+#: address and listens on all interfaces); read once, when Ray is imported (tests/test_loopback.py)
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 #: Environment every verl process needs in CPU mode (fixes 3 and 5).
 CPU_ENV: dict[str, str] = {
@@ -26,9 +29,7 @@ CPU_ENV: dict[str, str] = {
     "VERL_ENGINE_DEVICE": "cuda",  # 5: pick the FSDP engine registered for cuda/nvidia
     "VERL_ENGINE_VENDOR": "nvidia",
     "TOKENIZERS_PARALLELISM": "false",
-    # loopback only: Ray 2.60 replaces _node_ip_address=127.0.0.1 by the routable address and then
-    # listens on all interfaces; this makes it keep 127.0.0.1 (tests/test_loopback.py)
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    LOOPBACK_ENV: "0",  # loopback only
 }
 
 #: glibc's allocator told to keep freed memory (obstacle 14), as a GPU's caching allocator keeps

@@ -20,13 +20,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# Ray reads this once, when it is first imported: with "0" every Ray process (GCS, raylet, workers,
-# TransferQueue) binds 127.0.0.1. Set before anything below can import Ray (parsing --core-split
-# imports conduit_verl.compat, which imports TransferQueue, which imports Ray).
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+from conduit_verl_cpu.overrides import TQ_BACKENDS
+from conduit_verl_cpu.patches import ALLOCATOR_ENV, CPU_ENV, LOOPBACK_ENV
 
-from conduit_verl_cpu.overrides import TQ_BACKENDS  # noqa: E402
-from conduit_verl_cpu.patches import ALLOCATOR_ENV, CPU_ENV
+# Ray reads CPU_ENV's loopback setting once, when it is first imported: set it now, before anything
+# can import Ray (parsing --core-split imports conduit_verl.compat -> TransferQueue -> Ray); the rest
+# of CPU_ENV follows in set_cpu_env.
+os.environ[LOOPBACK_ENV] = CPU_ENV[LOOPBACK_ENV]
 
 if TYPE_CHECKING:
     from conduit_verl_cpu.vllm_cpu import AffinityWatch, CoreSplit
