@@ -1,5 +1,5 @@
-"""Staleness renderer for ``report.py``: ``verl_staleness.py``'s runs (Conduit's ``max_staleness=k``
-beside verl's async trainers)."""
+"""Staleness renderers for ``report.py``: ``verl_staleness.py``'s runs (Conduit's ``max_staleness=k``
+beside verl's async trainers) and its reward curves (``--reward-only``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from report_fmt import DASH, Refusals, get, num, table, targets, verdict
 from report_verl import Doc, error_lines, pair_cell
+from report_vllm import reward as reward_table
 
 
 def _ratio_pairs(r: dict[str, Any]) -> list[tuple[str, str]]:
@@ -100,3 +101,13 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
     if pair_rows:
         out += table(["algo", "ratio", "compared", "wall / exposed", "generated work"], pair_rows) + [""]
     return out + refusals.lines() + lines
+
+
+def reward(d: Doc) -> list[str]:
+    """``verl_staleness.py --reward-only``: per system and seed the final score, verl_colocate_async's
+    seed-to-seed spread and whether conduit_k1's mean lies within it (``report_vllm.reward``), then the
+    rollout and shape the runs had."""
+    lines = reward_table(
+        d, ("verl_colocate_async", "verl_colocate_async_spread"), ("conduit_k1", "k1_within_spread")
+    )
+    return lines + [f"- Rollout {num(d.get('rollout'))}; {num(get(d, 'method', 'shape'))}."]

@@ -77,9 +77,15 @@ def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
     return out
 
 
-def reward(d: Doc) -> list[str]:
+def reward(
+    d: Doc,
+    base: tuple[str, str] = ("verl sync", "verl_sync_spread"),
+    mine: tuple[str, str] = ("conduit", "conduit_within_spread"),
+) -> list[str]:
     """``verl_iteration.py --reward-only``: per system and seed the final score (mean of the last
-    iterations), verl sync's seed-to-seed spread and whether conduit lies within it."""
+    iterations), verl sync's seed-to-seed spread and whether conduit lies within it. ``base`` and
+    ``mine``: the two systems' names and their keys in ``reward_curve`` (``verl_staleness.py``'s:
+    ``report_staleness.reward``)."""
     rc = d.get("reward_curve") or {}
     final = rc.get("final_score") or {}
     rows = [
@@ -87,12 +93,12 @@ def reward(d: Doc) -> list[str]:
         for system, per in final.items()
         for seed, score in (per or {}).items()
     ]
-    spread = rc.get("verl_sync_spread")
+    spread = rc.get(base[1])
     lines = [
         f"- {num(rc.get('iterations'))} iterations per run, lr {num(rc.get('lr'))}, final score = mean of the "
-        f"last {num(rc.get('final_over_last'))}; verl sync's spread over seeds: "
-        f"{' .. '.join(num(x, 4) for x in spread) if spread else DASH}; conduit's mean final score within it: "
-        f"{verdict(rc.get('conduit_within_spread'))}."
+        f"last {num(rc.get('final_over_last'))}; {base[0]}'s spread over seeds: "
+        f"{' .. '.join(num(x, 4) for x in spread) if spread else DASH}; {mine[0]}'s mean final score within "
+        f"it: {verdict(rc.get(mine[1]))}."
     ]
     return (
         table(["algo", "system", "seed", "final score"], rows) + [""] + lines + error_lines("- Runs", d, ".")

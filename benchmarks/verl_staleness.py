@@ -3,6 +3,7 @@
     python benchmarks/verl_staleness.py [--algo grpo|ppo] [--quick] [--systems a,b,...] [--out FILE]
     python benchmarks/verl_staleness.py --rollout vllm ...
     python benchmarks/verl_staleness.py --reward-steps 50 --seeds 3     # also the reward curves
+    python benchmarks/verl_staleness.py --reward-only --reward-steps 50 --seeds 3   # only the reward curves
 
 Issue 30's benchmark, built on ``verl_iteration.py``'s runs (``verl_runs``: one harness run per system
 and round, rounds alternating verl's and Conduit's systems; ``verl_analysis``: per-iteration rows, wall
@@ -43,8 +44,10 @@ was staler, and ``staleness/...`` gives both measurements beside every computed 
 
 ``--reward-steps N --seeds S`` (off by default) also runs ``conduit_k1`` and ``verl_colocate_async`` for
 N iterations with seeds seed..seed+S-1 on the same rollout and shape: mean score per iteration, and
-whether k = 1's final score lies within verl's seed-to-seed spread. Paced rollout: a model of separate
-rollout hardware (``verl_iteration.py``'s docstring), not a GPU measurement.
+whether k = 1's final score lies within verl's seed-to-seed spread. ``--reward-only``: those runs alone
+(the paced rollout calibrated first), in a file of their own (``verl_staleness_reward[_vllm]_<algo>.json``
+and its PNG), rewritten after every run. Paced rollout: a model of separate rollout hardware
+(``verl_iteration.py``'s docstring), not a GPU measurement.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +73,7 @@ from verl_runs import (  # noqa: E402
     harness_args,
     machine,
     plan_size,
+    round_order,
     run_method,
     run_systems,
     split_system,
@@ -136,44 +141,47 @@ def conduit_modes(systems: list[str], piece_groups: str) -> dict[str, tuple[str,
 
 
 def reward_runs(
-    root: Path, args: argparse.Namespace, plan: dict[str, Any], errors: dict[str, str]
+    root: Path,
+    args: argparse.Namespace,
+    plan: dict[str, Any],
+    errors: dict[str, str],
+    saved: Callable[[dict[str, Any]], object] = lambda _: None,
 ) -> dict[str, Any]:
-    """``--reward-steps``: ``conduit_k1`` and ``verl_colocate_async``, one run each per seed, through
-    ``run_systems`` (warm-up iteration dropped as everywhere): mean score per iteration, each
-    system's final score (mean of the last ``REWARD_TAIL`` iterations) per seed, and whether k = 1's
-    mean final score lies within verl's seed-to-seed spread (min..max over its seeds)."""
+    """``--reward-steps``: ``conduit_k1`` and ``verl_colocate_async``, one run each per seed (per seed
+    in ``round_order``: verl's first), through ``run_systems`` (warm-up iteration dropped as everywhere):
+    mean score per iteration, each system's final score (mean of the last ``REWARD_TAIL`` iterations)
+    per seed, and whether k = 1's mean final score lies within verl's seed-to-seed spread (min..max
+    over its seeds). ``saved`` gets the summary so far after every run (``--reward-only`` writes it)."""
     curves: dict[str, list[tuple[int, float]]] = {}
     final: dict[str, dict[str, float]] = {s: {} for s in REWARD_SYSTEMS}
-    for seed in range(args.seed, args.seed + args.seeds):
-        a = argparse.Namespace(**{**vars(args), "seed": seed})
-        mine = {**plan, "rounds": 1, "steps": args.reward_steps - 1, "label": f"reward_s{seed}_"}
-        mine["harness"] = [*plan["harness"], "--lr", str(args.reward_lr)]
-        result: dict[str, Any] = {"errors": errors}
-        rows = run_systems(root, a, list(REWARD_SYSTEMS), mine, result)
-        for system in REWARD_SYSTEMS:
-            pts = [
-                (r["iteration"], float(r["score"]))
-                for r in rows
-                if r["system"] == system and r["score"] is not None
-            ]
-            if pts:
-                curves[f"{system} seed {seed}"] = pts
-                final[system][str(seed)] = round(statistics.fmean(v for _, v in pts[-REWARD_TAIL:]), 4)
-    spread = list(final["verl_colocate_async"].values())
-    k1 = list(final["conduit_k1"].values())
-    within = None
-    if len(spread) >= 2 and k1:
-        within = min(spread) <= statistics.fmean(k1) <= max(spread)
-    return {
+    out: dict[str, Any] = {
         "lr": args.reward_lr,
         "seeds": args.seeds,
         "iterations": args.reward_steps,
         "final_over_last": REWARD_TAIL,
         "final_score": final,
-        "verl_colocate_async_spread": [min(spread), max(spread)] if spread else None,
-        "k1_within_spread": within,
+        "verl_colocate_async_spread": None,
+        "k1_within_spread": None,
         "curves": curves,
     }
+    for seed in range(args.seed, args.seed + args.seeds):
+        a = argparse.Namespace(**{**vars(args), "seed": seed})
+        mine = {**plan, "rounds": 1, "steps": args.reward_steps - 1, "label": f"reward_s{seed}_"}
+        mine["harness"] = [*plan["harness"], "--lr", str(args.reward_lr)]
+        for system in round_order(list(REWARD_SYSTEMS), 0):
+            rows = run_systems(root, a, [system], mine, {"errors": errors})
+            pts = [(r["iteration"], float(r["score"])) for r in rows if r["score"] is not None]
+            if pts:
+                curves[f"{system} seed {seed}"] = pts
+                final[system][str(seed)] = round(statistics.fmean(v for _, v in pts[-REWARD_TAIL:]), 4)
+            spread = list(final["verl_colocate_async"].values())
+            k1 = list(final["conduit_k1"].values())
+            out["verl_colocate_async_spread"] = [min(spread), max(spread)] if spread else None
+            out["k1_within_spread"] = (
+                min(spread) <= statistics.fmean(k1) <= max(spread) if len(spread) >= 2 and k1 else None
+            )
+            saved(out)
+    return out
 
 
 def plot(summary: list[dict[str, Any]], png: Path, title: str) -> None:
@@ -236,6 +244,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", type=int, default=3, help="--reward-steps: seeds seed..seed+N-1")
     p.add_argument("--reward-lr", type=float, default=3e-3, help="learning rate of the reward-curve runs")
+    p.add_argument(
+        "--reward-only",
+        action="store_true",
+        help="only the reward-curve runs (default out: verl_staleness_reward[_vllm]_<algo>.json)",
+    )
     args = p.parse_args(argv)
     args.systems = args.systems or ",".join(QUICK_SYSTEMS if args.quick else SYSTEMS)
     for system in args.systems.split(","):
@@ -250,19 +263,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             )
         if (m := VERL_K.match(plain)) and int(m.group(2)) < 1:
             p.error(f"system {system!r}: verl's bound needs k >= 1 (k = 0 is verl_sync)")
+    if args.reward_only and not args.reward_steps:
+        p.error("--reward-only needs --reward-steps N")
     if args.reward_steps and (args.reward_steps < 2 or args.seeds < 1):
         p.error("--reward-steps needs at least 2 iterations (the first is warm-up) and --seeds >= 1")
     return args
 
 
-def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
-    """Calibrate (paced), run every system in its rounds, analyse; write the JSON and PNGs."""
-    prov = provenance.start()
+def prepare(args: argparse.Namespace, prefix: str) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """What every run of this invocation shares: the scratch dir (``--work``, else a new one named
+    ``prefix``...), the result's first fields (the paced rollout's calibration, run here) and the plan
+    ``run_systems`` takes."""
     paced = args.rollout == "paced"
     steps, rounds = plan_size(args)
-    name = "verl_staleness" + "_vllm" * (not paced) + f"_{args.algo}"
-    args.out = args.out or script.RESULTS / f"{name}{'_quick' if args.quick else ''}.json"
-    root = Path(args.work or tempfile.mkdtemp(prefix="verl_staleness_")).resolve()
+    root = Path(args.work or tempfile.mkdtemp(prefix=prefix)).resolve()
     systems = args.systems.split(",")
     result: dict[str, Any] = {"algo": args.algo, "rollout": args.rollout, "machine": machine(), "errors": {}}
     if paced:
@@ -284,6 +298,19 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         },
         "modes": conduit_modes([*systems, *REWARD_SYSTEMS], str(args.piece_groups)),
     }
+    return root, result, plan
+
+
+def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """Calibrate (paced), run every system in its rounds, analyse; write the JSON and PNGs."""
+    if args.reward_only:
+        return reward_only(args)
+    prov = provenance.start()
+    paced = args.rollout == "paced"
+    name = "verl_staleness" + "_vllm" * (not paced) + f"_{args.algo}"
+    args.out = args.out or script.RESULTS / f"{name}{'_quick' if args.quick else ''}.json"
+    root, result, plan = prepare(args, "verl_staleness_")
+    systems = args.systems.split(",")
     rows = run_systems(root, args, systems, plan, result)
     annotate(rows, result.get("work_dirs", {}), plan["label"], args.batch_size)
     summary = summarize(rows, systems)
@@ -292,11 +319,8 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     result["targets"] = targets(result["ratios"], summary)
     if args.reward_steps:
         result["reward_curve"] = reward_runs(root, args, plan, result["errors"])
-        curves = result["reward_curve"]["curves"]
-        if curves:
-            title = f"verl 0.9.1 CPU {args.algo}, {args.rollout} rollout, lr {args.reward_lr}: mean score"
-            reward_curve(curves, args.out.with_name(f"{args.out.stem}_reward.png"), title)
-    result["method"] = method(args, rounds, steps)
+        reward_plot(result["reward_curve"], args.out.with_name(f"{args.out.stem}_reward.png"), args)
+    result["method"] = method(args, plan["rounds"], plan["steps"])
     result["machine"].update(provenance.finish(prov))
     label = f"PACED rollout (modelled), tail {args.tail:g}, R {args.R:g}" if paced else "vLLM (CPU) rollout"
     title = f"verl 0.9.1 CPU {args.algo}, {label}: bounded staleness"
@@ -304,9 +328,37 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     return result, out
 
 
+def reward_only(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """``--reward-only``: ``reward_runs`` alone on this invocation's rollout and shape (the paced one
+    calibrated first); the JSON and its PNG are rewritten after every run."""
+    prov = provenance.start()
+    name = "verl_staleness_reward" + "_vllm" * (args.rollout == "vllm") + f"_{args.algo}"
+    root, result, plan = prepare(args, "verl_staleness_reward_")
+    run = run_method(1, args.reward_steps - 1)
+    how = {"command": run["command"], "machine_load": run["machine_load"], **setting(args)}
+    how["reward"] += (
+        "; the file is rewritten after every run, so a series cut short keeps what ran (seeds counts the "
+        "seeds asked for; final_score lists those that ran). Not timed: timing comes from the full run"
+    )
+
+    def save(curve: dict[str, Any]) -> Path:
+        result.update(reward_curve=curve, method=how)
+        result["machine"].update(provenance.finish(prov))
+        return script.write_result(name, args, result, lambda png: reward_plot(curve, png, args))
+
+    return result, save(reward_runs(root, args, plan, result["errors"], save))
+
+
+def reward_plot(curve: dict[str, Any], png: Path, args: argparse.Namespace) -> None:
+    """``reward_runs``' curves, mean score per iteration per system and seed (no PNG where none ran)."""
+    if curve["curves"]:
+        title = f"verl 0.9.1 CPU {args.algo}, {args.rollout} rollout, lr {args.reward_lr}: mean score"
+        reward_curve(curve["curves"], png, title)
+
+
 def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
     """How the rows were made (goes into the JSON)."""
-    out = {
+    return {
         **run_method(rounds, steps),
         "description": __doc__,  # the systems, the staleness measured, the equal-staleness rule, the work
         "conduit": f"piece_groups={args.piece_groups}; verl_sync_tuned's poll period {args.poll} s (no sweep here)",
@@ -316,8 +368,13 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
         f"of 1) where it ran; backend: <base>+tq_conduit / <base> wall <= 1/{TARGET_BACKEND_SPEEDUP}, else "
         "backend_<base>_storage_share = SimpleStorage's TQ put+get seconds per iteration (summed over "
         "processes) / its median wall: what any backend could save at most",
-        "shape": f"{args.batch_size} prompts x n={args.n}, responses up to {args.response_length} tokens",
+        **setting(args),
     }
+
+
+def setting(args: argparse.Namespace) -> dict[str, Any]:
+    """The shape, the rollout and the reward runs (``method``'s and ``--reward-only``'s JSON)."""
+    out = {"shape": f"{args.batch_size} prompts x n={args.n}, responses up to {args.response_length} tokens"}
     if args.rollout == "paced":
         out["paced"] = (
             "PACED: real tokens released at a modelled inference server's times, time-scaled so a step's "
@@ -332,7 +389,8 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
             f"conduit_k1 and verl_colocate_async, {args.reward_steps} iterations, seeds {args.seed}.."
             f"{args.seed + args.seeds - 1}, lr {args.reward_lr}, same rollout and shape; final score = "
             f"mean critic/score/mean of the last {REWARD_TAIL} iterations; k1_within_spread: k1's mean "
-            "final score within [min, max] of verl_colocate_async's seeds"
+            "final score within [min, max] of verl_colocate_async's seeds; per seed verl_colocate_async "
+            "runs first, then conduit_k1"
         )
     return out
 
@@ -340,6 +398,10 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
 def main() -> int:
     args = parse()
     result, out = bench(args)
+    if args.reward_only:
+        script.show(report_staleness.reward(result))
+        print(f"[bench] wrote {out}")
+        return 0
     print(table(result["rows"], args.systems.split(",")))
     script.show(report_staleness.staleness({out.name: result}))
     print(f"[bench] wrote {out}")

@@ -20,6 +20,7 @@ from blank_values import blank
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import report  # noqa: E402
 import report_staleness  # noqa: E402
 import verl_runs  # noqa: E402
 import verl_staleness as vs  # noqa: E402
@@ -357,3 +358,112 @@ def test_help_works() -> None:
     with pytest.raises(SystemExit) as e:
         vs.parse(["--help"])
     assert e.value.code == 0
+
+
+def test_reward_only_needs_reward_steps() -> None:
+    with pytest.raises(SystemExit):
+        vs.parse(["--reward-only"])
+    args = vs.parse(["--reward-only", "--reward-steps", "50"])
+    assert args.reward_only and args.reward_steps == 50 and args.seeds == 3
+    assert not vs.parse([]).reward_only
+
+
+def test_reward_only_writes_its_file_after_every_run(tmp_path: Path, monkeypatch) -> None:
+    """``--reward-only`` on the paced rollout (calibration stubbed): per seed verl's run, then k = 1's;
+    the file, in the timing file's ``reward_curve`` structure with provenance, rewritten after every
+    run, so a run that fails leaves the others' comparison in it."""
+    out = tmp_path / "verl_staleness_reward_grpo.json"
+    seen: list[tuple[str, Any]] = []
+
+    def run(work: Path, mode: str, steps: int, args: Any, extra: list[str]) -> tuple[int, str]:
+        seen.append((work.name, json.loads(out.read_text())["reward_curve"] if out.exists() else None))
+        assert ["--lr", "0.003"] == extra[extra.index("--lr") :][:2] and "--pace-scale" in extra
+        if work.name == "reward_s1_conduit_k1_r0":
+            return 1, "boom"
+        scores = {s: {"critic/score/mean": 0.1 * s + 0.01 * args.seed} for s in range(1, steps + 1)}
+        _metrics(work, scores)
+        return 0, ""
+
+    monkeypatch.setattr(verl_runs, "run", run)
+    monkeypatch.setattr(vs, "calibrate", lambda root, args, tail: [])
+    monkeypatch.setattr(vs, "calibration", lambda rows: {"time_scale_per_R": 0.5})
+    monkeypatch.setattr(vs, "machine", lambda: {"cpus": 2})  # no torch / verl import
+    argv = ["--reward-only", "--reward-steps", "4", "--work", str(tmp_path / "w"), "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["verl_staleness.py", *argv])  # the command the JSON records
+    result, path = vs.bench(vs.parse(argv))
+    assert path == out
+    assert [name for name, _ in seen] == [
+        f"reward_s{seed}_{system}_r0" for seed in range(3) for system in ("verl_colocate_async", "conduit_k1")
+    ]
+    assert seen[0][1] is None and list(seen[1][1]["curves"]) == ["verl_colocate_async seed 0"]
+    assert list(seen[4][1]["final_score"]["conduit_k1"]) == ["0"]  # the failed run: nothing added
+    doc = json.loads(out.read_text())
+    committed = json.loads((BENCH / "results" / "verl_staleness_grpo.json").read_text())["reward_curve"]
+    rc = doc["reward_curve"]
+    assert list(rc) == list(committed)  # the timing file's structure
+    assert rc["iterations"] == 4 and rc["seeds"] == 3 and rc["lr"] == 0.003
+    assert rc["final_score"] == {
+        "conduit_k1": {"0": pytest.approx(0.3), "2": pytest.approx(0.32)},
+        "verl_colocate_async": {"0": pytest.approx(0.3), "1": pytest.approx(0.31), "2": pytest.approx(0.32)},
+    }
+    assert rc["verl_colocate_async_spread"] == pytest.approx([0.3, 0.32]) and rc["k1_within_spread"] is True
+    assert list(rc["curves"]["conduit_k1 seed 2"][0]) == [2, pytest.approx(0.22)]  # warm-up dropped
+    assert doc["benchmark"] == "verl_staleness_reward_grpo" and doc["algo"] == "grpo"
+    assert doc["errors"] == {"reward_s1_conduit_k1_r0": "boom"}
+    assert doc["calibration"] == {"tail=4": {"time_scale_per_R": 0.5}}
+    for key in ("git_commit", "git_dirty", "load_average_start", "load_average_end", "created_utc"):
+        assert key in doc["machine"]
+    assert doc["method"]["command"] == " ".join(["verl_staleness.py", *argv])
+    assert doc["method"]["shape"].startswith("16 prompts")
+    assert "rewritten after every run" in doc["method"]["reward"]
+    assert out.with_suffix(".png").exists() and json.loads(json.dumps(result["reward_curve"])) == rc
+
+
+def test_the_report_shows_the_reward_only_file_where_it_exists(tmp_path: Path) -> None:
+    doc = {
+        "benchmark": "verl_staleness_reward_grpo",
+        "algo": "grpo",
+        "rollout": "paced",
+        "machine": {
+            "git_commit": "abcdef1234",
+            "git_dirty": False,
+            "load_average_start": [0.1, 0.1, 0.1],
+            "load_average_end": [2.0, 1.0, 1.0],
+            "created_utc": "2026-12-03T23:00:00+00:00",
+        },
+        "errors": {"reward_s2_conduit_k1_r0": "boom"},
+        "reward_curve": {
+            "lr": 0.003,
+            "seeds": 3,
+            "iterations": 50,
+            "final_over_last": 10,
+            "final_score": {
+                "conduit_k1": {"0": 0.2, "1": 0.25},
+                "verl_colocate_async": {"0": 0.19, "1": 0.23, "2": 0.26},
+            },
+            "verl_colocate_async_spread": [0.19, 0.26],
+            "k1_within_spread": True,
+            "curves": {},
+        },
+        "method": {
+            "command": "verl_staleness.py --algo grpo --reward-only --reward-steps 50 --seeds 3",
+            "shape": "16 prompts x n=8, responses up to 256 tokens",
+        },
+    }
+    heading = "### Reward curves: conduit_k1 within verl_colocate_async's seed spread"
+    assert heading not in report.render(results=tmp_path)  # no such run yet: the page as it was
+    (tmp_path / "verl_staleness_reward_grpo.json").write_text(json.dumps(doc))
+    page = report.render(results=tmp_path)
+    start = page.index(heading)
+    part = page[start : page.index("### On vLLM", start)]
+    assert "`verl_staleness_reward_grpo.json`" in part and "supersede the 30-iteration" in part
+    assert "- Run `verl_staleness_reward_grpo.json`: commit abcdef1, dirty=false, load 0.10 → 2.00" in part
+    assert "command `verl_staleness.py --algo grpo --reward-only --reward-steps 50 --seeds 3`" in part
+    assert (
+        "| GRPO | conduit_k1 | 1 | 0.2500 |" in part and "| GRPO | verl_colocate_async | 2 | 0.2600 |" in part
+    )
+    assert "50 iterations per run, lr " in part
+    assert "verl_colocate_async's spread over seeds: 0.1900 .. 0.2600; conduit_k1's mean final score" in part
+    assert "within it: met." in part and "errors in reward_s2_conduit_k1_r0" in part
+    assert "- Rollout paced; 16 prompts x n=8, responses up to 256 tokens." in part
+    assert "—" in "\n".join(report_staleness.reward(blank(doc)))  # every value missing: no crash
