@@ -210,25 +210,14 @@ def _client_class() -> Any:
 
 
 def start_cluster(nodes: int) -> tuple[Any, list[str]]:
-    """``nodes`` Ray nodes on 127.0.0.1 (2 logical CPUs each: TQ's controller and a SimpleStorage unit
-    reserve one; a ``native_slot`` and a ``conduit_slot`` for RLlib's env runners), this process
-    connected to the head; returns the cluster and the node ids in order."""
-    import ray
-    from ray._private import ray_constants
-    from ray.cluster_utils import Cluster
+    """``nodes`` Ray nodes on 127.0.0.1 (``local_ray.start_local_cluster``: loopback only; 2 logical CPUs
+    each: TQ's controller and a SimpleStorage unit reserve one; a ``native_slot`` and a ``conduit_slot``
+    for RLlib's env runners), this process connected to the head; the cluster and the node ids in order."""
+    from conduit_rllib.local_ray import start_local_cluster
 
-    ray_constants.ENABLE_RAY_CLUSTER = False  # keep 127.0.0.1 as given (see tq_store's 3-node test)
-    args = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "object_store_memory": 160 * MIB,
-            "resources": {"native_slot": 1, "conduit_slot": 1}}  # fmt: skip
-    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
-    try:
-        added = [cluster.add_node(**args) for _ in range(nodes - 1)]
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False)
-    except BaseException:
-        cluster.shutdown()
-        raise
-    return cluster, [n.node_id for n in [cluster.head_node, *added]]
+    slots = {"native_slot": 1, "conduit_slot": 1}
+    args = {"num_cpus": 2, "object_store_memory": 160 * MIB, "resources": slots}
+    return start_local_cluster(nodes, args, log_to_driver=False)
 
 
 def unit_nodes(system: str) -> list[str]:

@@ -191,11 +191,10 @@ class SameNodeRunner(Runner):
     """This process is the TQ client: it puts, gets and clears."""
 
     def __init__(self, system: str, units: int | None = None) -> None:
-        import ray
+        from conduit_rllib.local_ray import init_local_ray
 
         register_backend(system)
-        ray.init(address="local", num_cpus=ray_cpus(units, 1), include_dashboard=False,
-                 _node_ip_address="127.0.0.1", object_store_memory=2 * 2**30)  # fmt: skip
+        init_local_ray(ray_cpus(units, 1), address="local", object_store_memory=2 * 2**30)
         super().__init__(system, units)
         client = Client(self.tq)
         self.put, self.get = client.put, client.get
@@ -229,23 +228,14 @@ class CrossNodeRunner(Runner):
 
     def __init__(self, system: str, threads: int, units: int | None = None) -> None:
         import ray
-        from ray.cluster_utils import Cluster
+        from conduit_rllib.local_ray import start_local_cluster
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         register_backend(system)
-        # ray.init(address=...) turns a 127.0.0.1 address into the machine's IP, where nodes bound to
-        # 127.0.0.1 do not listen: keep the address as given (this process only)
-        services = ray._private.services
-        services.resolve_ip_for_localhost = lambda host: host
-        node_args = {"num_cpus": ray_cpus(units, 3), "node_ip_address": "127.0.0.1",
-                     "object_store_memory": 768 * MIB}  # fmt: skip
-        self.cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
-        nodes = [self.cluster.add_node(**node_args) for _ in range(2)]
-        self.cluster.wait_for_nodes()
-        ray.init(address=self.cluster.address, _node_ip_address="127.0.0.1")
+        node_args = {"num_cpus": ray_cpus(units, 3), "object_store_memory": 768 * MIB}
+        self.cluster, (_, *ids) = start_local_cluster(3, node_args)  # ids: A and B, added to the head
         super().__init__(system, units)
         client = _client_actor_class()
-        ids = [n.node_id for n in nodes]
 
         def pinned(node_id: str) -> Any:
             strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)

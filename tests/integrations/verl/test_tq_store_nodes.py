@@ -48,18 +48,15 @@ def _consume(keys: list[str]) -> tuple[str, list[list[int]]]:
 
 
 def test_three_nodes_producers_storage_and_consumers_apart(no_shared_ray, monkeypatch):
-    from ray.cluster_utils import Cluster
+    from conduit_rllib.local_ray import LOOPBACK_ENV, start_local_cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    # Ray rewrites a 127.0.0.1 address to the machine's outward IP unless "clusters" are off; every node
-    # here binds to loopback (no other host is reachable), so keep the address as given.
+    # start_local_cluster keeps every node on loopback (the setting and Ray's constant): undone afterwards
+    monkeypatch.setenv(LOOPBACK_ENV, "0")
     monkeypatch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
-    args = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 256 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
-    nodes = [cluster.head_node] + [cluster.add_node(**args) for _ in range(2)]
-    cluster.wait_for_nodes()
+    args = {"num_cpus": 1, "object_store_memory": 256 * 2**20}
+    cluster, ids = start_local_cluster(3, args, namespace="conduit_tq_3nodes")
     try:
-        ray.init(address=cluster.address, _node_ip_address="127.0.0.1", namespace="conduit_tq_3nodes")
         tq_store.register()
         tq.init(
             OmegaConf.create(
@@ -69,7 +66,6 @@ def test_three_nodes_producers_storage_and_consumers_apart(no_shared_ray, monkey
                 }
             )
         )
-        ids = [n.node_id for n in nodes]
         assert len({ray.get(a.node_id.remote()) for a in storage_actors()}) == 3  # one store per node
 
         def on(i: int):
