@@ -13,8 +13,10 @@
 4. **Trial**: the model's pick runs ``max(TRIAL, stage_steps)`` iterations (one whole staging cycle:
    a staged put is paid once per ``stage_steps`` steps) after ``SETTLE`` unmeasured ones (its
    threads start, its deliveries fill); then the probe configuration runs as many again (the
-   *recheck*, also after ``SETTLE``), and the pick is kept only if its *mean* step is measured
-   ``HYSTERESIS`` faster than the recheck's mean (else the plugin stays on the probe). The two are
+   *recheck*, also after ``SETTLE``), and the pick is kept only if its *mean* step is
+   :func:`~conduit.tuner.clearly_faster` than the recheck's mean (the core's noise rule, told one mean
+   of each: ``HYSTERESIS`` of the recheck's; not the steps, whose median would drop a staged put and
+   whose spread is then the staging cycle's, not noise; else the plugin stays on the probe). The two are
    measured back to back with one statistic: the warm-up ran earlier in training, when steps can be
    cheaper (measured: sync's warm-up median 14.2 ms against 18.6 ms for sync over 256 later steps),
    so a pick compared with it was sent back where it was faster. A switch moves the buffer through
@@ -48,7 +50,7 @@ import torch
 from conduit import ColumnBatch, Conduit
 from conduit.costmodel import IterationModel, Knobs, OperatorCost, Prediction, Sample, Staleness, Workload
 from conduit.discovery import fingerprint
-from conduit.tuner import HYSTERESIS, AutoTuner, Choice, DriftWatch, Signature, describe
+from conduit.tuner import AutoTuner, Choice, DriftWatch, Signature, clearly_faster, describe, noise
 from conduit_rllib.settings import ConduitSettings
 
 log = logging.getLogger("conduit.tuner")
@@ -278,13 +280,13 @@ class DQNTuning:
         assert self._signature is not None
         trial = self._trial.wall_s
         base = _mean(self.steps).wall_s  # the probe's recheck, right after the trial
-        keep = trial < base * (1 - HYSTERESIS)
+        keep, need_ms = clearly_faster([trial], [base]), noise([trial], [base]) * 1e3  # one mean per arm
         config = self.choice.config if keep else self.probe
         reason = (
             f"measured in RLlib's loop: {describe(self.choice.config)} {trial * 1e3:.3g} ms/step "
             f"(mean of {len(self.steps)}) vs {describe(self.probe)} {base * 1e3:.3g} ms/step "
             f"(mean of {len(self.steps)}, right after); "
-            + ("kept the pick" if keep else f"stayed on the probe (the pick was not {HYSTERESIS:.0%} faster)")
+            + ("kept the pick" if keep else f"stayed on the probe (the pick was not {need_ms:.3g} ms faster)")
             + f"; model: {self.choice.reason}"
         )
         measured = {describe(self.choice.config): trial, describe(self.probe): base}

@@ -88,6 +88,24 @@ def test_the_pick_is_kept_only_when_measured_faster(tmp_path, monkeypatch) -> No
     assert again.phase == "done" and switches == [] and again.choice.source == "cache"
 
 
+@pytest.mark.parametrize(
+    ("pick_s", "hysteresis", "kept"), [(0.0192, 0.05, False), (0.0188, 0.05, True), (0.0192, 0.01, True)]
+)
+def test_the_pick_is_kept_by_the_cores_noise_rule(tmp_path, monkeypatch, pick_s, hysteresis, kept) -> None:
+    # one mean step of each (no spread): the pick must be conduit.tuner.HYSTERESIS faster than the 20 ms
+    # recheck, the core's constant read at the decision (set to 1%, 4% faster is enough)
+    monkeypatch.setattr("conduit.tuner.HYSTERESIS", hysteresis)
+    monkeypatch.setattr(dqn_tuning, "interference_prior", lambda: 0.1)  # async ranked first
+    monkeypatch.setattr(dqn_tuning, "CACHE_DIR", tmp_path)
+    tuning = DQNTuning(ConduitSettings(overlap="auto"))
+    _drive(tuning, {"sync": 0.020, "async": pick_s}, DECIDE)
+    assert tuning.phase == "done" and tuning.choice is not None and tuning.choice.source == "measured"
+    assert (tuning.choice.config.overlap == "async") is kept
+    reason = tuning.choice.reason
+    assert ("kept the pick" in reason) is kept
+    assert kept or f"not {hysteresis * 20:.3g} ms faster" in reason  # the rule's margin: 1 ms of 20
+
+
 def test_the_pick_is_judged_against_the_probe_measured_right_after_it(tmp_path, monkeypatch) -> None:
     # the probe's steps grow slower as training goes on (12 ms in the warm-up, 20 ms later); the pick
     # runs at 16 ms: faster than the probe at the same time, slower than the probe's warm-up
