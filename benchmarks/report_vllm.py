@@ -95,7 +95,7 @@ def reward(
     ]
     spread = rc.get(base[1])
     lines = [
-        f"- {num(rc.get('iterations'))} iterations per run, lr {num(rc.get('lr'))}, final score = mean of the "
+        f"- {num(rc.get('iterations'))} iterations per run, lr {DASH if rc.get('lr') is None else format(rc['lr'], 'g')}, final score = mean of the "
         f"last {num(rc.get('final_over_last'))}; {base[0]}'s spread over seeds: "
         f"{' .. '.join(num(x, 4) for x in spread) if spread else DASH}; {mine[0]}'s mean final score within "
         f"it: {verdict(rc.get(mine[1]))}."
