@@ -181,7 +181,7 @@ SECTIONS: tuple[Section, ...] = (
         "verl under bounded staleness: Conduit's max_staleness=k and verl's async trainers",
         ("verl_staleness_grpo.json", "verl_staleness_ppo.json"),
         stale.staleness,
-        ("verl_staleness_grpo.png", "verl_staleness_grpo_reward.png", "verl_staleness_ppo.png"),
+        ("verl_staleness_grpo.png", "verl_staleness_ppo.png"),
         subsections=(
             sub(
                 "verl_staleness_reward_grpo",

@@ -398,9 +398,9 @@ def test_reward_only_writes_its_file_after_every_run(tmp_path: Path, monkeypatch
     assert seen[0][1] is None and list(seen[1][1]["curves"]) == ["verl_colocate_async seed 0"]
     assert list(seen[4][1]["final_score"]["conduit_k1"]) == ["0"]  # the failed run: nothing added
     doc = json.loads(out.read_text())
-    committed = json.loads((BENCH / "results" / "verl_staleness_grpo.json").read_text())["reward_curve"]
+    committed = json.loads((BENCH / "results" / "verl_staleness_reward_grpo.json").read_text())["reward_curve"]
     rc = doc["reward_curve"]
-    assert list(rc) == list(committed)  # the timing file's structure
+    assert list(rc) == list(committed)  # the committed file's structure
     assert rc["iterations"] == 4 and rc["seeds"] == 3 and rc["lr"] == 0.003
     assert rc["final_score"] == {
         "conduit_k1": {"0": pytest.approx(0.3), "2": pytest.approx(0.32)},
@@ -456,7 +456,7 @@ def test_the_report_shows_the_reward_only_file_where_it_exists(tmp_path: Path) -
     page = report.render(results=tmp_path)
     start = page.index(heading)
     part = page[start : page.index("### On vLLM", start)]
-    assert "`verl_staleness_reward_grpo.json`" in part and "supersede the 30-iteration" in part
+    assert "`verl_staleness_reward_grpo.json`" in part and "replace the 30-iteration" in part
     assert "- Run `verl_staleness_reward_grpo.json`: commit abcdef1, dirty=false, load 0.10 → 2.00" in part
     assert "command `verl_staleness.py --algo grpo --reward-only --reward-steps 50 --seeds 3`" in part
     assert (
