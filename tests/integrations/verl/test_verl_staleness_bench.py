@@ -398,7 +398,9 @@ def test_reward_only_writes_its_file_after_every_run(tmp_path: Path, monkeypatch
     assert seen[0][1] is None and list(seen[1][1]["curves"]) == ["verl_colocate_async seed 0"]
     assert list(seen[4][1]["final_score"]["conduit_k1"]) == ["0"]  # the failed run: nothing added
     doc = json.loads(out.read_text())
-    committed = json.loads((BENCH / "results" / "verl_staleness_reward_grpo.json").read_text())["reward_curve"]
+    committed = json.loads((BENCH / "results" / "verl_staleness_reward_grpo.json").read_text())[
+        "reward_curve"
+    ]
     rc = doc["reward_curve"]
     assert list(rc) == list(committed)  # the committed file's structure
     assert rc["iterations"] == 4 and rc["seeds"] == 3 and rc["lr"] == 0.003
