@@ -47,8 +47,7 @@ Docs = dict[str, dict[str, Any]]
 
 @dataclass(frozen=True)
 class Section:
-    """A heading, its note (``notes/<key>.md``), the results files it reads and the images it shows;
-    an ``optional`` one is left out while none of its files exists (a run not made yet)."""
+    """A heading, its note (``notes/<key>.md``), the results files it reads and the images it shows."""
 
     key: str
     title: str
@@ -57,7 +56,6 @@ class Section:
     images: tuple[str, ...] = ()
     level: int = 2
     subsections: tuple[Section, ...] = field(default=())
-    optional: bool = False
 
 
 def one(fn: Callable[[dict[str, Any]], list[str]], name: str) -> Callable[[Docs], list[str]]:
@@ -80,15 +78,10 @@ def algos(
 
 
 def sub(
-    key: str,
-    title: str,
-    fn: Callable[[dict[str, Any]], list[str]],
-    images: tuple[str, ...] = (),
-    optional: bool = False,
+    key: str, title: str, fn: Callable[[dict[str, Any]], list[str]], images: tuple[str, ...] = ()
 ) -> Section:
     """A subsection of one results file, ``<key>.json``, its note ``notes/<key>.md`` and ``<key>.png``."""
-    files = (f"{key}.json",)
-    return Section(key, title, files, one(fn, files[0]), images or (f"{key}.png",), 3, optional=optional)
+    return Section(key, title, (f"{key}.json",), one(fn, f"{key}.json"), images or (f"{key}.png",), level=3)
 
 
 PACED_SWEEP = "verl_iteration_quick_paced_sweep_grpo_separate"
@@ -187,7 +180,6 @@ SECTIONS: tuple[Section, ...] = (
                 "verl_staleness_reward_grpo",
                 "Reward curves: conduit_k1 within verl_colocate_async's seed spread",
                 stale.reward,
-                optional=True,
             ),
             sub(
                 "verl_staleness_vllm_grpo",
@@ -268,8 +260,6 @@ def note(key: str, notes: Path) -> list[str]:
 
 def section(s: Section, results: Path, notes: Path) -> list[str]:
     """A section's lines: heading, note, provenance per file, the table, images, subsections."""
-    if s.optional and not any((results / name).exists() for name in s.files):
-        return []
     out = ["#" * s.level + " " + s.title, "", *note(s.key, notes)]
     docs = {name: load(name, results) for name in s.files}
     out += [provenance(name, doc) if doc else f"- `{name}`: no results file." for name, doc in docs.items()]
