@@ -25,7 +25,7 @@ class ConduitTrainerConfig:
         piece_groups: prompt groups a streamed ingestion piece waits for (old-log-prob, ref, values,
             advantage; a piece also takes every group already finished); ``auto`` (default)
             chooses it every step from measured piece costs and group finish times
-            (``piece_policy.py``); 0 = the whole batch in one piece. (The core's ``g_ing`` is
+            (``conduit/piece_policy.py``); 0 = the whole batch in one piece. (The core's ``g_ing`` is
             another quantity: rollout fragments per ingestion-operator call; ``g_ing`` here is an
             error that names this key.)
         g_del: PPO mini-batches per ``update_actor`` call; 0 = all of them in one call (verl's).

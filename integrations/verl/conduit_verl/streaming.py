@@ -28,6 +28,7 @@ import torch
 
 from conduit import ColumnBatch, Metrics, Operator
 from conduit.ops.operator import run_chain
+from conduit.piece_policy import PiecePolicy
 from conduit_verl import compat
 from conduit_verl.checks import check_groups, check_response_lengths
 from conduit_verl.compat import KVBatchMeta, marked_timer
@@ -36,7 +37,6 @@ from conduit_verl.delivery import GroupFifo
 from conduit_verl.early_rows import EarlyRows
 from conduit_verl.errors import RolloutTimeoutError
 from conduit_verl.gae import per_piece, uses_gae, whiten_advantages
-from conduit_verl.piece_policy import PiecePolicy
 from conduit_verl.piece_writes import piece_writes
 from conduit_verl.staleness import StalenessLedger
 

@@ -27,18 +27,18 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from conduit import Metrics
+from conduit.piece_policy import PieceChoice, PiecePolicy, piece_tuner
 from conduit.tuner_loop import LoopTuner
 from conduit_verl import compat
 from conduit_verl.checks import check_model_tokenizer, piece_unit, row_unit
 from conduit_verl.compat import KVBatchMeta, SyncTrainerBase, register_trainer
 from conduit_verl.config import MODE, ConduitTrainerConfig
 from conduit_verl.errors import ConfigError
-from conduit_verl.piece_policy import PieceChoice, PiecePolicy, piece_tuner
 
 # The streaming modules are imported where they are used: this module is imported by the plugin's
 # hook on verl's trainer package, which may fire while one of them is itself being imported (it
-# imports compat.py, which imports verl's trainer package); only compat, checks, config and
-# piece_policy may be imported at the top.
+# imports compat.py, which imports verl's trainer package); only compat, checks, config and the core
+# may be imported at the top.
 
 __all__ = ["MODE", "ConduitTrainer", "ConduitTrainerConfig"]
 

@@ -16,7 +16,7 @@ from autotune_verl_analysis import (
     repeatability,
     replay,
 )
-from conduit_verl.piece_policy import PiecePolicy
+from conduit.piece_policy import PiecePolicy
 from conduit_verl_cpu import piece_trace
 
 from conduit.costmodel import CostWindow

@@ -6,6 +6,7 @@ import pytest
 
 pytest.importorskip("verl")
 
+from conduit_verl.config import ConduitTrainerConfig  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from conduit.errors import ConfigError  # noqa: E402
@@ -100,3 +101,10 @@ def test_a_separate_rollout_has_its_own_tuner_signature(tmp_path) -> None:
     assert shared.workload is not None and separate.workload is not None
     assert shared.workload.algorithm == "verl/grpo/n8"  # the key of decisions cached before the knob existed
     assert separate.workload.algorithm == "verl/grpo/n8/separate"
+
+
+@pytest.mark.parametrize("bad", ["", 5, ["a"]])
+def test_tuner_cache_knob_is_validated(bad: object) -> None:
+    with pytest.raises(ConfigError, match="tuner_cache"):
+        ConduitTrainerConfig(tuner_cache=bad)  # type: ignore[arg-type]
+    assert ConduitTrainerConfig(tuner_cache="/tmp/x").tuner_cache == "/tmp/x"

@@ -11,7 +11,7 @@ pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 pytest.importorskip("conduit_verl_cpu")
 
-from conduit_verl.piece_policy import PieceChoice, piece_tuner  # noqa: E402
+from conduit.piece_policy import PieceChoice, piece_tuner  # noqa: E402
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 from verl_cpu_run import run_harness  # noqa: E402
 

@@ -22,7 +22,7 @@ from typing import Any
 
 SCHEDULE_ENV = "CONDUIT_VERL_G_SCHEDULE"
 TRACE_ENV = "CONDUIT_VERL_PIECE_TRACE"
-_MODULE = "conduit_verl.piece_policy"
+_MODULE = "conduit.piece_policy"
 
 
 def g_schedule(raw: str) -> list[int]:
@@ -58,7 +58,7 @@ def predicted_tails(
 ) -> dict[int, float]:
     """Exposed tail (end of the last piece after the last group finished) the policy's model predicts
     for each candidate ``g`` on these finish times, with the fit ``(a, b, per_token, contention)``."""
-    from conduit_verl.piece_policy import simulate
+    from conduit.piece_policy import simulate
 
     a, b, c, k = fit
     last = finish[-1] if finish else 0.0
@@ -73,7 +73,7 @@ def install() -> None:
     raw, path = os.environ.get(SCHEDULE_ENV, ""), os.environ.get(TRACE_ENV, "")
     if not raw and not path:
         return
-    from conduit_verl.piece_policy import PiecePolicy
+    from conduit.piece_policy import PiecePolicy
 
     if getattr(PiecePolicy, "_conduit_traced", False):
         return

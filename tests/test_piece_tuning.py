@@ -10,12 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verl")
-
-from conduit_verl.config import ConduitTrainerConfig  # noqa: E402
-from conduit_verl.piece_policy import REPROBE_EVERY, PieceChoice, PiecePolicy, piece_tuner  # noqa: E402
-
-from conduit.errors import ConfigError  # noqa: E402
+from conduit.piece_policy import REPROBE_EVERY, PieceChoice, PiecePolicy, piece_tuner  # noqa: E402
 from conduit.tuner import ChoiceCache, Signature  # noqa: E402
 from conduit.tuner_loop import LoopTuner, size_bucket  # noqa: E402
 
@@ -163,13 +158,6 @@ def test_a_fixed_piece_groups_neither_reads_nor_writes_the_cache(tmp_path: Path)
     policy = PiecePolicy(2, GROUPS, 1, _tuning(tmp_path))
     _run(policy, 8, [64.0], WHOLE_FASTER)
     assert not list(tmp_path.iterdir()) and policy.probe_steps == 0
-
-
-@pytest.mark.parametrize("bad", ["", 5, ["a"]])
-def test_tuner_cache_knob_is_validated(bad: object) -> None:
-    with pytest.raises(ConfigError, match="tuner_cache"):
-        ConduitTrainerConfig(tuner_cache=bad)  # type: ignore[arg-type]
-    assert ConduitTrainerConfig(tuner_cache="/tmp/x").tuner_cache == "/tmp/x"
 
 
 def test_a_drift_keeps_streaming_where_the_model_says_it_pays(tmp_path: Path) -> None:

@@ -7,11 +7,8 @@ import statistics
 
 import pytest
 
-pytest.importorskip("verl")
-
-from conduit_verl.piece_policy import PAYS, PiecePolicy, simulate  # noqa: E402
-
 from conduit.costmodel import OperatorCost, Sample  # noqa: E402
+from conduit.piece_policy import PAYS, PiecePolicy, simulate  # noqa: E402
 from conduit.tuner import HYSTERESIS  # noqa: E402
 
 
@@ -305,7 +302,7 @@ def test_the_fit_charges_groups_and_tokens_and_prices_the_whole_batch() -> None:
 
 
 def test_every_change_of_choice_is_logged_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="conduit_verl.piece_policy")
+    caplog.set_level(logging.INFO, logger="conduit.piece_policy")
     policy = PiecePolicy("auto", groups=8, unit=1)
     _run_steps(policy, {"stream": 1.2, "whole": 1.0}, 20)
     arms = [r.getMessage() for r in caplog.records if "->" in r.getMessage() and "stream" in r.getMessage()]

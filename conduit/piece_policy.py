@@ -1,19 +1,23 @@
-"""How many prompt groups a streamed piece waits for (``piece_groups``): fixed, or ``auto``.
+"""How many groups a streamed ingestion piece waits for: fixed, or ``auto`` (the tuner's streaming strategy).
 
-``auto`` is a strategy of the core's tuner. Its model is the core's cost model: it fits a piece's
-ingestion ``k^o * (a + b * groups + c * tokens)`` over recent pieces (``CostWindow.fit_slowed``;
-``o`` = 1 for pieces ingested while generation still ran, ``k`` the contention; ``tokens``: those the
-call's per-sample stages ran on, and early-rows calls count as pieces of no group), replays the streaming
-schedule (``stream_end``) on the last steps' group finish times for every candidate ``g``, and keeps
-the ``g`` with the shortest predicted exposed tail (ties within ``TIE`` go to the larger ``g``; the
-current ``g`` stays unless another is clearly shorter, by the core's noise rule). Whether to stream
-at all: while streaming's predicted gain over one whole-batch piece exceeds ``PAYS`` of that piece's
-cost (after ``MIN_STREAMED`` streamed steps), it streams without measuring anything else; otherwise the
-core's :class:`~conduit.tuner_loop.LoopTuner` measures whole steps of both arms (``stream`` at the
-model's ``g``, ``whole``: verl's schedule) and runs the arm the model favours unless the other is
-clearly faster, keeping the decision per workload in the tuner cache and re-opening it when tokens
-per sample drift. Any ``g`` gives the same samples and losses; only time differs. The reasoning
-and the measurements behind each rule: ``integrations/verl/NOTES.md``.
+Groups of samples finish one after another while a producer still runs (verl's GRPO groups while
+the rollout generates); a streamed step ingests them in pieces of at least ``g`` groups as they
+finish, a whole-batch step in one piece after the last. ``auto`` picks the arm and ``g``. Its model
+is the core's cost model: it fits a piece's ingestion ``k^o * (a + b * groups + c * tokens)`` over
+recent pieces (``CostWindow.fit_slowed``; ``o`` = 1 for pieces ingested while the producer still
+ran, ``k`` the contention; ``tokens``: the work the piece's per-sample stages ran on; per-sample
+calls made before their groups finished count as pieces of no group, :meth:`PiecePolicy.record_rows`),
+replays the streaming schedule (``stream_end``) on the last steps' group finish times for every
+candidate ``g``, and keeps the ``g`` with the shortest predicted exposed tail (ties within ``TIE`` go
+to the larger ``g``; the current ``g`` stays unless another is clearly shorter, by the core's noise
+rule). Whether to stream at all: while streaming's predicted gain over one whole-batch piece exceeds
+``PAYS`` of that piece's cost (after ``MIN_STREAMED`` streamed steps), it streams without measuring
+anything else; otherwise the core's :class:`~conduit.tuner_loop.LoopTuner` measures whole steps of
+both arms (``stream`` at the model's ``g``, ``whole``: one piece) and runs the arm the model favours
+unless the other is clearly faster, keeping the decision per workload in the tuner cache and
+re-opening it when tokens per sample drift. Any ``g`` gives the same samples; only time differs.
+The verl trainer mode's knob is ``piece_groups``; the reasoning and measurements behind each rule:
+``integrations/verl/NOTES.md``.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def simulate(
 class PiecePolicy:
     """The next piece's ``piece_groups``: fixed, or chosen by the cost model and ``tuner`` (``auto``;
     None: a tuner without memory between runs); ``separate_rollout``: the rollout has hardware of its
-    own (``rollout_hardware=separate``), so overlapped ingestion costs generation nothing."""
+    own (verl's ``rollout_hardware=separate``), so overlapped ingestion costs it nothing."""
 
     def __init__(
         self,
@@ -204,8 +208,8 @@ class PiecePolicy:
             self._tail_s = seconds
 
     def record_rows(self, seconds: float, tokens: float) -> None:
-        """An early-rows call (``early_rows.py``) took ``seconds`` to run the per-sample stages on
-        responses of ``tokens`` tokens while generation ran: the same stages a whole-batch piece runs,
+        """A per-sample call (verl's early rows: responses whose groups have not finished) took ``seconds``
+        on responses of ``tokens`` tokens while generation ran: the same stages a whole-batch piece runs,
         so the fit must see them (without them it prices the whole batch at its pieces' leftover
         work, and the whole-batch arm looks cheap enough to probe)."""
         if self.steps == 1:
