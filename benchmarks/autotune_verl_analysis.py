@@ -41,8 +41,9 @@ def replay(trace: dict[int, dict[str, Any]], groups: int, unit: int = 1) -> dict
     before each step, the fit of the earlier steps' pieces only (as in the run), replayed on that
     step's finish times. Judges a changed model on recorded steps; the tails it is compared with were
     measured under the run's schedule, which no model changes."""
-    from conduit.piece_policy import PiecePolicy
     from conduit_verl_cpu.piece_trace import predicted_tails
+
+    from conduit.piece_policy import PiecePolicy
 
     policy = PiecePolicy("auto", groups, unit)
     out: dict[int, dict[str, float]] = {}
