@@ -45,7 +45,6 @@ from buffer_report import plot, plot_load  # noqa: E402
 from conduit_peer import ConduitSystem  # noqa: E402
 from harness import ALPHA, BETA, System, Timing, capacity_for, make_grid, progress_line  # noqa: E402
 from load import CpuLoad, reference_slowdown  # noqa: E402
-from machine import cpu_model  # noqa: E402
 from memcpy_peer import GatherSystem, MemcpySystem  # noqa: E402
 from orchestrate import run_interleaved  # noqa: E402
 from torchrl_driver import DEFAULT_PYTHON, RemoteTorchRL, ensure_env  # noqa: E402
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
     grid = QUICK if args.quick else FULL
     timing = QUICK_TIMING if args.quick else FULL_TIMING
-    machine = {"cpu_model": cpu_model(), "cores": os.cpu_count()}
+    machine = {"cpu_model": script.cpu_model(), "cores": os.cpu_count()}
     print(
         f"buffer_throughput ({'quick' if args.quick else 'full'}): {machine['cpu_model']}, {machine['cores']} cores, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {prov.load_average_start}",

@@ -49,6 +49,18 @@ def machine(token: provenance.Start, **extra: Any) -> dict[str, Any]:
     return {**facts, **extra, **provenance.finish(token)}
 
 
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo ('unknown' where unavailable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def show(lines: list[str]) -> None:
     """Print a report renderer's lines (``report_*.py``): the console shows the table BENCHMARKS.md shows."""
     print("\n".join(lines), flush=True)

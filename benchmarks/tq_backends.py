@@ -53,7 +53,6 @@ def machine_facts() -> dict[str, Any]:
     from importlib import metadata
 
     import torch
-    from machine import cpu_model
 
     def version(dist: str) -> str | None:
         try:
@@ -67,7 +66,7 @@ def machine_facts() -> dict[str, Any]:
     return {
         "tq_store_sha256": digest.hexdigest()[:16],
         "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model(),
+        "cpu_model": script.cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads_driver": torch.get_num_threads(),

@@ -46,6 +46,7 @@ from verl_analysis import STEADY_FROM, calibration, exposed_profile, ratios, swe
 from verl_plots import paced_sweep, stage_bars  # noqa: E402
 from verl_runs import (  # noqa: E402
     TQ_SUFFIX,
+    add_run_flags,
     calibrate,
     harness_args,
     machine,
@@ -95,7 +96,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="JSON path (default benchmarks/results/verl_iteration[_quick][_paced][_sweep]_<algo>.json)",
     )
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="measured iterations per system")
     p.add_argument(
         "--reward-steps", type=int, default=0, help="also longer sync and conduit runs for a reward curve"
@@ -128,8 +128,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "inference server's times (conduit_verl_cpu/pace.py), a model of separate rollout hardware; "
         "vllm: verl's vLLM rollout on vLLM's CPU build, its own core (--core-split)",
     )
-    p.add_argument("--R", type=float, default=4.0, help="paced: generation time / measured ingestion time")
-    p.add_argument("--tail", type=float, default=4.0, help="paced: p99 / median response length")
     p.add_argument(
         "--sweep", action="store_true", help=f"paced: also tails {SWEEP_TAILS} x R {SWEEP_RS} (quick: fewer)"
     )
@@ -140,11 +138,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--core-split", default="0:1", help="vllm: VLLM_CORES:TRAINER_CORES (the harness's --core-split)"
     )
     p.add_argument("--pace-median", type=int, default=64, help="paced: median response tokens")
-    p.add_argument("--timeout", type=int, default=900)
-    p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
-    p.add_argument(
-        "--reuse", action="store_true", help="with --work: re-analyse runs already there instead of rerunning"
-    )
+    add_run_flags(p, timeout=900, paced="paced: ")
     args = p.parse_args(argv)
     paced = args.rollout == "paced"
     if args.sweep and not paced:
