@@ -1,17 +1,18 @@
 """One streaming step of the ``conduit`` trainer mode (replaces verl's ``_step_once``).
 
 verl's sync step waits for the whole batch, then runs old-log-prob, ref, values and advantage on
-it one stage after another. Here, as soon as ``piece_groups`` GRPO groups have finished generating (the
-agent loops report each one: ``completion.py``), they run through those stages (Conduit
-``Operator``s, one call per piece; a piece takes every group already finished if more than
-``piece_groups`` are; a piece's TransferQueue writes go out in one put: ``piece_writes.py``) while the
-other groups are still generating. Finished groups land in Conduit's grouped FIFO buffer, and
-once every group has its old-log-prob (all must come from the pre-update policy), the
-mini-batches are handed to ``update_actor``. PPO (GAE): values and the GAE recursion run per
-piece, the batch whitening of the advantages once after the last piece (``gae.py``). Exposed time
-(DESIGN.md §4) is kept in Conduit's ``Metrics``: ingestion of the last piece and delivery are
-exposed; ingestion of earlier pieces overlaps generation. Every sampled group's weight versions go
-through the staleness ledger (``staleness.py``: checked against ``max_staleness``, reported).
+it one stage after another. Here, as soon as ``piece_groups`` GRPO groups have finished generating
+(the agent loops report each one: ``completion.py``), they run through those stages (verl's own
+stage methods, one call each per piece: :func:`run_stages`; a piece takes every group already
+finished if more than ``piece_groups`` are; a piece's TransferQueue writes go out in one put:
+``piece_writes.py``) while the other groups are still generating. Each ingested piece is put into a
+Conduit (``delivery.py``), and once every group has its old-log-prob (all must come from the
+pre-update policy), the mini-batches it delivers are handed to ``update_actor``. PPO (GAE): values
+and the GAE recursion run per piece, the batch whitening of the advantages once after the last
+piece (``gae.py``). Exposed time (DESIGN.md §4) is kept in Conduit's ``Metrics``: ingestion of the
+last piece and delivery are exposed; ingestion of earlier pieces overlaps generation. Every sampled
+group's weight versions go through the staleness ledger (``staleness.py``: checked against
+``max_staleness``, reported).
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
-import torch
 
-from conduit import ColumnBatch, Metrics, Operator
-from conduit.ops.operator import run_chain
+from conduit import Metrics
+from conduit.errors import ConduitError, OperatorError
 from conduit.piece_policy import PiecePolicy
 from conduit_verl import compat
 from conduit_verl.checks import check_groups, check_response_lengths
@@ -53,64 +53,53 @@ IDLE_SLICE_S = 0.1
 
 
 class _Piece:
-    """The piece the ingestion operators are working on (its TransferQueue keys and metrics)."""
+    """A piece being ingested: its TransferQueue keys (replaced by each stage's result) and metrics."""
 
     def __init__(self, meta: KVBatchMeta) -> None:
         self.meta = meta
         self.metrics: dict[str, Any] = {}
 
 
-def _stage(name: str, method: Any, piece: _Piece, timing_raw: dict) -> Operator:
-    """A verl stage method as a Conduit operator; verl's timer ``name`` accumulates per piece."""
-
-    def fn(rows: ColumnBatch) -> ColumnBatch:
-        with marked_timer(name, timing_raw):
-            piece.meta = method(piece.meta, metrics=piece.metrics)
-        return rows
-
-    return Operator(name, fn)
+#: a verl stage: ``(name, fn)``, ``fn(meta, metrics=...)`` returns the piece's keys with its new fields
+Stage = tuple[str, Callable[..., KVBatchMeta]]
 
 
-def sample_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Operator]:
+def sample_stages(trainer: Any) -> list[Stage]:
     """The stages that need one response each (not its group): a colocated reward, old log-probs,
     reference log-probs, values."""
-
-    def method(fn: Any) -> Any:
-        return functools.partial(fn, trainer)
-
-    ops: list[Operator] = []
+    stages: list[Stage] = []
     if compat.colocated_reward(trainer):
-        ops.append(_stage("reward", method(compat.compute_reward_colocate), piece, timing_raw))
-    ops.append(_stage("old_log_prob", method(compat.compute_old_log_prob), piece, timing_raw))
+        stages.append(("reward", functools.partial(compat.compute_reward_colocate, trainer)))
+    stages.append(("old_log_prob", functools.partial(compat.compute_old_log_prob, trainer)))
     if compat.uses_reference_policy(trainer):
-        ops.append(_stage("ref", method(compat.compute_ref_log_prob), piece, timing_raw))
+        stages.append(("ref", functools.partial(compat.compute_ref_log_prob, trainer)))
     if compat.uses_critic(trainer):
-        ops.append(_stage("values", method(compat.compute_values), piece, timing_raw))
-    return ops
+        stages.append(("values", functools.partial(compat.compute_values, trainer)))
+    return stages
 
 
-def advantage_operator(trainer: Any, piece: _Piece, timing_raw: dict) -> Operator:
+def advantage_stage(trainer: Any) -> Stage:
     """The group stage: advantages (GAE: the recursion per piece, per trajectory: exact; the batch
     whitening after the last piece)."""
     adv = functools.partial(compat.compute_advantage, trainer)
-    return _stage("adv", per_piece(adv) if uses_gae(trainer.config) else adv, piece, timing_raw)
+    return ("adv", per_piece(adv) if uses_gae(trainer.config) else adv)
 
 
-def ingest_operators(trainer: Any, piece: _Piece, timing_raw: dict) -> list[Operator]:
-    """The per-piece stages verl's ``_step_once`` runs between sampling and the updates."""
-    return [*sample_operators(trainer, piece, timing_raw), advantage_operator(trainer, piece, timing_raw)]
-
-
-def _rows(meta: KVBatchMeta) -> ColumnBatch:
-    return ColumnBatch({"row": torch.arange(len(meta))})
-
-
-def _run(
-    trainer: Any, ops: Callable[..., list[Operator]], piece: _Piece, timing_raw: dict, m: Metrics
-) -> int:
-    """The stages ``ops`` makes, run on ``piece`` with its TransferQueue writes in one put; puts saved."""
+def run_stages(stages: list[Stage], piece: _Piece, timing_raw: dict, m: Metrics) -> int:
+    """Run ``stages`` on ``piece`` in order, each timed as ``ingest/<name>`` (and by verl's timer
+    ``name``), with the piece's TransferQueue writes in one put; the puts saved. A failing stage
+    raises :class:`~conduit.errors.OperatorError` naming it."""
     with piece_writes(piece.meta) as writes:
-        run_chain(ops(trainer, piece, timing_raw), _rows(piece.meta), m, "ingest")
+        for name, fn in stages:
+            with m.span(f"ingest/{name}"), marked_timer(name, timing_raw):
+                try:
+                    piece.meta = fn(piece.meta, metrics=piece.metrics)
+                except ConduitError:
+                    raise
+                except Exception as e:
+                    raise OperatorError(
+                        f"verl stage {name!r} failed on a piece of {len(piece.meta)} samples: {e!r}"
+                    ) from e
     return writes.puts_saved
 
 
@@ -133,15 +122,16 @@ def ingest_piece(trainer: Any, piece: _Piece, timing_raw: dict, m: Metrics) -> t
     done); (TransferQueue puts saved, tokens the per-sample stages ran on)."""
     early: EarlyRows | None = trainer.conduit_early
     if early is None or not early.active:
-        return _run(trainer, ingest_operators, piece, timing_raw, m), _tokens(piece.meta.tags)
+        stages = [*sample_stages(trainer), advantage_stage(trainer)]
+        return run_stages(stages, piece, timing_raw, m), _tokens(piece.meta.tags)
     saved = tokens = 0
     rest = early.rest(piece.meta)
     if rest is not None:
         part = _Piece(rest)
-        saved += _run(trainer, sample_operators, part, timing_raw, m)
+        saved += run_stages(sample_stages(trainer), part, timing_raw, m)
         piece.metrics.update(part.metrics)
         tokens = _tokens(rest.tags)
-    return saved + _run(trainer, lambda t, p, r: [advantage_operator(t, p, r)], piece, timing_raw, m), tokens
+    return saved + run_stages([advantage_stage(trainer)], piece, timing_raw, m), tokens
 
 
 def early_ingestion(
@@ -154,7 +144,7 @@ def early_ingestion(
         t0 = time.perf_counter()
         with m.span("ingest_early"):
             part = _Piece(_balanced(trainer, meta, {}))
-            m.incr("tq_puts_saved", _run(trainer, sample_operators, part, timing_raw, m))
+            m.incr("tq_puts_saved", run_stages(sample_stages(trainer), part, timing_raw, m))
         trainer.conduit_policy.record_rows(time.perf_counter() - t0, _tokens(part.meta.tags))
         parts.append((len(part.meta), part.metrics))
 

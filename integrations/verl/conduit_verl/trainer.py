@@ -175,7 +175,7 @@ class ConduitTrainer(SyncTrainerBase):
         unit = piece_unit(
             groups, n, _infer_micro_batches(config), self.conduit_config.piece_groups, _dp_size(config)
         )
-        self.conduit_fifo = GroupFifo(n, 2 * groups * n, self.conduit_metrics)
+        self.conduit_fifo = GroupFifo(n, 2 * groups * n)
         self.conduit_channel: Any = _completion_channel(config, self.conduit_journal is not None)
         cfg = self.conduit_config
         self.conduit_wait = GroupWait(

@@ -16,11 +16,11 @@ from autotune_verl_analysis import (
     repeatability,
     replay,
 )
-from conduit.piece_policy import PiecePolicy
 from conduit_verl_cpu import piece_trace
 
 from conduit.costmodel import CostWindow
 from conduit.errors import ConfigError
+from conduit.piece_policy import PiecePolicy
 
 
 @pytest.fixture

@@ -124,17 +124,19 @@ def test_a_whole_batch_step_runs_no_early_rows_and_one_pass(monkeypatch) -> None
 
     from conduit_verl import streaming
 
-    chains: list[str] = []
-    monkeypatch.setattr(streaming, "_run", lambda t, ops, p, r, m: chains.append(ops.__name__) or 0)
+    chains: list[list[str]] = []
+    monkeypatch.setattr(streaming, "sample_stages", lambda t: [("old_log_prob", None), ("ref", None)])
+    monkeypatch.setattr(streaming, "advantage_stage", lambda t: ("adv", None))
+    monkeypatch.setattr(streaming, "run_stages", lambda st, p, r, m: chains.append([n for n, _ in st]) or 0)
     early = EarlyRows(min_rows=2, row_unit=1)
     trainer = SimpleNamespace(conduit_early=early)
     piece = streaming._Piece(KVBatchMeta(keys=["a_0_0", "a_1_0"], tags=[{}, {}], partition_id="train"))
     early.begin_step(active=False)
     assert not early.active and early.rows == 0
     streaming.ingest_piece(trainer, piece, {}, None)
-    assert chains == ["ingest_operators"]
+    assert chains == [["old_log_prob", "ref", "adv"]]
     chains.clear()
     early.begin_step(active=True)
     early.done.add("a_0_0")  # ingested early this step
     streaming.ingest_piece(trainer, piece, {}, None)
-    assert chains == ["sample_operators", "<lambda>"]  # the rest's per-sample stages, then the advantage
+    assert chains == [["old_log_prob", "ref"], ["adv"]]  # the rest's per-sample stages, then the advantage

@@ -11,11 +11,11 @@ pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 pytest.importorskip("conduit_verl_cpu")
 
-from conduit.piece_policy import PieceChoice, piece_tuner  # noqa: E402
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 from verl_cpu_run import run_harness  # noqa: E402
 
 from conduit.discovery import fingerprint  # noqa: E402
+from conduit.piece_policy import PieceChoice, piece_tuner  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -12,7 +12,6 @@ from conduit_verl.delivery import GroupFifo  # noqa: E402
 from conduit_verl.streaming import GroupWait, merge_metrics  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 
-from conduit import Metrics  # noqa: E402
 from conduit.errors import ConfigError, ShapeError  # noqa: E402
 
 
@@ -57,7 +56,7 @@ def test_polled_piece_rounds_to_whole_units() -> None:
 
 
 def test_group_fifo_whole_groups_once_in_order() -> None:
-    fifo = GroupFifo(group_size=2, capacity=16, metrics=Metrics())
+    fifo = GroupFifo(group_size=2, capacity=16)
     p = KVBatchMeta(partition_id="train", keys=["a_0_0", "b_0_0", "a_1_0", "b_1_0"], tags=[{}] * 4)
     fifo.put(p, [[0, 2], [1, 3]], version=1)
     with pytest.raises(ShapeError):  # half a group never lands
@@ -67,3 +66,26 @@ def test_group_fifo_whole_groups_once_in_order() -> None:
     assert fifo.take(2, version=1).keys == ["b_0_0", "b_1_0"]
     assert len(fifo) == 0
     fifo.reset()
+
+
+def test_a_failing_verl_stage_is_an_operator_error_naming_it_and_the_piece() -> None:
+    from conduit_verl import streaming
+
+    from conduit import Metrics
+    from conduit.errors import OperatorError
+
+    def broken(meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        raise RuntimeError("worker died")
+
+    def tag(meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        metrics["tagged"] = len(meta)
+        return meta
+
+    piece = streaming._Piece(KVBatchMeta(keys=["a_0_0", "a_1_0"], tags=[{}, {}], partition_id="train"))
+    m = Metrics()
+    with pytest.raises(
+        OperatorError, match=r"verl stage 'old_log_prob' failed on a piece of 2 samples.*worker died"
+    ):
+        streaming.run_stages([("reward", tag), ("old_log_prob", broken)], piece, {}, m)
+    assert piece.metrics == {"tagged": 2}  # the stage before it ran, once
+    assert {"op/ingest/reward_s", "op/ingest/old_log_prob_s"} <= set(m.end_iteration())
