@@ -4,11 +4,13 @@ loop at ``CALIB_DIMS`` (sizes never evaluated), and the model's error on those r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import statistics
 import time
 from typing import Any
 
+import script
 from autotune_loop import FRAG, GETS, PUTS, SyntheticLoop
 
 from conduit.costmodel import (
@@ -80,15 +82,10 @@ def calibrate(batch: int, device: str, iters: int, warmup: int, bandwidth: float
     for dim in CALIB_DIMS:
         loop = SyntheticLoop(dim, batch, device)
         producer_s, consumer_s = loop.compute_only(iters)
-        walls: dict[Knobs, list[float]] = {k: [] for k in CALIB_CONFIGS}
-        metrics: dict[Knobs, list[dict[str, float]]] = {k: [] for k in CALIB_CONFIGS}
-        order = list(CALIB_CONFIGS)
-        for _ in range(CALIB_ROUNDS):
-            rng.shuffle(order)
-            for knobs in order:
-                wall, m = loop.run(knobs, iters, warmup)
-                walls[knobs].append(wall)
-                metrics[knobs].extend(m)
+        steps = {k: functools.partial(loop.run, k, iters, warmup) for k in CALIB_CONFIGS}
+        got = script.interleaved(steps, CALIB_ROUNDS, rng)
+        walls = {k: [wall for wall, _ in got[k]] for k in CALIB_CONFIGS}
+        metrics = {k: [m for _, ms in got[k] for m in ms] for k in CALIB_CONFIGS}
         asyncs = [k for k in CALIB_CONFIGS if k.overlap == "async"]
         for knobs in asyncs:  # async: ingestion calls of g_ing fragments, the put's own cost
             put_s, put_calls = _op(metrics[knobs], "put")

@@ -14,12 +14,14 @@ steps at the best. Method: ``benchmarks/notes/autotune_dqn.md``. JSON and PNG un
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,20 +186,18 @@ def main() -> None:
     init_local_ray(log_to_driver=False)
     t0 = time.perf_counter()
     space: list[ConduitSettings] = list(dqn_tuning.SPACE)
-    per_round: list[list[float]] = [[0.0] * len(space) for _ in range(rounds)]
-    works: list[dict[str, int]] = [{} for _ in space]
-    order = list(range(len(space)))
-    rng = random.Random(0)
+
+    def grid_run(i: int, seeds: Iterator[int]) -> dict[str, Any]:
+        """One round of ``space[i]``: its k-th run is round k's and takes seed k."""
+        got = run(space[i], args.batch, steps, warmup, seed=(r := next(seeds)))
+        print(f"round {r} {name(space[i])}: {got['seconds'] * 1e3:.2f} ms/step {got['work']}", flush=True)
+        return got
+
     try:
-        for r in range(rounds):
-            rng.shuffle(order)
-            for i in order:
-                got = run(space[i], args.batch, steps, warmup, seed=r)
-                per_round[r][i], works[i] = got["seconds"], got["work"]
-                print(
-                    f"round {r} {name(space[i])}: {got['seconds'] * 1e3:.2f} ms/step {got['work']}",
-                    flush=True,
-                )
+        grid = {i: functools.partial(grid_run, i, itertools.count()) for i in range(len(space))}
+        runs = script.interleaved(grid, rounds, random.Random(0))
+        per_round = [[runs[i][r]["seconds"] for i in range(len(space))] for r in range(rounds)]
+        works = [runs[i][-1]["work"] for i in range(len(space))]
         with tempfile.TemporaryDirectory() as cache:
             dqn_tuning.CACHE_DIR = Path(cache)
             auto = run_auto(args.batch, steps, seed=0, max_iters=20)

@@ -27,6 +27,7 @@ import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 K = TypeVar("K")
+V = TypeVar("V")
 
 
 def parser(doc: str | None, quick: str, out: Path | None = None) -> argparse.ArgumentParser:
@@ -77,13 +78,11 @@ def timed(fn: Callable[[], object]) -> Callable[[], float]:
     return step
 
 
-def interleaved(
-    steps: Mapping[K, Callable[[], float]], rounds: int, rng: random.Random
-) -> dict[K, list[float]]:
-    """Each step's seconds (it returns what it measured; :func:`timed` wraps a plain call) over ``rounds``
-    rounds, the steps round-robin in a fresh random order each round, so that a change of the
-    machine's load falls on every step alike."""
-    out: dict[K, list[float]] = {name: [] for name in steps}
+def interleaved(steps: Mapping[K, Callable[[], V]], rounds: int, rng: random.Random) -> dict[K, list[V]]:
+    """What each step returned (its seconds, or whatever it measured; :func:`timed` wraps a plain call)
+    in each of ``rounds`` rounds, the steps round-robin in a fresh random order each round, so that a
+    change of the machine's load falls on every step alike."""
+    out: dict[K, list[V]] = {name: [] for name in steps}
     for _ in range(rounds):
         order = list(steps)
         rng.shuffle(order)
