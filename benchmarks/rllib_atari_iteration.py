@@ -238,12 +238,10 @@ def main(argv: list[str] | None = None) -> Path:
         "mode": mode,
         "exposed_timing": "benchmark wrappers on both systems (rllib_native_timing.install(conduit=True))",
     }
-    from importlib.metadata import version
-
     machine = script.machine(
         prov,
-        ale_py=version("ale-py"),
-        gymnasium=version("gymnasium"),
+        ale_py=script.version("ale-py"),
+        gymnasium=script.version("gymnasium"),
         run_s=round(time.perf_counter() - t0, 1),
     )
     record = rllib_iteration.record(machine, settings, rows, rat, TARGETS)

@@ -156,9 +156,9 @@ def main(argv: list[str] | None = None) -> Path:
     rat = rllib_iteration.ratios(rows)[w.name]
     machine = script.machine(
         prov,
-        mujoco=_version("mujoco"),
-        metaworld=_version("metaworld"),
-        gymnasium=_version("gymnasium"),
+        mujoco=script.version("mujoco"),
+        metaworld=script.version("metaworld"),
+        gymnasium=script.version("gymnasium"),
     )
     record = rllib_iteration.record(machine, settings, rows, rat, TARGETS)
     title = f"PPO {a.env}, {a.env_runners} env runners, batch {tb}: native RLlib vs Conduit ({a.overlap})"
@@ -181,15 +181,6 @@ def env_settings(env: str, seed: int) -> dict[str, Any]:
         "observation": "float64 (39,)",
         "action": "float32 (4,)",
     }
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,13 +42,26 @@ def parser(doc: str | None, quick: str, out: Path | None = None) -> argparse.Arg
     return p
 
 
+def facts(**extra: Any) -> dict[str, Any]:
+    """The machine: CPUs, platform, Python, torch's and Ray's versions where the run imported them, then
+    ``extra`` (settings, package versions)."""
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    out["python"] = platform.python_version()
+    out |= {m: sys.modules[m].__version__ for m in ("torch", "ray") if m in sys.modules}
+    return {**out, **extra}
+
+
 def machine(token: provenance.Start, **extra: Any) -> dict[str, Any]:
-    """A result's ``machine`` record: CPUs, platform, Python, torch's and Ray's versions where the run
-    imported them, then ``extra`` (settings, package versions) and ``provenance.finish(token)``."""
-    facts: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform()}
-    facts["python"] = platform.python_version()
-    facts |= {m: sys.modules[m].__version__ for m in ("torch", "ray") if m in sys.modules}
-    return {**facts, **extra, **provenance.finish(token)}
+    """A result's ``machine`` record: :func:`facts` (with ``extra``), then ``provenance.finish(token)``."""
+    return {**facts(**extra), **provenance.finish(token)}
+
+
+def version(dist: str) -> str | None:
+    """An installed distribution's version (``importlib.metadata``), or None where it is not installed."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def cpu_model() -> str:

