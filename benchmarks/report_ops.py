@@ -368,13 +368,7 @@ def scaling_measured(d: Doc) -> list[str]:
         before = " on the defaults (before the fit below)" if v.get("refit") else ""
         out.append(f"Validation {name}{before}: {(v.get('verdict') or {}).get(key.removesuffix('_measured'), DASH)} "
                    f"({v.get('target', '±25%')}).")  # fmt: skip
-        out.append("")
-        vh = ["system", "nodes", "op / samples / bytes", "predicted s", "measured s", "ratio", "within ±25%"]
-        out += table(vh, [[str(t.get("system")), num(t.get("nodes"), 0),
-                          " / ".join(str(t[k]) for k in ("op", "samples", "bytes") if k in t) or "iteration",
-                          num(t.get("predicted_s"), 4), num(t.get("measured_s"), 4), num(t.get("ratio"), 3),
-                          verdict(t.get("within"))] for t in tab])  # fmt: skip
-        out.append("")
+        out += ["", *validation_table(tab), ""]
     refit = v.get("refit") or {}
     if refit:
         vd = v.get("verdict") or {}
@@ -384,17 +378,20 @@ def scaling_measured(d: Doc) -> list[str]:
                    f"{vd.get('refit_per_call_held_out', DASH)}, per iteration held out "
                    f"{vd.get('refit_per_iteration_held_out', DASH)}, per iteration (all) "
                    f"{vd.get('refit_per_iteration', DASH)}.")  # fmt: skip
-        out.append("")
-        vh = ["system", "nodes", "op / samples / bytes", "predicted s", "measured s", "ratio", "within ±25%"]
         tabs = (refit.get("per_call_held_out") or []) + (refit.get("per_iteration") or [])
-        out += table(vh, [[str(t.get("system")), num(t.get("nodes"), 0),
-                          " / ".join(str(t[k]) for k in ("op", "samples", "bytes") if k in t) or "iteration",
-                          num(t.get("predicted_s"), 4), num(t.get("measured_s"), 4), num(t.get("ratio"), 3),
-                          verdict(t.get("within"))] for t in tabs])  # fmt: skip
-        out.append("")
+        out += ["", *validation_table(tabs), ""]
     ratios = (d.get("measured") or {}).get("ratios") or {}
     if ratios:
         out.append("- Conduit ÷ SimpleStorage data path, measured: " + ", ".join(
             f"{n} node(s) {num(x.get('ratio'), 3) if x.get('ratio') is not None else 'refused'}" for n, x in ratios.items()
         ) + ".")  # fmt: skip
     return out
+
+
+def validation_table(tab: list[dict[str, Any]]) -> list[str]:
+    """The model's predictions against measured calls or iterations (``scaling_validate``'s tables)."""
+    vh = ["system", "nodes", "op / samples / bytes", "predicted s", "measured s", "ratio", "within ±25%"]
+    return table(vh, [[str(t.get("system")), num(t.get("nodes"), 0),
+                       " / ".join(str(t[k]) for k in ("op", "samples", "bytes") if k in t) or "iteration",
+                       num(t.get("predicted_s"), 4), num(t.get("measured_s"), 4), num(t.get("ratio"), 3),
+                       verdict(t.get("within"))] for t in tab])  # fmt: skip
