@@ -36,7 +36,7 @@ class ConduitTrainerConfig:
             logs the unfinished groups every 30 s meanwhile.
         on_timeout: ``error`` raises :class:`~conduit_verl.errors.RolloutTimeoutError` naming the
             unfinished groups; ``drop`` ends the step with the whole groups that finished (see
-            ``streaming.GroupWait``).
+            ``group_wait.GroupWait``).
         journal: journal every finished GRPO group under ``trainer.default_local_dir`` as it lands,
             so a trainer killed mid-step resumes with the step's finished groups kept, generating
             only the others (``journal.py``, ``resume.py``); None (default) = on when verl saves

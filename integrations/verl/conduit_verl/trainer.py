@@ -146,7 +146,7 @@ class ConduitTrainer(SyncTrainerBase):
     def __init__(self, config: DictConfig) -> None:
         from conduit_verl.delivery import GroupFifo
         from conduit_verl.gae import check_streamable
-        from conduit_verl.streaming import GroupWait
+        from conduit_verl.group_wait import GroupWait
 
         self.conduit_config = ConduitTrainerConfig.from_verl(config)
         self.conduit_metrics = Metrics(trace=False)

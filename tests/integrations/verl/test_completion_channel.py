@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("verl")
 ray = pytest.importorskip("ray")
 
-from conduit_verl import streaming  # noqa: E402
+from conduit_verl import group_wait  # noqa: E402
 from conduit_verl.completion import CompletionChannel  # noqa: E402
-from conduit_verl.streaming import GroupWait  # noqa: E402
+from conduit_verl.group_wait import GroupWait  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -82,7 +82,7 @@ def test_a_dead_channel_falls_back_to_polling(channel) -> None:
 
 
 def test_long_generation_stays_event_driven(channel, monkeypatch) -> None:
-    monkeypatch.setattr(streaming, "CHANNEL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(group_wait, "CHANNEL_TIMEOUT_S", 0.2)
     fresh = CompletionChannel.remote()
     wait = GroupWait(fresh)
     threading.Timer(1.0, lambda: ray.get(fresh.finished.remote("train"))).start()
@@ -106,6 +106,6 @@ def test_early_rows_run_between_slices_until_the_groups_finish(channel) -> None:
     assert wait.next_piece(_Finished(0), piece_groups=1, remaining=4) == 1
     assert time.perf_counter() - t0 < 5.0  # woke on the report, not on a re-read timer
     # the hook ran all along the wait, one slice apart, and not after the group was ready
-    assert len(calls) >= 4 and all(t < t0 + 0.8 + 2 * streaming.IDLE_SLICE_S for t in calls)
+    assert len(calls) >= 4 and all(t < t0 + 0.8 + 2 * group_wait.IDLE_SLICE_S for t in calls)
     wait.took(1)
     ray.kill(fresh)

@@ -24,7 +24,7 @@ import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from conduit_verl.completion import CompletionChannel  # noqa: E402
 from conduit_verl.errors import RolloutTimeoutError  # noqa: E402
-from conduit_verl.streaming import GroupWait  # noqa: E402
+from conduit_verl.group_wait import GroupWait  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

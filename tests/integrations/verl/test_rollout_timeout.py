@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 pytest.importorskip("verl")
 ray = pytest.importorskip("ray")
 
-from conduit_verl import streaming  # noqa: E402
+from conduit_verl import group_wait  # noqa: E402
 from conduit_verl.config import ConduitTrainerConfig  # noqa: E402
 from conduit_verl.errors import RolloutTimeoutError  # noqa: E402
-from conduit_verl.streaming import GroupWait  # noqa: E402
+from conduit_verl.group_wait import GroupWait  # noqa: E402
 
 from conduit.errors import ConduitError, ConfigError  # noqa: E402
 
@@ -50,7 +50,7 @@ def wait(**kw) -> GroupWait:
 def test_a_hung_group_raises_within_the_timeout_naming_it(caplog) -> None:
     rollouts = _Rollouts([0.0, 0.05, 0.1, None])
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger=streaming.__name__):
+    with caplog.at_level(logging.WARNING, logger=group_wait.__name__):
         with pytest.raises(RolloutTimeoutError, match=r"no prompt group finished for 0.5s.*uid3") as err:
             wait().next_piece(rollouts, piece_groups=4, remaining=4)
     assert 0.5 <= time.monotonic() - t0 < 3.0
@@ -164,8 +164,8 @@ class _HungChannel:
 
 @pytest.mark.ray
 def test_a_hung_channel_falls_back_to_polling_and_still_times_out(ray_shared, monkeypatch) -> None:
-    monkeypatch.setattr(streaming, "CHANNEL_GRACE_S", 0.5)
-    monkeypatch.setattr(streaming, "CHANNEL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(group_wait, "CHANNEL_GRACE_S", 0.5)
+    monkeypatch.setattr(group_wait, "CHANNEL_TIMEOUT_S", 0.2)
     hung = _HungChannel.remote()
     try:
         w = GroupWait(hung, timeout_s=1.5, log_every_s=0.5, poll_s=0.01)

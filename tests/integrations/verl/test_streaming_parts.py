@@ -9,7 +9,8 @@ pytest.importorskip("transfer_queue")
 
 from conduit_verl.checks import piece_unit  # noqa: E402
 from conduit_verl.delivery import GroupFifo  # noqa: E402
-from conduit_verl.streaming import GroupWait, merge_metrics  # noqa: E402
+from conduit_verl.group_wait import GroupWait  # noqa: E402
+from conduit_verl.streaming import merge_metrics  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 
 from conduit.errors import ConfigError, ShapeError  # noqa: E402
