@@ -101,6 +101,7 @@ def sweep(
 ) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
+        at = {"workload": workload, "size": size}
         fields = fields_at(size)
         steps: dict[str, Callable[[], None]] = {}
         predicted: dict[str, float] = {}
@@ -108,16 +109,7 @@ def sweep(
             try:
                 predicted[name] = price(fields, topo, {f: usable[t] for f, t in tiers.items()}).predicted_s
             except CapacityError as e:
-                rows.append(
-                    {
-                        "workload": workload,
-                        "system": name,
-                        "size": size,
-                        "oom": True,
-                        "seconds": None,
-                        "error": str(e)[:160],
-                    }
-                )
+                rows.append({**at, "system": name, "oom": True, "seconds": None, "error": str(e)[:160]})
                 print(f"   {workload} size {size}: {name} out of memory (simulated budget)", flush=True)
                 continue
             steps[name] = setup(size, tiers)
@@ -128,9 +120,8 @@ def sweep(
             med = statistics.median(times[name])
             rows.append(
                 {
-                    "workload": workload,
+                    **at,
                     "system": name,
-                    "size": size,
                     "oom": False,
                     "seconds": med,
                     "iteration_s": times[name],
@@ -176,13 +167,12 @@ def gpu_predictions(dims: list[int], capacity: int, tokens: list[int], samples: 
     for workload, size, fields in cases:
         named: dict[str, Any] = {**{n: f for n, f in BASELINES.items()}, "planned": lambda fs, t: plan(fs, t)}
         for name, fn in named.items():
+            at = {"workload": workload, "system": name, "size": size}
             try:
                 p = fn(fields, topo)
                 rows.append(
                     {
-                        "workload": workload,
-                        "system": name,
-                        "size": size,
+                        **at,
                         "predicted_s": p.predicted_s,
                         "prediction": "described 8xH200 topology (not measured)",
                     }
@@ -190,9 +180,7 @@ def gpu_predictions(dims: list[int], capacity: int, tokens: list[int], samples: 
             except CapacityError as e:
                 rows.append(
                     {
-                        "workload": workload,
-                        "system": name,
-                        "size": size,
+                        **at,
                         "predicted_s": None,
                         "oom": True,
                         "error": str(e)[:160],
