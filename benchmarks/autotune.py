@@ -201,9 +201,9 @@ def main() -> None:
                    "runs": cal.runs, "seconds": cal.seconds, "median_relative_error": error}  # fmt: skip
     record = {"iterations_per_config": iters, "rounds": rounds, "warmup": warmup, "calibration": calibration,
               "rows": rows, "summary": summary, "machine": machine}  # fmt: skip
-    out = script.write_result("autotune", args, record, lambda png: plot(rows, png))
-    script.show(report_ops.autotune(record))  # targets (issue 14): tau >= 0.8, auto within 5%, tuning <= 2%
-    print(f"wrote {out} and {out.with_suffix('.png')} ({time.perf_counter() - t0:.0f} s in all)")
+    # targets (issue 14): tau >= 0.8, auto within 5%, tuning <= 2%
+    script.write_result("autotune", args, record, lambda png: plot(rows, png), report_ops.autotune)
+    print(f"{time.perf_counter() - t0:.0f} s in all")
 
 
 if __name__ == "__main__":

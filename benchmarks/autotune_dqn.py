@@ -251,9 +251,8 @@ def main() -> None:
         "seconds": time.perf_counter() - t0,
         "machine": script.machine(token, torch_threads=1),
     }
-    out = script.write_result("autotune_dqn", args, record, lambda png: plot(row, png))
-    script.show(report_ops.autotune_dqn(record))
-    print(f"wrote {out} and {out.with_suffix('.png')} ({time.perf_counter() - t0:.0f} s in all)")
+    script.write_result("autotune_dqn", args, record, lambda png: plot(row, png), report_ops.autotune_dqn)
+    print(f"{time.perf_counter() - t0:.0f} s in all")
 
 
 if __name__ == "__main__":

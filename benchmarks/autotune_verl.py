@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import random
 import sys
@@ -215,9 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         result["machine"] = earlier["machine"]
     done = [p for p in points if "evaluation" in p]
     args.out = out
-    script.write_result("autotune_verl", args, result, lambda png: plot(done, png) if done else None)
-    script.show(report_verl.autotune_verl(result))
-    print(f"[autotune_verl] wrote {out}")
+    figure = functools.partial(plot, done) if done else lambda png: None
+    script.write_result("autotune_verl", args, result, figure, report_verl.autotune_verl)
     return 0 if len(done) == len(points) else 1
 
 

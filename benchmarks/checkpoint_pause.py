@@ -141,9 +141,9 @@ def main() -> None:
     rows = run(gib, repeats)
     med = medians(rows)
     doc = {"gib": gib, "rows": rows, "median": med, "machine": script.machine(prov)}
-    out = script.write_result("checkpoint_pause", args, doc, lambda png: plot(med, png))
-    script.show(report_ops.checkpoint_pause(doc))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    script.write_result(
+        "checkpoint_pause", args, doc, lambda png: plot(med, png), report_ops.checkpoint_pause
+    )
 
 
 if __name__ == "__main__":

@@ -317,9 +317,7 @@ def main() -> None:
         },
         "machine": script.machine(prov),
     }
-    out = script.write_result("crash_trials", args, doc, lambda png: None)
-    script.show(report_ops.crash_trials(doc))
-    print(f"wrote {out}")
+    script.write_result("crash_trials", args, doc, lambda png: None, report_ops.crash_trials)
 
 
 if __name__ == "__main__":

@@ -98,9 +98,7 @@ def main() -> None:
         **data,
         "machine": script.machine(token, device=args.device, torch_threads=1),
     }
-    out = script.write_result("granularity", args, record, lambda png: plot(data, png))
-    script.show(report_tables.granularity(record))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    script.write_result("granularity", args, record, lambda png: plot(data, png), report_tables.granularity)
 
 
 if __name__ == "__main__":

@@ -261,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "machine": script.machine(prov),
     }
-    out = script.write_result("migration", args, result, lambda png: plot(rows, lengths, png))
-    script.show(report_ops.migration(result))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    script.write_result("migration", args, result, lambda png: plot(rows, lengths, png), report_ops.migration)
     return 0
 
 

@@ -179,9 +179,9 @@ def main() -> None:
     for name in ("thread", "process"):
         summary[name]["slowdown_vs_alone"] = summary[name]["step_s"] / summary["alone"]["step_s"]
     doc = {"machine": script.machine(prov, cores=mp.cpu_count()), "rows": rows, "summary": summary}
-    out = script.write_result("overlap_executors", a, doc, lambda png: plot(summary, png))
-    script.show(report_tables.overlap_executors(doc))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    script.write_result(
+        "overlap_executors", a, doc, lambda png: plot(summary, png), report_tables.overlap_executors
+    )
 
 
 if __name__ == "__main__":

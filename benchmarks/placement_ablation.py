@@ -15,6 +15,7 @@ Method: ``benchmarks/notes/placement_ablation.md``.
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import sys
@@ -226,9 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     predictions = gpu_predictions(cfg["dims"], cfg["capacity"], cfg["tokens"], cfg["samples"])
     result = {"host_budget": host, "rows": rows, "gpu_predictions": predictions, "summary": summary,
               "topology": topo.source, "machine": script.machine(prov)}  # fmt: skip
-    out = script.write_result("placement_ablation", args, result, lambda png: plot(rows, predictions, png))
-    script.show(report_ops.placement_ablation(result))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    figure = functools.partial(plot, rows, predictions)
+    script.write_result("placement_ablation", args, result, figure, report_ops.placement_ablation)
     return 0
 
 

@@ -293,7 +293,7 @@ def main() -> None:
     # MemTotal bounds the page cache a memmap's reads can hit
     record["machine"] = script.machine(tok, mem_total_gib=round(meminfo("MemTotal") / 2**30, 1))
     print(record["ratios"], record["targets_met"])
-    print(script.write_result("rllib_atari", args, record, lambda png: plot(rows, png)))
+    script.write_result("rllib_atari", args, record, lambda png: plot(rows, png))
 
 
 if __name__ == "__main__":

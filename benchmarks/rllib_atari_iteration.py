@@ -248,11 +248,10 @@ def main(argv: list[str] | None = None) -> Path:
     title = (
         f"DQN {w.env} (RLlib Atari wrappers, dim 64, 4 frames, n-step 3, PER, batch 32): native vs Conduit"
     )
-    out = script.write_result(NAME, a, record, lambda png: plot(rows, rat, title, png))
     print(f"\nmedians over {iters} iterations per system ({machine['run_s']:.0f} s in all):")
-    script.show(report_rllib.rllib_atari_iteration(record))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
-    return out
+    return script.write_result(
+        NAME, a, record, lambda png: plot(rows, rat, title, png), report_rllib.rllib_atari_iteration
+    )
 
 
 if __name__ == "__main__":

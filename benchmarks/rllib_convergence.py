@@ -13,6 +13,7 @@ minutes on 2 cores; ``--quick`` (one seed, 2,000 env steps) checks the pipeline,
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import statistics
 import sys
@@ -194,11 +195,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     report = {**settings, "machine": script.machine(prov), "summary": summary, "runs": runs}
     title = f"DQN CartPole-v1: native RLlib vs Conduit, {a.seeds} seed(s), target {a.target:g}"
-    out = script.write_result(
-        "rllib_convergence_dqn", a, report, lambda png: plot(runs, a.target, title, png)
-    )
-    script.show(report_tables.rllib_convergence(report))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    figure = functools.partial(plot, runs, a.target, title)
+    script.write_result("rllib_convergence_dqn", a, report, figure, report_tables.rllib_convergence)
     return report
 
 

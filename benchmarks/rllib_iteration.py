@@ -331,9 +331,7 @@ def main() -> None:
         },
     )
     doc = {"machine": mach, "rows": rows, "ratios": rat}
-    out = script.write_result("rllib_iteration", a, doc, lambda png: plot(rat, png))
-    script.show(report_tables.rllib_iteration(doc))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    script.write_result("rllib_iteration", a, doc, lambda png: plot(rat, png), report_tables.rllib_iteration)
     ray.shutdown()
 
 

@@ -162,10 +162,9 @@ def main(argv: list[str] | None = None) -> Path:
     )
     record = rllib_iteration.record(machine, settings, rows, rat, TARGETS)
     title = f"PPO {a.env}, {a.env_runners} env runners, batch {tb}: native RLlib vs Conduit ({a.overlap})"
-    out = script.write_result(NAME, a, record, lambda png: plot(rows, rat, title, png))
-    script.show(report_rllib.rllib_mujoco(record))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
-    return out
+    return script.write_result(
+        NAME, a, record, lambda png: plot(rows, rat, title, png), report_rllib.rllib_mujoco
+    )
 
 
 def env_settings(env: str, seed: int) -> dict[str, Any]:

@@ -381,9 +381,8 @@ def main() -> int:
         "wall_seconds": round(time.perf_counter() - t, 1),
         "machine": provenance.finish(prov),
     }
-    out = script.write_result("scaling", args, record, lambda png: plot(rows, png))
     print(json.dumps({"summary": record["summary"], "saturation": record["saturation"]}, indent=1))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    script.write_result("scaling", args, record, lambda png: plot(rows, png))
     return 0
 
 

@@ -6,8 +6,8 @@ Scripts import it as they import ``provenance`` (``benchmarks/`` on ``sys.path``
     token = provenance.start()
     ...
     record = {"iterations": iters, **data, "machine": script.machine(token)}
-    out = script.write_result("granularity", args, record, lambda png: plot(data, png))
-    script.show(report_tables.granularity(record))  # the table BENCHMARKS.md shows
+    # writes the JSON and the figure, prints the table BENCHMARKS.md shows and what it wrote
+    out = script.write_result("granularity", args, record, lambda png: plot(data, png), report_tables.granularity)
 """
 
 from __future__ import annotations
@@ -123,12 +123,23 @@ def save_figure(fig: Any, path: Path, dpi: int = 110, rect: tuple[float, ...] | 
 
 
 def write_result(
-    name: str, args: argparse.Namespace, record: dict[str, Any], plot: Callable[[Path], None]
+    name: str,
+    args: argparse.Namespace,
+    record: dict[str, Any],
+    plot: Callable[[Path], None],
+    table: Callable[[dict[str, Any]], list[str]] | None = None,
 ) -> Path:
     """Write ``{"benchmark": name, "quick": args.quick, **record}`` to ``args.out`` (default
-    ``benchmarks/results/<name>[_quick].json``) and its figure beside it (``plot(<out>.png)``)."""
+    ``benchmarks/results/<name>[_quick].json``) and its figure beside it (``plot(<out>.png)``), print the
+    table BENCHMARKS.md shows of it (``table``, a ``report_*.py`` renderer, given the written record) and
+    what was written."""
     out: Path = args.out or RESULTS / f"{name}{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": name, "quick": args.quick, **record}, indent=1, default=str))
-    plot(out.with_suffix(".png"))
+    doc = {"benchmark": name, "quick": args.quick, **record}
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    png = out.with_suffix(".png")
+    plot(png)
+    if table is not None:
+        show(table(doc))
+    print(f"wrote {out}" + (f" and {png}" if png.exists() else ""), flush=True)
     return out

@@ -320,9 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratio,
         "machine": script.machine(tok),
     }
-    out = script.write_result("soak", args, doc, lambda png: plot(rows, png))
-    script.show(report_ops.soak(doc))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    script.write_result("soak", args, doc, lambda png: plot(rows, png), report_ops.soak)
     return 0 if ok else 1
 
 

@@ -188,11 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["machine"].update(provenance.finish(prov))
     title = f"piece_groups=auto tuning cost over {args.steps} iterations, {label}"
-    out = script.write_result(
-        f"tuning_cost_verl_{args.rollout}", args, result, lambda png: plot(runs, png, title)
-    )
-    script.show(report_verl.tuning_cost(result))
-    print(f"[tuning_cost] wrote {out} and {out.with_suffix('.png')}", flush=True)
+    name = f"tuning_cost_verl_{args.rollout}"
+    script.write_result(name, args, result, lambda png: plot(runs, png, title), report_verl.tuning_cost)
     return 0
 
 

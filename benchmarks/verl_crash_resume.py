@@ -285,9 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0, 1),
         "machine": script.machine(tok),
     }
-    out = script.write_result("verl_crash_resume", args, doc, lambda png: plot(doc, png))
-    script.show(report_verl.crash_resume(doc))
-    print(f"wrote {out} ({doc['wall_s']:.0f}s)")
+    script.write_result("verl_crash_resume", args, doc, lambda png: plot(doc, png), report_verl.crash_resume)
     return 0
 
 

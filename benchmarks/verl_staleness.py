@@ -400,11 +400,9 @@ def main() -> int:
     result, out = bench(args)
     if args.reward_only:
         script.show(report_staleness.reward(result))
-        print(f"[bench] wrote {out}")
         return 0
     print(table(result["rows"], args.systems.split(",")))
     script.show(report_staleness.staleness({out.name: result}))
-    print(f"[bench] wrote {out}")
     return 0
 
 
