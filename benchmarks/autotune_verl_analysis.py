@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autotune_rank import kendall  # noqa: E402
+from verl_analysis import jsonl  # noqa: E402
 
 #: the ranking's top-k overlap
 TOP = 3
@@ -22,9 +22,7 @@ TAU_TARGET, GAP_TUNED_TARGET, GAP_ITERATION_TARGET = 0.8, 0.10, 0.05
 
 def read_trace(work: Path) -> dict[int, dict[str, Any]]:
     """The piece policy's per-step trace (``pieces.jsonl``), by step."""
-    path = work / "pieces.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return {int(r["step"]): r for r in map(json.loads, lines)}
+    return {int(r["step"]): r for r in jsonl(work / "pieces.jsonl")}
 
 
 def _median(values: list[float]) -> float | None:

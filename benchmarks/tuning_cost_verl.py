@@ -15,7 +15,6 @@ a model of separate rollout hardware, not a GPU measurement.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 import report_verl  # noqa: E402
 import script  # noqa: E402
-from verl_analysis import calibration, rows_for_run  # noqa: E402
+from verl_analysis import calibration, jsonl, rows_for_run  # noqa: E402
 from verl_runs import add_run_flags, calibrate, harness_args, machine, run  # noqa: E402
 
 TARGET = 0.02
@@ -35,8 +34,7 @@ TARGET = 0.02
 def probe_flags(work: Path) -> dict[int, bool]:
     """Step -> whether it was a probe (the policy's probe counter went up on that step)."""
     flags, before = {}, 0.0
-    for line in (work / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+    for rec in jsonl(work / "metrics.jsonl"):
         count = float(rec["data"].get("conduit/policy/probe_steps", before))
         flags[int(rec["step"])] = count > before
         before = count

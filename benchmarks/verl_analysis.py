@@ -29,10 +29,25 @@ INGEST = ("old_log_prob", "ref", "values", "adv")
 STAGES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
 
 
+def jsonl(path: Path, torn: bool = False) -> list[dict[str, Any]]:
+    """The JSON lines of one of a run's logs (``[]`` where it has none; blank lines skipped). ``torn``:
+    a line a kill cut short is skipped too (a crashed run's logs); otherwise it raises."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if not torn:
+                raise
+    return out
+
+
 def gen_events(path: Path) -> list[dict[str, Any]]:
     """The rollout server's request log (``gen_events.jsonl``: one response a line, its weight
     ``version``, ``t0`` / ``t1`` wall clock, ``length``); empty when the run has none."""
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return jsonl(path)
 
 
 def gen_stats(path: Path) -> dict[int, dict[str, float]]:

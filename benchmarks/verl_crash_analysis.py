@@ -4,7 +4,6 @@ trials are degenerate, the paired baseline-over-journal ratios and the summary."
 from __future__ import annotations
 
 import collections
-import json
 import math
 import statistics
 import sys
@@ -13,6 +12,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conduit_verl_cpu.crash import responses_checksum  # noqa: E402
+from verl_analysis import jsonl  # noqa: E402
 
 #: system -> --journal; both are Conduit's trainer (mode ``conduit``), the baseline first
 BASELINE, JOURNAL = "conduit_journal_off", "conduit_journal_on"
@@ -22,15 +22,7 @@ KILL_TOLERANCE_S = 0.25
 
 def lines(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of ``path`` (a line torn by a kill is skipped)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
+    return jsonl(path, torn=True)
 
 
 def step_metrics(work: Path, step: int) -> dict[str, Any] | None:

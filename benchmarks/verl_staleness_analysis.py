@@ -4,7 +4,6 @@ data) and issue 30's targets."""
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from verl_analysis import median, ratios, work_differs  # noqa: E402
+from verl_analysis import jsonl, median, ratios, work_differs  # noqa: E402
 from verl_runs import TQ_SUFFIX, split_system  # noqa: E402
 
 #: verl's trainers that generate ahead with no bound of their own (off-policy)
@@ -47,15 +46,11 @@ def verl_async(system: str) -> bool:
     return plain in VERL_ASYNC or VERL_K.match(plain) is not None
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
 def group_lags(path: Path) -> dict[int, list[int]]:
     """Step -> the lag of each group it trained, from a ``group_log``. A reused work dir appends a
     second run's rows: only the rows after the log's last restart (a step lower than the one before)
     count."""
-    rows = _jsonl(path)
+    rows = jsonl(path)
     start = 0
     for i in range(1, len(rows)):
         if int(rows[i]["step"]) < int(rows[i - 1]["step"]):
@@ -75,7 +70,7 @@ def step_staleness(work: Path, system: str, batch_size: int | None) -> dict[int,
     the lags (Conduit, group log), ``prompts_trained`` and ``stale_dropped`` (groups evicted as too
     old before they were trained: Conduit's ``conduit/stale_dropped``, verl's
     ``training/off_policy/evicted_samples``, which counts groups too)."""
-    metrics = {int(r["step"]): r["data"] for r in _jsonl(work / "metrics.jsonl")}
+    metrics = {int(r["step"]): r["data"] for r in jsonl(work / "metrics.jsonl")}
     conduit = split_system(system)[0].startswith("conduit")
     log = group_lags(work / "groups.jsonl") if conduit else {}
     out: dict[int, dict[str, Any]] = {}

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from verl_analysis import gen_events
+from verl_analysis import gen_events, jsonl
 
 #: The share of identical responses the issue asks for between ``sync`` and ``conduit``.
 IDENTICAL_TARGET = 0.95
@@ -23,14 +23,10 @@ IDENTICAL_TARGET = 0.95
 
 def _samples(work: Path) -> dict[int, Counter[tuple[tuple[int, ...], tuple[int, ...]]]]:
     """Iteration -> the multiset of (prompt, response) a run trained on (empty without a dump)."""
-    path = work / "samples.jsonl"
-    out: dict[int, Counter[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        out[int(rec["step"])] = Counter((tuple(s["prompt"]), tuple(s["response"])) for s in rec["samples"])
-    return out
+    return {
+        int(rec["step"]): Counter((tuple(s["prompt"]), tuple(s["response"])) for s in rec["samples"])
+        for rec in jsonl(work / "samples.jsonl")
+    }
 
 
 def response_identity(a: Path, b: Path) -> dict[str, Any]:
@@ -140,14 +136,7 @@ def engine_steps(work: Path) -> dict[int, dict[str, float]]:
     difference between the reads at versions ``s + 1`` and ``s``, so the last iteration has none):
     engine steps, prompt and generated tokens, preemptions, mean time to first token, inter-token
     latency and request latency (s)."""
-    path = work / "vllm_stats.jsonl"
-    if not path.exists():
-        return {}
-    snaps = {}
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if "stats" in rec:
-            snaps[int(rec["version"])] = rec["stats"]
+    snaps = {int(rec["version"]): rec["stats"] for rec in jsonl(work / "vllm_stats.jsonl") if "stats" in rec}
     out: dict[int, dict[str, float]] = {}
     for v in sorted(snaps):
         if v + 1 not in snaps:
