@@ -77,57 +77,51 @@ def algos(
     return show
 
 
+def single(
+    key: str,
+    title: str,
+    fn: Callable[[dict[str, Any]], list[str]],
+    images: tuple[str, ...] = (),
+    level: int = 2,
+    name: str = "",
+) -> Section:
+    """A section of one results file, ``<name>.json`` (``name`` defaults to ``key``), its note
+    ``notes/<key>.md`` and ``<name>.png`` (or ``images``)."""
+    name = name or key
+    return Section(key, title, (f"{name}.json",), one(fn, f"{name}.json"), images or (f"{name}.png",), level)
+
+
 def sub(
     key: str, title: str, fn: Callable[[dict[str, Any]], list[str]], images: tuple[str, ...] = ()
 ) -> Section:
     """A subsection of one results file, ``<key>.json``, its note ``notes/<key>.md`` and ``<key>.png``."""
-    return Section(key, title, (f"{key}.json",), one(fn, f"{key}.json"), images or (f"{key}.png",), level=3)
+    return single(key, title, fn, images, level=3)
 
 
 PACED_SWEEP = "verl_iteration_quick_paced_sweep_grpo_separate"
 SECTIONS: tuple[Section, ...] = (
-    Section(
+    single(
         "buffer_throughput",
         "Buffer throughput (core)",
-        ("buffer_throughput.json",),
-        one(core.buffer_throughput, "buffer_throughput.json"),
+        core.buffer_throughput,
         ("buffer_throughput.png", "buffer_throughput_load.png"),
     ),
-    Section(
-        "rllib_iteration",
-        "RLlib iteration time",
-        ("rllib_iteration.json",),
-        one(core.rllib_iteration, "rllib_iteration.json"),
-        ("rllib_iteration.png",),
-    ),
-    Section(
+    single("rllib_iteration", "RLlib iteration time", core.rllib_iteration),
+    single(
         "rllib_convergence",
         "RLlib: learning is preserved (DQN to a return threshold)",
-        ("rllib_convergence_dqn.json",),
-        one(core.rllib_convergence, "rllib_convergence_dqn.json"),
-        ("rllib_convergence_dqn.png",),
+        core.rllib_convergence,
+        name="rllib_convergence_dqn",
     ),
-    Section(
+    single(
         "rllib_atari",
         "RLlib Atari DQN replay: frames stored once, 100k and 1M transitions",
-        ("rllib_atari.json",),
-        one(rllib.rllib_atari, "rllib_atari.json"),
-        ("rllib_atari.png",),
+        rllib.rllib_atari,
     ),
-    Section(
-        "rllib_atari_iteration",
-        "RLlib Atari DQN iteration time (ALE Qbert)",
-        ("rllib_atari_iteration.json",),
-        one(rllib.rllib_atari_iteration, "rllib_atari_iteration.json"),
-        ("rllib_atari_iteration.png",),
+    single(
+        "rllib_atari_iteration", "RLlib Atari DQN iteration time (ALE Qbert)", rllib.rllib_atari_iteration
     ),
-    Section(
-        "rllib_mujoco",
-        "RLlib MuJoCo PPO (Meta-World MT1 reach-v3, 2 env runners)",
-        ("rllib_mujoco.json",),
-        one(rllib.rllib_mujoco, "rllib_mujoco.json"),
-        ("rllib_mujoco.png",),
-    ),
+    single("rllib_mujoco", "RLlib MuJoCo PPO (Meta-World MT1 reach-v3, 2 env runners)", rllib.rllib_mujoco),
     Section(
         "verl_iteration_hf",
         "verl iteration time, CPU mode, hf rollout",
@@ -188,27 +182,9 @@ SECTIONS: tuple[Section, ...] = (
             ),
         ),
     ),
-    Section(
-        "tq_backends",
-        "TransferQueue storage backends",
-        ("tq_backends.json",),
-        one(core.tq_backends, "tq_backends.json"),
-        ("tq_backends.png",),
-    ),
-    Section(
-        "overlap_executors",
-        "Background executor: thread or process (core)",
-        ("overlap_executors.json",),
-        one(core.overlap_executors, "overlap_executors.json"),
-        ("overlap_executors.png",),
-    ),
-    Section(
-        "granularity",
-        "Operator granularity and overlap (core)",
-        ("granularity.json",),
-        one(core.granularity, "granularity.json"),
-        ("granularity.png",),
-    ),
+    single("tq_backends", "TransferQueue storage backends", core.tq_backends),
+    single("overlap_executors", "Background executor: thread or process (core)", core.overlap_executors),
+    single("granularity", "Operator granularity and overlap (core)", core.granularity),
     Section(
         "tuner",
         "Cost model and auto-tuner",
@@ -229,13 +205,7 @@ SECTIONS: tuple[Section, ...] = (
             sub("verl_crash_resume", "verl crash and resume", verl.crash_resume),
         ),
     ),
-    Section(
-        "scaling",
-        "Past one machine: 1-8 Ray nodes measured, GRPO to 1,024 GPUs modelled",
-        ("scaling.json",),
-        one(ops.scaling, "scaling.json"),
-        ("scaling.png",),
-    ),
+    single("scaling", "Past one machine: 1-8 Ray nodes measured, GRPO to 1,024 GPUs modelled", ops.scaling),
     Section(
         "placement",
         "Placement: planned tiers and online migration",
