@@ -1,29 +1,16 @@
-"""One measured RLlib configuration of ``scaling.py --measure``: DQN on CartPole with one env runner per
-Ray node (``nodes`` nodes of this machine, 127.0.0.1), native RLlib vs ``conduit_rllib.enable``, built
-side by side and trained alternately (``rllib_iteration.run_workload``: the same timing wrappers on both,
-work counted). Each node offers one ``native_slot`` and one ``conduit_slot``; each system's runners ask
-for one of their own, so each system has exactly one runner on every node. Run in its own process::
-
-    python benchmarks/scaling_measure_rllib.py --nodes 2 --out FILE [--iters 3] [--steps 400]
+"""The RLlib half of one measured configuration of ``scaling.py --measure``: DQN on CartPole with one env
+runner per Ray node (``nodes`` nodes of this machine, 127.0.0.1), native RLlib vs ``conduit_rllib.enable``,
+built side by side and trained alternately (``rllib_iteration.run_workload``: the same timing wrappers on
+both, work counted). Each node offers one ``native_slot`` and one ``conduit_slot``; each system's runners
+ask for one of their own, so each system has exactly one runner on every node. Run on the cluster of the
+configuration's TransferQueue measurement, after it, in its process (``scaling_measure_tq.py
+--rllib-steps``; ``scaling_measure.run_config`` starts it).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # nodes bind 127.0.0.1 (local_ray.py)
-
-import provenance  # noqa: E402
-
-MIB = 2**20
 
 
 def runner_nodes(algo: Any) -> list[str]:
@@ -60,36 +47,3 @@ def measure(ids: list[str], iters: int, warmup: int, steps: int) -> dict[str, An
                         make_native=lambda: config("native_slot"), extra=extra)  # fmt: skip
     return {"nodes": len(ids), "rows": rows, "runner_nodes": placed, "steps_per_iteration": steps,
             "wall_s": time.perf_counter() - t0}  # fmt: skip
-
-
-def run(nodes: int, iters: int, warmup: int, steps: int) -> dict[str, Any]:
-    """A cluster of ``nodes`` nodes (``scaling_measure_tq.start_cluster``), :func:`measure`, shut down."""
-    import ray
-    import torch
-    from scaling_measure_tq import start_cluster
-
-    torch.set_num_threads(1)
-    cluster, ids = start_cluster(nodes)
-    try:
-        return measure(ids, iters, warmup, steps)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--steps", type=int, default=400, help="env steps sampled per DQN iteration")
-    p.add_argument("--out", type=Path, required=True)
-    a = p.parse_args(argv)
-    tok = provenance.start()  # this configuration's commit and the load around it
-    out = run(a.nodes, a.iters, a.warmup, a.steps)
-    a.out.write_text(json.dumps(out | {"machine": provenance.finish(tok)}, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
