@@ -185,10 +185,3 @@ def sample_step(
         return out
 
     return step
-
-
-def rllib_version() -> str:
-    """The installed ray version."""
-    import ray
-
-    return str(ray.__version__)
