@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from conduit.batch import ColumnBatch
@@ -28,17 +29,23 @@ class Operator:
     fn: Callable[[ColumnBatch], ColumnBatch]
 
     def __call__(self, batch: ColumnBatch) -> ColumnBatch:
-        try:
+        with failure_named(f"operator {self.name!r} failed on a batch of {batch.size} items"):
             out = self.fn(batch)
-        except ConduitError:
-            raise
-        except Exception as e:
-            raise OperatorError(
-                f"operator {self.name!r} failed on a batch of {batch.size} items: {e!r}"
-            ) from e
         if not isinstance(out, ColumnBatch):
             raise OperatorError(f"operator {self.name!r} returned {type(out).__name__}, expected ColumnBatch")
         return out
+
+
+@contextmanager
+def failure_named(what: str) -> Iterator[None]:
+    """Re-raise a framework's exception inside as :class:`OperatorError` ``"<what>: <exception>"``
+    (a :class:`ConduitError` passes through as it is)."""
+    try:
+        yield
+    except ConduitError:
+        raise
+    except Exception as e:
+        raise OperatorError(f"{what}: {e!r}") from e
 
 
 def run_chain(ops: Sequence[Operator], batch: ColumnBatch, metrics: Metrics, stage: str) -> ColumnBatch:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from conduit import Metrics
-from conduit.errors import ConduitError, OperatorError
+from conduit.ops.operator import failure_named
 from conduit.piece_policy import PiecePolicy
 from conduit_verl import compat
 from conduit_verl.checks import check_groups, check_response_lengths
@@ -76,14 +76,8 @@ def run_stages(stages: list[Stage], piece: _Piece, timing_raw: dict, m: Metrics)
     with piece_writes(piece.meta) as writes:
         for name, fn in stages:
             with m.span(f"ingest/{name}"), marked_timer(name, timing_raw):
-                try:
+                with failure_named(f"verl stage {name!r} failed on a piece of {len(piece.meta)} samples"):
                     piece.meta = fn(piece.meta, metrics=piece.metrics)
-                except ConduitError:
-                    raise
-                except Exception as e:
-                    raise OperatorError(
-                        f"verl stage {name!r} failed on a piece of {len(piece.meta)} samples: {e!r}"
-                    ) from e
     return writes.puts_saved
 
 
