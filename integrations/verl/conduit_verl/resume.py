@@ -22,24 +22,17 @@ from typing import Any
 import torch
 
 from conduit_verl.ahead import FINISHED, IN_FLIGHT, AheadRows, kept_keys
-from conduit_verl.compat import Seam, attribute_seam, check_seams, tq
+from conduit_verl.compat import _TRAINER, Seam, attribute_seam, check_seams, method_seam, tq
 from conduit_verl.journal import JournalGroup, journaled_steps, match, prompt_identity, prune, read_step
 
 logger = logging.getLogger(__name__)
 
-_TRAINER = "verl.trainer.ppo.v1.trainer_base"
-
 #: what the resume needs from verl beyond ``compat.SEAMS`` (checked on import, like those)
 RESUME_SEAMS = (
-    Seam(
-        "trainer method `_submit_batch_to_rollout`",
-        _TRAINER,
-        "PPOTrainer._submit_batch_to_rollout",
-        ("batch",),
-    ),
-    Seam("trainer method `_save_checkpoint`", _TRAINER, "PPOTrainer._save_checkpoint"),
-    Seam("trainer method `_load_checkpoint`", _TRAINER, "PPOTrainer._load_checkpoint"),
-    Seam("trainer method `step`", _TRAINER, "PPOTrainer.step", ("metrics", "timing_raw")),
+    method_seam("_submit_batch_to_rollout", "batch"),
+    method_seam("_save_checkpoint"),
+    method_seam("_load_checkpoint"),
+    method_seam("step", "metrics", "timing_raw"),
     Seam(
         "trainer method `_save_checkpoint` checkpointing TransferQueue only when `trainer_mode` is not sync",
         _TRAINER,
@@ -53,7 +46,7 @@ RESUME_SEAMS = (
         source='tag.get("status") in ("pending", "running")',
     ),
     attribute_seam("_restored_tq_prompt_count"),
-    Seam("trainer method `prepare_step`", _TRAINER, "PPOTrainer.prepare_step"),
+    method_seam("prepare_step"),
     Seam(
         "function `list_of_dict_to_tensordict`",
         "verl.utils.tensordict_utils",
