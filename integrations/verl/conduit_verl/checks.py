@@ -84,10 +84,8 @@ def piece_unit(
     ``piece_groups`` must be too (else ConfigError)."""
     from conduit.errors import ConfigError
 
-    unit = 1
-    for size in micro.values():
-        if size:
-            unit = math.lcm(unit, dp * size // math.gcd(dp * size, n))
+    rows = row_unit(micro, dp)
+    unit = rows // math.gcd(rows, n)  # the fewest groups whose n * unit responses are whole row units
     where = ", ".join(f"{k}={v}" for k, v in micro.items() if v) + f"; {dp} data-parallel rank(s)"
     if batch_size % unit:
         raise ConfigError(
