@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from conduit.errors import CheckpointError
+from conduit.persist import atomic
 from conduit.persist.format import decode, encode, frame
 from conduit.persist.journal import Damage, scan
 
@@ -110,9 +111,7 @@ class JournalGroup:
 
 def _plain(x: Any) -> Any:
     """``x`` with tensors, numpy arrays and scalars as plain Python (for a stable JSON form)."""
-    if isinstance(x, torch.Tensor):
-        return _plain(x.tolist())
-    if isinstance(x, np.ndarray):
+    if isinstance(x, torch.Tensor | np.ndarray):
         return _plain(x.tolist())
     if isinstance(x, np.generic):
         return x.item()
@@ -209,11 +208,7 @@ class JournalWriter:
             directory = step_dir(self.root, step)
             directory.mkdir(parents=True, exist_ok=True)
             f = open(directory / self.name, "ab")  # noqa: SIM115 (kept open across batches)
-            fd = os.open(directory, os.O_RDONLY)
-            try:  # the new entry survives a machine crash too
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            atomic.fsync_dir(directory)  # the new entry survives a machine crash too
             self._files[step] = f
         return f
 

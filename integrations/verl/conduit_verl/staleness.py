@@ -98,15 +98,11 @@ def replay_buffer_decision(max_staleness: int, on_stale: str) -> Any:
     def decide(groups: Mapping[str, Any], global_steps: int) -> set[str]:
         if on_stale != "drop":
             return set()  # recompute: every finished group stays sampleable
-        found = (group_versions(*_keys_tags(rows)) for rows in groups.values())
+        found = (group_versions(list(rows), list(rows.values())) for rows in groups.values())
         versions = [v for g in found for v in g.values()]
         return stale_uids(versions, trained_version(global_steps), max_staleness)
 
     return decide
-
-
-def _keys_tags(rows: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[Mapping[str, Any]]]:
-    return list(rows), list(rows.values())
 
 
 @dataclass(frozen=True)
