@@ -302,26 +302,28 @@ class ConduitTrainer(SyncTrainerBase):
         return batch
 
     @contextlib.contextmanager
-    def _verl_sees_sync(self) -> Iterator[None]:
-        """Within the block verl's branches see ``trainer_mode`` sync: its checkpoint code then neither
-        writes nor reads TransferQueue's own checkpoint (pickle); ``ahead.py`` keeps those rows."""
+    def _verl_sees_sync(self) -> Iterator[bool]:
+        """When generation runs ahead (``max_staleness >= 1``), within the block verl's branches see
+        ``trainer_mode`` sync: its checkpoint code then neither writes nor reads TransferQueue's own
+        checkpoint (pickle); ``ahead.py`` keeps those rows. Yields whether generation runs ahead."""
+        if self.conduit_config.max_staleness == 0:
+            yield False
+            return
         mode, self.trainer_mode = self.trainer_mode, "sync"
         try:
-            yield
+            yield True
         finally:
             self.trainer_mode = mode
 
     def _save_checkpoint(self) -> None:
-        if self.conduit_config.max_staleness > 0 and self.conduit_config.overlap == "async":
+        if self.conduit_config.max_staleness > 0:
             from conduit_verl import ahead
             from conduit_verl.resume import snapshot_ahead
 
             step = compat.global_step(self)
             folder = Path(self.config.trainer.default_local_dir) / f"global_step_{step}"
             ahead.write(folder, snapshot_ahead(step, self.conduit_trained_keys))  # before verl's tracker
-            with self._verl_sees_sync():
-                super()._save_checkpoint()
-        else:
+        with self._verl_sees_sync():
             super()._save_checkpoint()
         if self.conduit_journal is not None:  # this step is trained into the checkpoint now
             from conduit_verl.journal import prune
@@ -329,11 +331,7 @@ class ConduitTrainer(SyncTrainerBase):
             prune(self.conduit_journal, compat.global_step(self))
 
     def _load_checkpoint(self) -> Any:
-        ahead = self.conduit_config.max_staleness > 0 and self.conduit_config.overlap == "async"
-        if ahead:
-            with self._verl_sees_sync():
-                out = super()._load_checkpoint()
-        else:
+        with self._verl_sees_sync() as ahead:
             out = super()._load_checkpoint()
         step = compat.global_step(self)
         if step > 0:
