@@ -53,26 +53,19 @@ def check_response_lengths(keys: Sequence[str], tags: Iterable[Mapping[str, Any]
             )
 
 
-def check_vocab(tokenizer_size: int, model_vocab_size: int, where: str = "") -> None:
-    """The tokenizer's ids (``len(tokenizer)``) must fit the model's embedding table."""
-    if tokenizer_size > model_vocab_size:
-        raise VocabMismatchError(
-            f"tokenizer has {tokenizer_size} tokens but the model's vocab_size is {model_vocab_size}"
-            f"{' (' + where + ')' if where else ''}: ids >= {model_vocab_size} would index past the "
-            "embedding table; use the tokenizer that belongs to the model"
-        )
-
-
 def check_model_tokenizer(model_path: str, tokenizer: Any) -> None:
-    """Compare ``tokenizer`` with the HF config at ``model_path``."""
+    """The tokenizer's ids (``len(tokenizer)``) must fit the embedding table of the HF model at ``model_path``."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)
     vocab = getattr(config, "vocab_size", None) or getattr(
         getattr(config, "text_config", None), "vocab_size", None
     )
-    if vocab is not None:
-        check_vocab(len(tokenizer), int(vocab), where=model_path)
+    if vocab is not None and len(tokenizer) > int(vocab):
+        raise VocabMismatchError(
+            f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {int(vocab)} ({model_path}): "
+            f"ids >= {int(vocab)} would index past the embedding table; use the tokenizer that belongs to the model"
+        )
 
 
 def piece_unit(
