@@ -139,6 +139,7 @@ def test_one_node_tq_configuration(tmp_path, system):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.ray
 def test_full_measured_sweep_one_to_eight_nodes(tmp_path):
     """scaling.py --measure at 1, 2, 4 and 8 nodes (quick sizes): every configuration measured, rows valid."""

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("ale_py")
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.long]
 
 NUM_FRAMES = 4
 

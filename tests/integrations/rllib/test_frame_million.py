@@ -16,7 +16,7 @@ import torch
 from benchmark_modules import load
 from frame_replays import episode_chunk, frame_replay
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 CAPACITY = 1_000_000
 DIM = int(os.environ.get("CONDUIT_FRAME_DIM", "64"))

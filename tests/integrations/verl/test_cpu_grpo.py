@@ -23,7 +23,7 @@ pytest.importorskip("conduit_verl_cpu")  # the CPU harness: pip install --no-dep
 from conduit_verl_cpu.metrics import read_metrics  # noqa: E402
 from verl_cpu_run import run_harness  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]
 
 
 @pytest.mark.parametrize("mode", ["sync", "conduit"])

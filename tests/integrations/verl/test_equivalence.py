@@ -35,7 +35,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
 #: ``--tq-backend`` -> the TransferQueue storage backend the run's summary must report
 BACKENDS = {"conduit": "Conduit", "simple": "SimpleStorage"}
 #: the conduit mode's storage backend, as a test-id-friendly parameter
-ON_BACKEND = pytest.mark.parametrize("backend", ["conduit", "simple"], ids=["tq_conduit", "tq_simple"])
+#: SimpleStorage runs in the full slow suite (``long``); CI's slow stage runs Conduit's backend
+ON_BACKEND = pytest.mark.parametrize(
+    "backend", ["conduit", pytest.param("simple", marks=pytest.mark.long)], ids=["tq_conduit", "tq_simple"]
+)
 
 SyncRuns = Callable[[str, tuple[str, ...]], Path]
 
@@ -149,6 +152,7 @@ def test_conduit_matches_sync_ppo(sync_runs: SyncRuns, tmp_path: Path, backend: 
         _same_metrics(rc, rs, means, rel=None, tol=1e-5)
 
 
+@pytest.mark.long
 def test_conduit_matches_sync_two_ranks(sync_runs: SyncRuns, tmp_path: Path) -> None:
     """Two data-parallel actor ranks (FSDP2 on gloo): pieces split evenly over the ranks (conduit
     mode on Conduit's backend, its default)."""
@@ -209,6 +213,7 @@ def test_conduit_matches_sync_paced(sync_runs: SyncRuns, tmp_path: Path) -> None
         assert events and all(e["model_s"] > 0 for e in events)  # released by the pacer
 
 
+@pytest.mark.long
 def test_conduit_matches_sync_paced_ppo(sync_runs: SyncRuns, tmp_path: Path) -> None:
     """Paced rollout, PPO: values computed early per response, GAE per group piece, whitening over the
     batch: the same values, returns, advantages and losses as verl's sync."""

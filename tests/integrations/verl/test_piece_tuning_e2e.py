@@ -17,7 +17,7 @@ from verl_cpu_run import run_harness  # noqa: E402
 from conduit.discovery import fingerprint  # noqa: E402
 from conduit.piece_policy import PieceChoice, piece_tuner  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]
 
 GROUPS, N = 4, 4  # the harness's defaults
 

@@ -136,6 +136,7 @@ def _journaled_since(work: Path, rows: ahead.AheadRows | None) -> bool:
     return any(g.uid in in_flight for step in journaled_steps(root) for g in read_step(root, step)[0])
 
 
+@pytest.mark.long
 def test_sigkill_while_running_ahead_then_resume_trains_every_prompt_once(tmp_path):
     """Running ahead (``max_staleness=1``), 3 steps, a checkpoint after each: SIGKILL in step 2 once a
     prompt in flight at the step-1 checkpoint has finished and been journaled; resume from that

@@ -83,6 +83,7 @@ def test_a_hung_request_fails_step_one_with_a_timeout_naming_the_group(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_on_timeout_drop_trains_step_one_on_the_other_groups(tmp_path: Path) -> None:
@@ -104,6 +105,7 @@ def test_on_timeout_drop_trains_step_one_on_the_other_groups(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_on_timeout_drop_with_the_default_mini_batch(tmp_path: Path) -> None:
@@ -131,6 +133,7 @@ def test_a_dead_rollout_server_ends_the_run_with_a_clear_error(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_a_killed_agent_loop_worker_ends_the_step_within_its_timeout(tmp_path: Path) -> None:

@@ -89,7 +89,11 @@ def _agrees_with_verl(rows: list[dict], lags: dict[int, list[int]]) -> None:
 
 @pytest.mark.parametrize(
     ("algo", "k", "steps", "pace"),
-    [("grpo", 1, 4, STRAGGLERS), ("grpo", 2, 4, ()), ("ppo", 1, 3, ())],
+    [
+        ("grpo", 1, 4, STRAGGLERS),
+        pytest.param("grpo", 2, 4, (), marks=pytest.mark.long),
+        pytest.param("ppo", 1, 3, (), marks=pytest.mark.long),
+    ],
     ids=["k1", "k2", "ppo_k1"],
 )
 def test_no_group_older_than_k_is_trained_on(
@@ -111,6 +115,7 @@ def test_no_group_older_than_k_is_trained_on(
     print(f"{algo} k={k}: lags per step {lags}; stale groups dropped {dropped:g}")
 
 
+@pytest.mark.long
 def test_k1_next_to_verls_colocate_async(tmp_path: Path) -> None:
     mine = _run(tmp_path / "conduit", "conduit", 3, {"max_staleness": 1})
     verl = _run(tmp_path / "colocate_async", "colocate_async", 3)
@@ -125,6 +130,7 @@ def test_k1_next_to_verls_colocate_async(tmp_path: Path) -> None:
     print(f"per-step (min, max) lag: {seq}")
 
 
+@pytest.mark.long
 def test_recompute_trains_and_counts_the_groups_over_the_bound(tmp_path: Path) -> None:
     rows = _run(tmp_path, "conduit", 4, {"max_staleness": 1, "on_stale": "recompute"}, STRAGGLERS)
     lags = _lags(tmp_path)

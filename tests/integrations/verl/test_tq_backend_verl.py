@@ -48,6 +48,7 @@ def test_jagged_field_pads_to_longest_row() -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_conduit_mode_on_conduit_backend(tmp_path: Path) -> None:
     work = tmp_path / "run"

@@ -200,6 +200,7 @@ def test_rollout_side_actors_pin_to_vllms_cores_as_they_start(
 @pytest.mark.vllm
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_vllm_step_runs_on_split_cores(tmp_path: Path) -> None:
     """One conduit-mode GRPO step on vLLM with the default split: every process's affinity, as

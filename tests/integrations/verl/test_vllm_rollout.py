@@ -111,6 +111,7 @@ def test_version_alias_carries_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.vllm
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_grpo_on_vllm_two_iterations(tmp_path: Path) -> None:
     """Two GRPO steps (sync trainer) with verl's vLLM rollout; after each weight sync vLLM's
@@ -138,14 +139,19 @@ def _run_vllm(work: Path, *args: str) -> tuple[list[dict], str]:
 @pytest.mark.parametrize(
     ("mode", "backend", "algo"),
     [
-        ("conduit", "conduit", "grpo"),
-        ("conduit", "simple", "grpo"),
-        ("colocate_async", "simple", "grpo"),
-        ("colocate_async", "conduit", "grpo"),
-        ("separate_async", "simple", "grpo"),
-        ("separate_async", "conduit", "grpo"),
-        ("sync", "simple", "ppo"),
-        ("conduit", "conduit", "ppo"),
+        ("conduit", "conduit", "grpo"),  # CI's slow stage; the rest of the matrix is `long`
+        *(
+            pytest.param(*case, marks=pytest.mark.long)
+            for case in (
+                ("conduit", "simple", "grpo"),
+                ("colocate_async", "simple", "grpo"),
+                ("colocate_async", "conduit", "grpo"),
+                ("separate_async", "simple", "grpo"),
+                ("separate_async", "conduit", "grpo"),
+                ("sync", "simple", "ppo"),
+                ("conduit", "conduit", "ppo"),
+            )
+        ),
     ],
 )
 def test_every_trainer_mode_and_backend_runs_on_vllm(
@@ -185,6 +191,7 @@ def test_every_trainer_mode_and_backend_runs_on_vllm(
 @pytest.mark.vllm
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1800)
 def test_conduit_and_sync_generate_the_same_responses_on_vllm(tmp_path: Path) -> None:
     """Equivalence on vLLM: with a seed per request, the conduit mode's responses are the sync
