@@ -98,8 +98,6 @@ def batch_identities(batch: Any) -> list[str]:
 
 def _restore(groups: dict[int, JournalGroup], uids: list[str], step: int) -> None:
     """Put the matched groups' trajectories back under the rows' new uids; mark the prompts finished."""
-    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-
     keys: list[str] = []
     samples: list[dict[str, Any]] = []
     tags: list[dict[str, Any]] = []
@@ -109,7 +107,7 @@ def _restore(groups: dict[int, JournalGroup], uids: list[str], step: int) -> Non
             keys.append(f"{uid}_{suffix}")
             samples.append({**sample, "uid": uid} if "uid" in sample else dict(sample))
             tags.append(dict(tag))
-    tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(samples), tags=tags)
+    _put_rows(keys, tags, samples)  # one put per field set: verl's tensordict takes the first row's keys
     prompt_uids = [uids[row] for row in groups]
     prompt_tags = [{"is_prompt": True, "status": "finished", "global_steps": step} for _ in prompt_uids]
     tq.kv_batch_put(keys=prompt_uids, partition_id="train", tags=prompt_tags)

@@ -225,6 +225,25 @@ def test_submit_restores_the_journaled_groups_and_generates_only_the_rest(tmp_pa
     assert sorted([*prompts["keys"], *gen["uid"]]) == [f"new{i}" for i in range(4)]
 
 
+def test_groups_with_different_fields_are_restored_with_all_their_fields(tmp_path, monkeypatch):
+    """verl builds a put's tensordict from its first row's keys: trajectories whose fields differ go
+    in one put per field set, none losing a field (one put for all dropped or failed on them)."""
+    pytest.importorskip("verl")
+    import conduit_verl.resume as resume
+
+    plain, extra = _group("0:a", 3, seed=0), _group("1:b", 3, seed=1)
+    for sample in extra.samples:
+        sample["ref_log_prob"] = torch.zeros(2)
+    fake = _FakeTQ()
+    monkeypatch.setattr(resume, "tq", fake)
+    resume._restore({0: plain, 1: extra}, ["new0", "new1"], 3)
+
+    first, second, prompts = fake.puts
+    assert first["keys"] == ["new0_0_0", "new0_1_0"] and "ref_log_prob" not in first["fields"].keys()
+    assert second["keys"] == ["new1_0_0", "new1_1_0"] and "ref_log_prob" in second["fields"].keys()
+    assert prompts["keys"] == ["new0", "new1"]
+
+
 def test_submit_without_a_journal_generates_everything(tmp_path, monkeypatch):
     import conduit_verl.resume as resume
 
