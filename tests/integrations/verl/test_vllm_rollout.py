@@ -178,11 +178,16 @@ def test_every_trainer_mode_and_backend_runs_on_vllm(
     if algo == "ppo":
         assert all(math.isfinite(r["critic/vf_loss"]) for r in rows)
     events = [json.loads(x) for x in (work / "gen_events.jsonl").read_text().splitlines()]
-    assert {e["version"] for e in events} >= {1, 2}
-    # harness default: 4 prompts x n=4 per batch; the async modes generate step 2's batch on version 1
-    # too (one version behind), so two batches carry it
-    batches_on_v1 = 2 if mode.endswith("_async") else 1
-    assert sum(e["version"] == 1 for e in events) == batches_on_v1 * 4 * 4
+    # harness default: 4 prompts x n=4 per batch. The async modes generate step 2's batch on version 1
+    # too (one version behind), so two batches carry it; version 2's batch (step 3's) races the end of
+    # the run there, and may not have started
+    versions = {e["version"] for e in events}
+    if mode.endswith("_async"):
+        assert 1 in versions and versions <= {1, 2}, versions
+        assert sum(e["version"] == 1 for e in events) == 2 * 4 * 4
+    else:
+        assert versions >= {1, 2}, versions
+        assert sum(e["version"] == 1 for e in events) == 4 * 4
     stats = [json.loads(x) for x in (work / "vllm_stats.jsonl").read_text().splitlines()]
     assert stats and all("stats" in s for s in stats), stats
     assert stats[-1]["stats"]["vllm:generation_tokens_total"] > 0
