@@ -12,6 +12,7 @@ import importlib.metadata as md
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,11 +109,21 @@ def test_version_alias_carries_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
         md.version("no-such-distribution-conduit")
 
 
-@pytest.mark.vllm
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.long
-@pytest.mark.timeout(900)
+def vllm_run(timeout: int, long: bool = True) -> Callable[[Callable], Callable]:
+    """The marks of a test that runs verl on vLLM end to end: vllm, ray, slow and its timeout; and
+    ``long`` (left out of CI's slow stage) unless ``long=False``."""
+    marks = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(timeout)]
+    marks += [pytest.mark.long] if long else []
+
+    def apply(fn: Callable) -> Callable:
+        for mark in marks:
+            fn = mark(fn)
+        return fn
+
+    return apply
+
+
+@vllm_run(900)
 def test_grpo_on_vllm_two_iterations(tmp_path: Path) -> None:
     """Two GRPO steps (sync trainer) with verl's vLLM rollout; after each weight sync vLLM's
     log-probs of the sampled tokens equal the FSDP actor's (verl's own rollout-vs-actor metric)."""
@@ -132,10 +143,7 @@ def _run_vllm(work: Path, *args: str) -> tuple[list[dict], str]:
     return read_metrics(work / "metrics.jsonl"), tail
 
 
-@pytest.mark.vllm
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.timeout(900)
+@vllm_run(900, long=False)  # its first case is CI's; the rest of the matrix is marked long
 @pytest.mark.parametrize(
     ("mode", "backend", "algo"),
     [
@@ -193,11 +201,7 @@ def test_every_trainer_mode_and_backend_runs_on_vllm(
     assert stats[-1]["stats"]["vllm:generation_tokens_total"] > 0
 
 
-@pytest.mark.vllm
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.long
-@pytest.mark.timeout(1800)
+@vllm_run(1800)
 def test_conduit_and_sync_generate_the_same_responses_on_vllm(tmp_path: Path) -> None:
     """Equivalence on vLLM: with a seed per request, the conduit mode's responses are the sync
     trainer's, iteration by iteration (vLLM's batching may still move a token: ≥ 95% asked)."""
