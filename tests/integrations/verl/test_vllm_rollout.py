@@ -143,7 +143,7 @@ def _run_vllm(work: Path, *args: str) -> tuple[list[dict], str]:
     return read_metrics(work / "metrics.jsonl"), tail
 
 
-@vllm_run(900, long=False)  # its first case is CI's; the rest of the matrix is marked long
+@vllm_run(900, long=False)
 @pytest.mark.parametrize(
     ("mode", "backend", "algo"),
     [
