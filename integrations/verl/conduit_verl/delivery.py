@@ -6,7 +6,7 @@ read them. Each ingested piece is one ``put`` of whole groups (a group of ``n`` 
 or not at all) and each actor mini-batch one ``get``: consumed exactly once, in ingestion order, by
 the policy version that produced it (``max_staleness=0``). The Conduit keeps its own metrics: the
 step's spans (``ingest``, ``deliver``) already time these calls, and a piece put while generation
-runs is not exposed.
+runs is not exposed; its counters join the step's metrics as ``conduit/buffer/*``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from conduit import BufferConfig, Column, ColumnBatch, Conduit, Metrics, Schema
 from conduit_verl.compat import KVBatchMeta
+from conduit_verl.errors import VerlIntegrationError
 
 REF_SCHEMA = Schema([Column("piece", torch.int64), Column("row", torch.int64)])
 
@@ -56,7 +57,11 @@ class GroupFifo:
         tags = [t for p in self.pieces for t in p.tags]
         return KVBatchMeta(partition_id=self.pieces[0].partition_id, keys=keys, tags=tags)
 
-    def reset(self) -> None:
-        """Forget this step's pieces (the Conduit itself must be empty: every group consumed)."""
-        assert len(self) == 0, f"{len(self)} samples were never delivered"
+    def end_step(self) -> dict[str, float]:
+        """Forget this step's pieces; the Conduit's counters of the step (``conduit/buffer/*``:
+        samples inserted, sampled). Every group must have been consumed."""
+        if len(self):
+            raise VerlIntegrationError(f"{len(self)} samples of this step were never delivered")
         self.pieces = []
+        counts = self.conduit.metrics.end_iteration().items()
+        return {f"conduit/buffer/{k[6:]}": v for k, v in counts if k.startswith("count/")}

@@ -239,7 +239,7 @@ def stream_step(trainer: Any, metrics: dict, timing_raw: dict, sample_batch_size
         with m.span("whiten", exposed=True), marked_timer("adv", timing_raw):
             whiten_advantages(batch)
     deliver(trainer, fifo, batch, metrics, timing_raw, version)
-    fifo.reset()
+    metrics.update(fifo.end_step())
     metrics.update(ledger.end_step(version))
     metrics.update({f"conduit/{k}": v for k, v in m.end_iteration().items()})
     return batch

@@ -106,6 +106,7 @@ def _run_both(
         for x, y in zip(a["samples"], b["samples"], strict=True):
             assert (x["prompt"], x["response"]) == (y["prompt"], y["response"])  # same samples
         assert rc["conduit/pieces"] >= 2  # streamed in pieces
+        assert rc["conduit/buffer/inserted"] == rc["conduit/buffer/sampled"] == 16  # each sample once
     return steps
 
 

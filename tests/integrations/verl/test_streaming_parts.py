@@ -9,6 +9,7 @@ pytest.importorskip("transfer_queue")
 
 from conduit_verl.checks import piece_unit  # noqa: E402
 from conduit_verl.delivery import GroupFifo  # noqa: E402
+from conduit_verl.errors import VerlIntegrationError  # noqa: E402
 from conduit_verl.group_wait import GroupWait  # noqa: E402
 from conduit_verl.streaming import merge_metrics  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
@@ -66,7 +67,16 @@ def test_group_fifo_whole_groups_once_in_order() -> None:
     assert fifo.take(2, version=1).keys == ["a_0_0", "a_1_0"]
     assert fifo.take(2, version=1).keys == ["b_0_0", "b_1_0"]
     assert len(fifo) == 0
-    fifo.reset()
+    counts = fifo.end_step()  # the step's buffer counters reach the trainer's metrics
+    assert counts["conduit/buffer/inserted"] == 4 and counts["conduit/buffer/sampled"] == 4
+    assert fifo.pieces == []
+
+
+def test_group_fifo_refuses_to_end_a_step_with_samples_not_delivered() -> None:
+    fifo = GroupFifo(group_size=2, capacity=16)
+    fifo.put(KVBatchMeta(partition_id="train", keys=["a_0_0", "a_1_0"], tags=[{}] * 2), [[0, 1]], version=1)
+    with pytest.raises(VerlIntegrationError, match="2 samples of this step were never delivered"):
+        fifo.end_step()
 
 
 def test_a_failing_verl_stage_is_an_operator_error_naming_it_and_the_piece() -> None:
