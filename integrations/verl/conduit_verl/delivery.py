@@ -63,5 +63,5 @@ class GroupFifo:
         if len(self):
             raise VerlIntegrationError(f"{len(self)} samples of this step were never delivered")
         self.pieces = []
-        counts = self.conduit.metrics.end_iteration().items()
-        return {f"conduit/buffer/{k[6:]}": v for k, v in counts if k.startswith("count/")}
+        counts = self.conduit.metrics.end_iteration()
+        return {f"conduit/buffer/{k}": counts.get(f"count/{k}", 0.0) for k in ("inserted", "sampled")}

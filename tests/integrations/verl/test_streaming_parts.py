@@ -68,7 +68,7 @@ def test_group_fifo_whole_groups_once_in_order() -> None:
     assert fifo.take(2, version=1).keys == ["b_0_0", "b_1_0"]
     assert len(fifo) == 0
     counts = fifo.end_step()  # the step's buffer counters reach the trainer's metrics
-    assert counts["conduit/buffer/inserted"] == 4 and counts["conduit/buffer/sampled"] == 4
+    assert counts == {"conduit/buffer/inserted": 4, "conduit/buffer/sampled": 4}
     assert fifo.pieces == []
 
 
