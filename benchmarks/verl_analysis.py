@@ -106,6 +106,9 @@ def rows_for_run(
                 "score": m.get("critic/score/mean"),
                 "work": {k: int(g.get(k, 0)) for k in ("responses", "response_tokens")},
                 "ingest_s": round(sum(t.get(k, 0.0) for k in INGEST), 4),
+                # busy time of the ingestion stages, summed over the step (a piece's stages included
+                # where Conduit streams them): work moved off the path is still work
+                "ingest_busy_s": round(sum(t.get(k, 0.0) for k in INGEST), 4),
                 "model_gen_s": g.get("model_gen_s"),
                 "late_s": g.get("late_s"),
                 "stages": stages,

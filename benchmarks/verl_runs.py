@@ -17,6 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import script  # noqa: E402
+from intervals import MIN_ROUNDS, check_abba, round_plan  # noqa: E402
 from verl_analysis import choose_poll, rows_for_run  # noqa: E402
 from verl_plots import reward_curve  # noqa: E402
 from verl_vllm_analysis import engine_steps, run_info  # noqa: E402
@@ -232,18 +233,19 @@ def machine() -> dict[str, Any]:
 
 
 def plan_size(args: argparse.Namespace) -> tuple[int, int]:
-    """Measured iterations per run and rounds of all systems: ``--steps`` / ``--rounds``, or the
-    defaults (14 and 2; ``--quick`` 4 and 1) every verl benchmark shares."""
-    return args.steps or (4 if args.quick else 14), args.rounds or (1 if args.quick else 2)
+    """Measured iterations per run and rounds: ``--steps`` / ``--rounds``, or the defaults every verl
+    benchmark shares (14 and ``intervals.MIN_ROUNDS``; ``--quick`` 4 and 1)."""
+    return args.steps or (4 if args.quick else 14), args.rounds or (1 if args.quick else MIN_ROUNDS)
 
 
 def run_method(rounds: int, steps: int) -> dict[str, Any]:
     """What every benchmark built on ``run_systems`` says of how its rows were made (its result's
     ``method``): the order of the runs, the command line and the machine's load."""
     return {
-        "order": f"{rounds} round(s) of {steps} measured iterations per system (+1 warm-up, dropped); in "
-        "each round the systems run one after another, verl's and Conduit's alternating, every other round "
-        "reversed (verl_runs.round_order; rows' round, position); same seed and data",
+        "order": f"{rounds} round(s) of {steps} measured iterations per run (+1 warm-up, dropped): every "
+        "system in round 0, verl's and Conduit's alternating (verl_runs.round_order); after it the headline "
+        "pair alone, adjacent, its order reversed each round (ABBA: intervals.round_plan; the file's "
+        "round_plan, rows' round and position); same seed and data. Intervals: intervals.bootstrap_ratio",
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine_load": "2 shared cores; other jobs may run concurrently (noisy)",
     }
@@ -294,19 +296,39 @@ def calibrate(root: Path, args: argparse.Namespace, tail: float) -> list[dict[st
     return rows_for_run(work, args.algo, "verl_sync", 1, {})
 
 
+def polled(plain: str, poll: float) -> list[str]:
+    """The harness flag that sets the replay-buffer poll of a polling baseline: every verl trainer
+    (sync, colocate_async, separate_async, bounded or not) at ``poll``, except ``verl_sync``, which
+    is verl as shipped (2 s); Conduit's trainer mode waits on its own completion channel."""
+    if plain.startswith("conduit") or plain == "verl_sync" or poll is None:
+        return []
+    return ["--poll-interval", str(poll)]
+
+
+def plan_rounds(systems: list[str], rounds: int, pair: tuple[str, str] | None) -> list[list[str]]:
+    """The systems of each round: with a headline ``pair`` among ``systems``, ``intervals.round_plan``
+    (every system in round 0, then the pair alone, its order reversed each round); otherwise every
+    system in every round, in ``round_order``."""
+    if pair and pair[0] in systems and pair[1] in systems:
+        return round_plan(round_order(systems, 0), pair, rounds)
+    return [round_order(systems, k) for k in range(rounds)]
+
+
 def run_systems(
     root: Path, args: argparse.Namespace, systems: list[str], plan: dict[str, Any], result: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """Every system ``plan["rounds"]`` times, in ``round_order`` (verl's and Conduit's systems
-    alternate, odd rounds reversed: drift hits both sides alike); rows tagged with the plan's ``info``
+    """Every system in ``plan_rounds``' order: ``plan["rounds"]`` rounds, in ``round_order`` (verl's and
+    Conduit's systems alternate, odd rounds reversed: drift hits both sides alike) or, with a headline
+    ``plan["pair"]``, every system in round 0 and the pair alone after it, reversed each round (ABBA;
+    ``result["round_plan"]``); every polling baseline at ``plan["poll"]`` (``polled``); rows tagged with the plan's ``info``
     (rollout, tail, R, ...) and the run's place in its round (``position``). ``plan["modes"]``
     (optional): a benchmark's own systems, name -> (trainer mode, harness flags), where ``{work}`` in
     a flag becomes the run's work dir (``verl_staleness.py``: ``conduit_k1`` -> ``conduit`` with
     ``+trainer.v1.conduit.max_staleness=1``, its group log under ``{work}``)."""
     poll = plan["poll"]
     modes = {
-        "verl_sync": ("sync", []),
-        "verl_sync_tuned": ("sync", ["--poll-interval", str(poll)]),
+        "verl_sync": ("sync", []),  # as shipped: verl's 2 s replay-buffer poll
+        "verl_sync_tuned": ("sync", []),
         "verl_colocate_async": ("colocate_async", []),
         "verl_separate_async": ("separate_async", []),  # the harness's overrides.separate_async_overrides
         "conduit": ("conduit", []),
@@ -314,18 +336,23 @@ def run_systems(
         **plan.get("modes", {}),
     }
     rows: list[dict[str, Any]] = []
-    for k in range(plan["rounds"]):
-        for position, system in enumerate(round_order(systems, k)):
+    rounds = plan_rounds(systems, plan["rounds"], plan.get("pair"))
+    result["round_plan"] = rounds
+    if plan.get("pair") and (why := check_abba(rounds, plan["pair"])):
+        result["round_plan_breaks_abba"] = why
+    for k, order in enumerate(rounds):
+        for position, system in enumerate(order):
             plain, backend = split_system(system)
             mode, extra = modes[plain]
             work = root / f"{plan['label']}{system}_r{k}"
             extra = [x.replace("{work}", str(work)) for x in extra]
+            extra += polled(plain, poll)
             extra = [*extra, "--tq-backend", backend, *conduit_knobs(args, system), *plan["harness"]]
             rc, tail = run(work, mode, plan["steps"] + 1, args, extra)
             if rc or not (work / "metrics.jsonl").exists():
                 result["errors"][f"{plan['label']}{system}_r{k}"] = tail
                 continue
-            info = {"round": k, "position": position, "poll_s": poll if "tuned" in plain else None}
+            info = {"round": k, "position": position, "poll_s": poll if polled(plain, poll) else None}
             info.update(plan["info"])
             info["tq_backend"] = backend_ran(work, backend)
             info.update(tq_seconds_per_iteration(work), **run_info(work))

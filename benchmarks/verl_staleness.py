@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 import report_staleness  # noqa: E402
 import script  # noqa: E402
+from poll_check import poll_findings  # noqa: E402
 from verl_analysis import calibration  # noqa: E402
 from verl_plots import reward_curve  # noqa: E402
 from verl_runs import (  # noqa: E402
@@ -81,6 +82,7 @@ from verl_runs import (  # noqa: E402
 )
 from verl_staleness_analysis import (  # noqa: E402
     CONDUIT_K,
+    HEADLINE,
     TARGET_BACKEND_SPEEDUP,
     TARGET_EXPOSED,
     TARGET_WALL,
@@ -88,6 +90,7 @@ from verl_staleness_analysis import (  # noqa: E402
     all_ratios,
     annotate,
     bound,
+    headlines,
     summarize,
     targets,
 )
@@ -218,8 +221,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--steps", type=int, default=None, help="measured iterations per run (default 14, quick 4)"
     )
-    p.add_argument("--rounds", type=int, default=None, help="rounds of all systems (default 2, quick 1)")
-    p.add_argument("--poll", type=float, default=0.02, help="verl_sync_tuned's replay-buffer poll period (s)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"rounds of the headline pair {HEADLINE} (default 3, quick 1); the other systems run in round 0",
+    )
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=0.02,
+        help="replay-buffer poll period (s) of every verl trainer but verl_sync (verl as shipped: 2 s)",
+    )
     p.add_argument(
         "--rollout",
         choices=("paced", "vllm"),
@@ -287,6 +300,7 @@ def prepare(args: argparse.Namespace, prefix: str) -> tuple[Path, dict[str, Any]
         harness = harness_args(args)
     plan = {
         "poll": args.poll,
+        "pair": HEADLINE,
         "rounds": rounds,
         "steps": steps,
         "label": "",
@@ -317,6 +331,8 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     result.update(rows=rows, summary=summary)
     result["ratios"] = all_ratios(rows, summary)
     result["targets"] = targets(result["ratios"], summary)
+    result["poll_check"] = poll_findings(rows)
+    result["headlines"] = headlines(rows, result["ratios"], result["poll_check"])
     if args.reward_steps:
         result["reward_curve"] = reward_runs(root, args, plan, result["errors"])
         reward_plot(result["reward_curve"], args.out.with_name(f"{args.out.stem}_reward.png"), args)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from intervals import headline  # noqa: E402
 from verl_analysis import jsonl, median, ratios, work_differs  # noqa: E402
 from verl_runs import TQ_SUFFIX, split_system  # noqa: E402
 
@@ -174,6 +175,7 @@ def summarize(rows: list[dict[str, Any]], systems: list[str]) -> list[dict[str, 
                 "tq_backend": ",".join(sorted({str(r.get("tq_backend")) for r in mine})),
                 "wall_s": _med([r["wall_s"] for r in mine]),
                 "exposed_s": _med([r["exposed_s"] for r in mine]),
+                "ingest_busy_s": _med([r.get("ingest_busy_s") for r in mine]),
                 "update_weights_s": _med([r.get("update_weights_s") for r in mine]),
                 "responses": _sum([r.get("work", {}).get("responses") for r in mine]),
                 "response_tokens": _sum([r.get("work", {}).get("response_tokens") for r in mine]),
@@ -307,3 +309,26 @@ def targets(ratio: dict[str, Any], summary: list[dict[str, Any]]) -> dict[str, A
                 round(storage / wall_s, 4) if storage is not None and wall_s else None
             )
     return out
+
+
+def headlines(
+    rows: list[dict[str, Any]], ratio: dict[str, Any], polls: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The file's headline claims: ``conduit_k1`` ÷ ``verl_colocate_async``, wall <= ``TARGET_WALL`` and
+    exposed <= ``TARGET_EXPOSED``, each with its interval and verdict (``intervals.headline``);
+    refused where Conduit trained staler data (``all_ratios``) or the baseline waited on a long
+    poll (``polls``: ``poll_check.poll_findings``)."""
+    a, b = HEADLINE
+    algo = str(rows[0]["algo"]).upper() if rows else ""
+    why = ratio.get(f"refused/{a}_over_{b}") or (f"{b}: {polls[b]}" if b in polls else None)
+    return [
+        headline(
+            f"verl {algo} paced, bounded staleness: {a} ÷ {b}, {what}",
+            rows,
+            HEADLINE,
+            key,
+            target,
+            refused=why,
+        )
+        for what, key, target in (("wall", "wall_s", TARGET_WALL), ("exposed", "exposed_s", TARGET_EXPOSED))
+    ]

@@ -264,7 +264,14 @@ def test_rows_fields_flags_and_the_ratio_at_equal_staleness(tmp_path: Path, monk
     assert f"+trainer.v1.conduit.group_log={log}" in calls["conduit_k1"]  # {work} = the run's dir
     assert calls["verl_colocate_async"][0] == "colocate_async"
     assert not any("max_staleness" in x for x in calls["verl_colocate_async"])
-    assert calls["verl_colocate_async+tq_conduit"][1:3] == ["--tq-backend", "conduit"]
+    # every verl async trainer polls at the benchmark's short period, not verl's 2 s (issue 47)
+    assert calls["verl_colocate_async+tq_conduit"][1:5] == [
+        "--poll-interval",
+        "0.02",
+        "--tq-backend",
+        "conduit",
+    ]
+    assert calls["verl_colocate_async"][1:3] == ["--poll-interval", "0.02"]
     assert len(rows) == 4 * 3  # warm-up iteration dropped
     for row in rows:
         assert all(f in row for f in ROW_FIELDS), row

@@ -196,9 +196,12 @@ def poll_schedule(raw: str) -> list[float]:
 
 
 def _patch_poll_interval() -> None:
-    """Apply ``CONDUIT_VERL_POLL_INTERVAL_S`` to verl's replay buffers (the tuned sync baseline).
+    """Apply ``CONDUIT_VERL_POLL_INTERVAL_S`` to every verl replay buffer (the tuned baselines).
 
-    A comma-separated list gives one period per training step, so one run can sweep periods.
+    Every method of ``ReplayBuffer`` and its subclasses that waits for a step's samples (``sample``,
+    ``wait_for_sampleable``: ``ReplayBufferAsync`` overrides the first, and verl's separate_async
+    trainer calls the second directly) sets the period before it waits. A comma-separated list gives
+    one period per training step, so one run can sweep periods.
     """
     raw = os.environ.get(POLL_ENV, "")
     if not raw:
@@ -206,18 +209,33 @@ def _patch_poll_interval() -> None:
     schedule = poll_schedule(raw)
     from verl.trainer.ppo.v1 import replay_buffer
 
-    original = replay_buffer.ReplayBuffer.sample
-    if getattr(original, "_conduit_patched", False):
-        return
+    for cls in replay_buffers(replay_buffer):
+        for name in POLLED_METHODS:
+            original = vars(cls).get(name)
+            if original is None or getattr(original, "_conduit_patched", False):
+                continue
+            setattr(cls, name, _with_poll(original, schedule))
 
+
+#: the replay-buffer methods that wait on TransferQueue at ``poll_interval``
+POLLED_METHODS = ("sample", "wait_for_sampleable")
+
+
+def replay_buffers(module: Any) -> list[type]:
+    """``module.ReplayBuffer`` and every subclass of it the module defines."""
+    base = module.ReplayBuffer
+    return [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, base)]
+
+
+def _with_poll(original: Any, schedule: list[float]) -> Any:
     @functools.wraps(original)
-    def sample(self: Any, global_steps: int, partition_id: str, batch_size: int) -> Any:
+    def wrapper(self: Any, global_steps: int, partition_id: str, *args: Any, **kwargs: Any) -> Any:
         if partition_id == "train":
             self.poll_interval = schedule[min(max(int(global_steps), 1), len(schedule)) - 1]
-        return original(self, global_steps, partition_id, batch_size)
+        return original(self, global_steps, partition_id, *args, **kwargs)
 
-    sample._conduit_patched = True  # type: ignore[attr-defined]
-    replay_buffer.ReplayBuffer.sample = sample  # type: ignore[method-assign]
+    wrapper._conduit_patched = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def _patch_separate_async_logger() -> None:

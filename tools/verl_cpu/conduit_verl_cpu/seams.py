@@ -76,6 +76,15 @@ SEAMS: tuple[Seam, ...] = (
     ),
     # the tuned baseline's poll period (patches._patch_poll_interval)
     method_seam("sample", "global_steps", "partition_id", "batch_size", **_ON_BUFFER),
+    method_seam(
+        "wait_for_sampleable",
+        "global_steps",
+        "partition_id",
+        "target_count",
+        cls="ReplayBufferAsync",
+        module=_BUFFER,
+        owner="replay buffer",
+    ),
     attribute_seam("poll_interval", "replay buffer", _BUFFER),
     # the per-step sample dump (dump.py)
     method_seam("_compute_metrics", "batch", "metrics", "timing_raw", "global_steps", "epoch"),
