@@ -42,7 +42,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from poll_check import poll_findings  # noqa: E402
 from verl_analysis import STEADY_FROM, calibration, exposed_profile, ratios, sweep_table, targets  # noqa: E402
+from verl_headlines import PAIR, iteration_headlines  # noqa: E402
 from verl_plots import paced_sweep, stage_bars  # noqa: E402
 from verl_runs import (  # noqa: E402
     TQ_SUFFIX,
@@ -113,7 +115,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--stream-piece-groups", type=int, default=2, help="conduit_stream: fixed groups per piece"
     )
-    p.add_argument("--rounds", type=int, default=None, help="rounds of all systems (default 2, quick 1)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"rounds of the headline pair {PAIR} (default 3, quick 1); the other systems run in round 0",
+    )
     p.add_argument(
         "--systems",
         default=None,
@@ -235,7 +242,7 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     for i, (tail, r) in enumerate(points):
         label = "" if not paced else f"paced_t{tail:g}_R{r:g}_"
         info = {"rollout": args.rollout, "tail": tail, "R": r}
-        plan = {"poll": poll, "rounds": rounds if i == 0 else 1, "steps": steps, "label": label}
+        plan = {"poll": poll, "rounds": rounds if i == 0 else 1, "steps": steps, "label": label, "pair": PAIR}
         plan.update(harness=harness[tail, r], info=info)
         mine = systems if i == 0 else [s for s in SWEEP_SYSTEMS if s in systems]
         rows = run_systems(root, args, mine, plan, result)
@@ -248,6 +255,8 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
         )
         if i == 0:
             result["ratios"] = found
+            result["poll_check"] = poll_findings(rows)
+            result["headlines"] = iteration_headlines(rows, found, result["poll_check"], args.rollout)
             result["profile"] = {s: exposed_profile(rows, s) for s in mine if s.startswith("conduit")}
         if args.sweep:
             sweep_ratios[f"tail={tail:g},R={r:g}"] = found
@@ -344,8 +353,10 @@ def method(args: argparse.Namespace, rounds: int, steps: int) -> dict[str, Any]:
         "each row's tq_backend is what the run reported",
         "conduit_steady": f"conduit_steady_over_*: both systems' iterations {STEADY_FROM} and later "
         "(after piece_groups=auto's measurement phase), the same window for both; reported, not used by targets",
-        "poll": "verl_sync_tuned (and its +tq_conduit control) run at the poll period with the lowest "
-        "median wall in the sweep (sweep.chosen; sweep.resolved says whether the sweep ordered the periods)",
+        "poll": "every verl trainer but verl_sync (verl as shipped, 2 s) runs at one replay-buffer poll "
+        "period: --poll, else the one with the lowest median wall in the sweep (sweep.chosen; sweep.resolved "
+        "says whether the sweep ordered the periods); poll_check lists any baseline whose waits still sit on "
+        "a >= 1 s poll",
         "exposed": (sys.modules["verl_analysis"].__doc__ or "").strip(),
         "work": "each row's work counters (responses, response tokens of its iteration); a ratio is "
         "refused (refused/...) when two systems did different work",

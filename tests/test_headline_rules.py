@@ -119,3 +119,23 @@ def test_the_committed_async_baselines_waited_on_the_2s_poll(name: str) -> None:
         assert doc["poll_check"] == poll_findings(doc["rows"])
         pytest.skip("rerun under the rule: its findings are stored and recomputed above")
     assert "verl_colocate_async" in poll_findings(doc["rows"])
+
+
+def test_iteration_headlines_refuse_unequal_work_unequal_losses_and_a_long_poll() -> None:
+    from verl_headlines import iteration_headlines
+
+    rows = [{**r, "algo": "grpo", "exposed_s": r["wall_s"] / 4} for r in _rows("conduit", [[8.0] * 8] * 3)]
+    rows += [
+        {**r, "algo": "grpo", "exposed_s": r["wall_s"]} for r in _rows("verl_sync_tuned", [[10.0] * 8] * 3)
+    ]
+    ok = iteration_headlines(rows, {"losses_equal/conduit_vs_verl_sync_tuned": True}, {}, "hf")
+    assert [h["verdict"] for h in ok] == [intervals.MET, intervals.MET]
+    assert ok[0]["interval"]["ratio"] == 0.8 and ok[0]["target"] == 1.0
+    paced = iteration_headlines(rows, {}, {}, "paced")  # wall 0.8 <= 0.85, exposed 0.2 <= 0.3
+    assert [h["verdict"] for h in paced] == [intervals.MET, intervals.MET]
+    work = iteration_headlines(rows, {"refused/conduit_over_verl_sync_tuned": "work differs"}, {}, "hf")
+    assert {h["verdict"] for h in work} == {"refused"}
+    losses = iteration_headlines(rows, {"losses_equal/conduit_vs_verl_sync_tuned": False}, {}, "hf")
+    assert "losses differ" in losses[0]["why"]
+    polled = iteration_headlines(rows, {}, {"verl_sync_tuned": "waited on a 2 s poll"}, "hf")
+    assert "2 s poll" in polled[0]["why"]
