@@ -2,10 +2,12 @@
 
     tok = provenance.start()                 # first thing the run does (reads the git facts)
     ...
-    machine.update(provenance.finish(tok))   # git_commit, git_dirty, load_average_start/_end, created_utc
+    machine.update(provenance.finish(tok))   # git_commit, git_dirty, load_average_start/_end, created_utc,
+                                             # command
 
 The git facts are read in ``start`` (the code the run imported); ``git_dirty`` counts untracked files
-and is None where git cannot tell. Standard library only (the GPU scripts need it too).
+and is None where git cannot tell; ``command`` is the script's name and arguments (``sys.argv``), so
+that every results file says how it was made. Standard library only (the GPU scripts need it too).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,11 @@ def git(*args: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def command_line() -> str:
+    """The command that started this process: the script's file name and its arguments."""
+    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
 def load_average() -> list[float] | None:
@@ -64,4 +72,5 @@ def finish(token: Start) -> dict[str, Any]:
         "load_average_start": token.load_average_start,
         "load_average_end": load_average(),
         "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": command_line(),
     }

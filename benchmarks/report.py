@@ -1,16 +1,18 @@
 """Generate BENCHMARKS.md from the results files; ``--check`` fails when the page differs from them.
 
     python benchmarks/report.py           # rewrite BENCHMARKS.md
-    python benchmarks/report.py --check   # exit 1 (and print a diff head) if BENCHMARKS.md is stale
+    python benchmarks/report.py --check   # exit 1 (and print a diff head) if BENCHMARKS.md is stale,
+                                          # or a note quotes a figure no results file holds
 
 One section per area, in :data:`SECTIONS`: its heading, the hand-written note
 ``benchmarks/notes/<key>.md`` (what is measured, the command, method caveats; no figures), one
 provenance line per results file (commit, dirty flag, load average at start and end, date, command
-where recorded), one table from the canonical run (``report_tables``, ``report_verl``,
+or "command not recorded", and "not a headline" where the run began at a load over 1.0), one table from the canonical run (``report_tables``, ``report_verl``,
 ``report_ops``) and the run's PNGs where present. Every figure comes from
 ``benchmarks/results/*.json``; nothing is computed beyond unit conversion, rounding and counting
-or summing the rows' own work counters (verl's iterations and response tokens). Standard library
-only.
+or summing the rows' own work counters (verl's iterations and response tokens). ``--check`` also
+fails when a note quotes a measured figure that the page does not render from a results file
+(``report_notes_check``). Standard library only.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import report_tables as core  # noqa: E402
 import report_verl as verl  # noqa: E402
 import report_vllm as vllm  # noqa: E402
 from report_fmt import provenance  # noqa: E402
+from report_notes_check import read_notes, unheld  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -223,12 +226,13 @@ def load(name: str, results: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def note(key: str, notes: Path) -> list[str]:
-    path = notes / f"{key}.md"
-    return [path.read_text().strip(), ""] if path.exists() else []
+def note(key: str, notes: Path | None) -> list[str]:
+    """The note ``notes/<key>.md`` and a blank line, or nothing (no such note, or ``notes`` None)."""
+    path = notes / f"{key}.md" if notes is not None else None
+    return [path.read_text().strip(), ""] if path is not None and path.exists() else []
 
 
-def section(s: Section, results: Path, notes: Path) -> list[str]:
+def section(s: Section, results: Path, notes: Path | None) -> list[str]:
     """A section's lines: heading, note, provenance per file, the table, images, subsections."""
     out = ["#" * s.level + " " + s.title, "", *note(s.key, notes)]
     docs = {name: load(name, results) for name in s.files}
@@ -247,8 +251,8 @@ def section(s: Section, results: Path, notes: Path) -> list[str]:
     return out
 
 
-def render(results: Path = RESULTS, notes: Path = NOTES) -> str:
-    """The whole page."""
+def render(results: Path = RESULTS, notes: Path | None = NOTES) -> str:
+    """The whole page (``notes`` None: without the notes, only what the results files give)."""
     lines = ["# Benchmarks", "", HEADER, "", *note("intro", notes)]
     for s in SECTIONS:
         lines += section(s, results, notes)
@@ -258,9 +262,26 @@ def render(results: Path = RESULTS, notes: Path = NOTES) -> str:
     return text.strip() + "\n"
 
 
+def note_scopes(results: Path = RESULTS) -> dict[str, str]:
+    """Each section's note file -> the text its top-level section renders from the results (no notes)."""
+    out = {}
+    for top in SECTIONS:
+        text = "\n".join(section(top, results, None))
+        stack = [top]
+        while stack:
+            s = stack.pop()
+            out[f"{s.key}.md"] = text
+            stack += s.subsections
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="exit 1 if BENCHMARKS.md differs from the results")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if BENCHMARKS.md differs from the results or a note quotes a figure no results file holds",
+    )
     p.add_argument("--out", type=Path, default=PAGE, help="the page (default BENCHMARKS.md)")
     a = p.parse_args(argv)
     text = render()
@@ -268,9 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         a.out.write_text(text)
         print(f"wrote {a.out} ({text.count(chr(10))} lines)")
         return 0
+    figures = unheld(read_notes(NOTES), note_scopes(), render(notes=None))
+    for f in figures:
+        print(f)
     current = a.out.read_text() if a.out.exists() else ""
     if current == text:
-        return 0
+        return 1 if figures else 0
     diff = difflib.unified_diff(
         current.splitlines(),
         text.splitlines(),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from report_headline import command, load_mark, record
+
 DASH = "—"
 
 
@@ -96,9 +98,10 @@ def _load(x: Any) -> str:
 
 def provenance(name: str, doc: dict[str, Any]) -> str:
     """One line from a results file: commit, dirty flag, 1-minute load average at start and end,
-    date, run length and command where recorded (``machine`` or the top level)."""
-    m = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
-    src = m if "git_commit" in m else doc
+    date, run length and command where recorded (``machine``, the top level or ``method``); a file
+    without a command says "command not recorded", and a run that began at a load over 1.0 says it
+    is not a headline (``report_headline``)."""
+    src = record(doc)
     commit = src.get("git_commit")
     dirty = src.get("git_dirty")
     parts = [
@@ -113,11 +116,12 @@ def provenance(name: str, doc: dict[str, Any]) -> str:
     )
     if wall is not None:
         parts.append(f"{wall:.0f} s")
-    method = doc.get("method") if isinstance(doc.get("method"), dict) else {}
-    command = doc.get("command") or method.get("command")
+    cmd = command(doc)
     line = f"- Run `{name}`: " + ", ".join(parts)
-    if command:
-        line += f"; command `{command}`"
+    line += f"; command `{cmd}`" if cmd else "; command not recorded"
+    mark = load_mark(doc)
+    if mark:
+        line += f"; {mark}"
     if doc.get("reanalysis"):
         line += "; re-analysed after the run (`reanalysis`)"
     for w in doc.get("warnings") or []:

@@ -56,18 +56,8 @@ def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
     out += ["", *table(head, rows), ""]
     for label, d in docs:
         f = d.get("ingestion_floor") or {}
-        per_token = f.get("per_token_s")
         if "exposed_ratio_floor" in f:
-            out.append(
-                f"- {label}: ingestion floor (every response ingested as it finishes, one after another, at "
-                f"verl_sync_tuned's whole-batch rate, {num(per_token * 1e3 if per_token is not None else None, 3)} ms per response token): "
-                f"{num(f.get('floor_s'), 3)} s after the last response (median; per iteration "
-                f"{', '.join(num(v, 2) for v in (f.get('per_iteration') or {}).values())}), plus verl_sync_tuned's own wait "
-                f"for generation's outputs {num(f.get('baseline_gen_wait_s'), 3)} s: no on-policy schedule's "
-                f"exposed time gets under {num(f.get('exposed_floor_s'), 3)} s here, "
-                f"{num(f.get('exposed_ratio_floor'), 3)}x verl_sync_tuned's, and no wall ratio under "
-                f"{num(f.get('wall_ratio_floor'), 3)}x (its wall with its exposed time cut to that floor)."
-            )
+            out.append(floor_line(label, f))
         for pair, e in (d.get("equivalence") or {}).items():
             out.append(
                 f"- {label}: identical responses, {pair.replace('_vs_', ' vs ')}: "
@@ -75,6 +65,44 @@ def vllm(docs: list[tuple[str, Doc]]) -> list[str]:
                 f"({pct(e.get('share_identical'))}; target ≥ 95%: {verdict(e.get('target>=0.95'))})."
             )
     return out
+
+
+def floor_line(label: str, f: dict[str, Any]) -> str:
+    """The ingestion floor (``verl_vllm_analysis.ingestion_floor``) as the JSON says it is: a floor only
+    where ``is_bound`` is true (no measured iteration of conduit fell below it), else an estimate, with
+    the iterations that undercut it."""
+    per_token = f.get("per_token_s")
+    bound = f.get("is_bound") is True
+    what = (
+        f"(every response ingested as it finishes, one after another, at verl_sync_tuned's whole-batch rate, "
+        f"{num(per_token * 1e3 if per_token is not None else None, 3)} ms per response token): "
+        f"{num(f.get('floor_s'), 3)} s after the last response (median; per iteration "
+        f"{', '.join(num(v, 2) for v in (f.get('per_iteration') or {}).values())}), plus verl_sync_tuned's own "
+        f"wait for generation's outputs {num(f.get('baseline_gen_wait_s'), 3)} s"
+    )
+    if bound:
+        return (
+            f"- {label}: ingestion floor {what}: no on-policy schedule's exposed time gets under "
+            f"{num(f.get('exposed_floor_s'), 3)} s here, {num(f.get('exposed_ratio_floor'), 3)}x "
+            f"verl_sync_tuned's, and no wall ratio under {num(f.get('wall_ratio_floor'), 3)}x (its wall with "
+            "its exposed time cut to that floor); no measured conduit iteration fell below it."
+        )
+    under = [
+        f"iteration {u.get('iteration')} (exposed {num(u.get('exposed_s'), 3)} s against "
+        f"{num(u.get('exposed_floor_s'), 3)} s)"
+        for u in f.get("undercut_by") or []
+    ]
+    why = (
+        "conduit's exposed time fell below that iteration's estimate at " + ", ".join(under)
+        if under
+        else "it was not checked against the measured iterations"
+    )
+    return (
+        f"- {label}: ingestion estimate {what}: exposed {num(f.get('exposed_floor_s'), 3)} s, "
+        f"{num(f.get('exposed_ratio_floor'), 3)}x verl_sync_tuned's; wall ratio "
+        f"{num(f.get('wall_ratio_floor'), 3)}x (its wall with its exposed time cut to that estimate). "
+        f"Not a floor: {why}."
+    )
 
 
 def reward(

@@ -89,7 +89,9 @@ def ingestion_floor(
     response that ends. Beside it the baseline's own wait for generation's outputs
     (``gen_wait_exposed``), which every schedule has too. ``exposed_ratio_floor``: the least
     exposed ratio ``system`` / ``baseline`` any on-policy schedule could reach here; ``wall_ratio_floor``
-    the least wall ratio: the baseline's median wall with its exposed time cut to that floor."""
+    the least wall ratio: the baseline's median wall with its exposed time cut to that floor. It is
+    called a floor only where ``system``'s own iterations respect it (:func:`floor_holds`:
+    ``is_bound``, ``undercut_by``); otherwise it is an estimate."""
     base = [r for r in rows if r["system"] == baseline]
     mine = [r for r in rows if r["system"] == system]
     if not base or not mine:
@@ -112,7 +114,7 @@ def ingestion_floor(
     wait = statistics.median(r["stages"]["gen_wait_exposed"] for r in base)
     base_exposed = statistics.median(r["exposed_s"] for r in base)
     base_wall = statistics.median(r["wall_s"] for r in base)
-    return {
+    out = {
         "per_token_s": round(median_rate, 7),
         "floor_s": round(floor, 4),
         "per_iteration": per_iteration,
@@ -121,6 +123,29 @@ def ingestion_floor(
         "exposed_ratio_floor": round((floor + wait) / base_exposed, 3) if base_exposed else None,
         "wall_ratio_floor": round((base_wall - base_exposed + floor + wait) / base_wall, 3),
     }
+    return out | floor_holds(rows, out, system)
+
+
+def floor_holds(rows: list[dict[str, Any]], floor: dict[str, Any], system: str) -> dict[str, Any]:
+    """Whether ``floor`` (an :func:`ingestion_floor` record) is a bound on ``system``'s measured rows:
+    ``undercut_by`` lists each iteration whose exposed time fell below that iteration's floor
+    (``per_iteration`` + ``baseline_gen_wait_s``) with both figures; ``is_bound`` is True only when
+    the list is empty and some iteration was compared (an estimate the system undercut is no floor)."""
+    wait = floor.get("baseline_gen_wait_s")
+    per = {int(k): v for k, v in (floor.get("per_iteration") or {}).items()}
+    if wait is None or not per:
+        return {"is_bound": False, "undercut_by": []}
+    under: list[dict[str, Any]] = []
+    compared = 0
+    for r in sorted((r for r in rows if r.get("system") == system), key=lambda r: int(r["iteration"])):
+        it = int(r["iteration"])
+        if it not in per or r.get("exposed_s") is None:
+            continue
+        compared += 1
+        bound = round(per[it] + wait, 4)
+        if r["exposed_s"] < bound:
+            under.append({"iteration": it, "exposed_s": r["exposed_s"], "exposed_floor_s": bound})
+    return {"is_bound": compared > 0 and not under, "undercut_by": under}
 
 
 def run_info(work: Path) -> dict[str, Any]:

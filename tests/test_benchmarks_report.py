@@ -43,7 +43,9 @@ def test_every_section_renders_results_whose_values_are_all_missing(tmp_path) ->
     for path in report.RESULTS.glob("*.json"):
         (tmp_path / path.name).write_text(json.dumps(blank(json.loads(path.read_text()))))
     page = report.render(results=tmp_path, notes=tmp_path)
-    assert "- Run `rllib_iteration.json`: commit —, dirty=—, load — → —, date —." in page
+    assert (
+        "- Run `rllib_iteration.json`: commit —, dirty=—, load — → —, date —; command not recorded." in page
+    )
     assert "no results file" not in page
 
 
