@@ -34,6 +34,7 @@ import report_tables as core  # noqa: E402
 import report_verl as verl  # noqa: E402
 import report_vllm as vllm  # noqa: E402
 from report_fmt import provenance  # noqa: E402
+from report_headline import headline_section  # noqa: E402
 from report_notes_check import read_notes, unheld  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -253,7 +254,8 @@ def section(s: Section, results: Path, notes: Path | None) -> list[str]:
 
 def render(results: Path = RESULTS, notes: Path | None = NOTES) -> str:
     """The whole page (``notes`` None: without the notes, only what the results files give)."""
-    lines = ["# Benchmarks", "", HEADER, "", *note("intro", notes)]
+    lines = ["# Benchmarks", "", HEADER, "", *note("intro", notes), "## Headlines", ""]
+    lines += headline_section({n: load(n, results) for n in sorted(p.name for p in results.glob("*.json"))})
     for s in SECTIONS:
         lines += section(s, results, notes)
     text = "\n".join(lines)

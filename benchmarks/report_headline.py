@@ -64,3 +64,85 @@ def headline_eligible(doc: dict[str, Any]) -> tuple[bool, str]:
     if mark is not None:
         reasons.append(mark.removesuffix(": not a headline"))
     return (not reasons, "; ".join(reasons))
+
+
+#: the verdicts a stored headline can carry (``intervals.py``), and how the page shows them
+SHOWN = {"met": "met", "missed": "**missed**", "no difference resolved": "no difference resolved"}
+
+
+def verdict_cell(h: dict[str, Any], eligible: tuple[bool, str]) -> str:
+    """A stored headline's verdict as the page shows it: its own verdict (met, **missed**, no
+    difference resolved), "refused" or "not a headline" with why, or "not a headline" when the file's
+    provenance does not allow one (``headline_eligible``)."""
+    v = str(h.get("verdict"))
+    if v in ("refused", "not a headline"):
+        return f"{v}: {h.get('why')}"
+    if not eligible[0]:
+        return f"not a headline ({eligible[1]}); the interval reads {v}"
+    return SHOWN.get(v, v)
+
+
+def interval_cell(h: dict[str, Any]) -> tuple[str, str]:
+    """(ratio, ``[lo, hi]`` with its level and rounds) of a stored headline, or dashes."""
+    i = _dict(h.get("interval"))
+    if "ratio" not in i:
+        return "—", "—"
+    level = f"{100 * float(i.get('level', 0.9)):.0f}%"
+    return f"{i['ratio']:.3f}×", f"[{i['lo']:.3f}, {i['hi']:.3f}] ({level}, {i.get('rounds')} rounds)"
+
+
+def headline_rows(docs: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """One table row per headline a results file stores (``headlines``), file by file."""
+    rows = []
+    for name, doc in docs.items():
+        eligible = headline_eligible(doc)
+        for h in doc.get("headlines") or []:
+            if isinstance(h, dict):
+                ratio, interval = interval_cell(h)
+                target = str(h.get("target_reads") or "—")
+                rows.append(
+                    [str(h.get("claim")), ratio, interval, target, verdict_cell(h, eligible), f"`{name}`"]
+                )
+    return rows
+
+
+def headline_section(docs: dict[str, dict[str, Any]]) -> list[str]:
+    """The page's opening table: every stored headline claim, its ratio, interval, target, verdict and
+    file; then which results files hold none (made before these rules: their targets are point
+    estimates)."""
+    head = ["claim", "ratio", "interval", "target", "verdict", "results file"]
+    rows = headline_rows(docs)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    older = sorted(n for n, d in docs.items() if d and not d.get("headlines"))
+    return [
+        *(lines if rows else ["No results file holds a headline made under these rules yet."]),
+        "",
+        "- A headline ratio rests on at least 3 rounds of the two systems it compares, adjacent, their "
+        "order reversed each round, at least 8 measured iterations a round; its 90% interval is a bootstrap "
+        "of the ratio of medians, iterations resampled within rounds, rounds paired (`benchmarks/intervals.py`). "
+        "It reads met only when the whole interval lies inside the target, and no difference resolved when "
+        "the interval holds 1.0.",
+        "- Results files with no headline made under these rules (their sections' targets read point "
+        "estimates, not verdicts): " + ", ".join(f"`{n}`" for n in older) + ".",
+        "",
+    ]
+
+
+def headline_lines(label: str, doc: dict[str, Any]) -> list[str]:
+    """Under a section's table: the file's stored headlines (ratio, interval, verdict) and which
+    baselines' waits sat on a >= 1 s poll (``poll_check``); nothing for a file from before the rules."""
+    out = []
+    eligible = headline_eligible(doc)
+    for h in doc.get("headlines") or []:
+        if isinstance(h, dict):
+            ratio, interval = interval_cell(h)
+            out.append(
+                f"- {label}: headline {h.get('claim')}: {ratio} {interval}, target {h.get('target_reads')}: "
+                f"{verdict_cell(h, eligible)}."
+            )
+    polls = doc.get("poll_check")
+    if isinstance(polls, dict):
+        found = "; ".join(f"{s}: {why}" for s, why in polls.items())
+        out.append(f"- {label}: baselines waiting on a poll of >= 1 s: {found or 'none'}.")
+    return out

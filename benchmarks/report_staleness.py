@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from report_fmt import DASH, Refusals, get, num, table, targets, verdict
+from report_headline import headline_lines
 from report_verl import Doc, error_lines, pair_cell
 from report_vllm import reward as reward_table
 
@@ -51,6 +52,7 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
                     f"{num(s.get('prompts_generated'))} / {num(s.get('stale_dropped'))}",
                     num(s.get("wall_s"), 3),
                     num(s.get("exposed_s"), 3),
+                    num(s.get("ingest_busy_s"), 3),
                     num(s.get("update_weights_s"), 3),
                 ]
             )
@@ -70,6 +72,7 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
                 [label, f"{x} ÷ {y}", kind, pair_cell(r, x, y, refusals) or DASH, num(work) if work else DASH]
             )
         lines += [f"- {label}: {line.removeprefix('- ')}" for line in targets(d.get("targets"))]
+        lines += headline_lines(label, d)
         rc = d.get("reward_curve") or {}
         if rc:
             final = rc.get("final_score") or {}
@@ -95,6 +98,7 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
         "prompts generated / dropped stale",
         "wall s",
         "exposed s",
+        "ingestion busy s",
         "update_weights s",
     ]
     out = table(head, rows) + [""]

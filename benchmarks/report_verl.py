@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from report_fmt import DASH, Refusals, get, num, pct, table, targets, times, verdict
+from report_headline import headline_lines
 
 Doc = dict[str, Any]
 #: display order of the systems (others follow, sorted): verl's first, then Conduit's
@@ -93,6 +94,7 @@ def system_rows(label: str, d: Doc, baselines: list[str], refusals: Refusals) ->
             f"{len(mine) or DASH} / {num(sum(get(x, 'work', 'response_tokens') or 0 for x in mine)) if mine else DASH}",
             num(r.get(f"median_wall_s/{s}"), 3),
             num(r.get(f"median_exposed_s/{s}"), 3),
+            num(r.get(f"median_ingest_busy_s/{s}"), 3),
             num(r.get(f"median_update_actor_s/{s}"), 3),
             f"{_per_round(mine, 'tq_put_s_per_iter')} / {_per_round(mine, 'tq_get_s_per_iter')}"
             if mine
@@ -116,6 +118,7 @@ HEAD = [
     "iterations / response tokens",
     "wall s",
     "exposed s",
+    "ingestion busy s",
     "update_actor s",
     "TQ put / get s per iteration (per round)",
     "rounds' losses differ at",
@@ -140,6 +143,7 @@ def iteration(docs: list[tuple[str, Doc]]) -> list[str]:
         ]
         out += error_lines(f"- {label}", d, ".")
         out += [f"- {label}: {line.removeprefix('- ')}" for line in targets(d.get("targets"))]
+        out += headline_lines(label, d)
     return out
 
 

@@ -174,7 +174,7 @@ def measured(rows: list[dict[str, Any]], system: str, first: int = 0) -> list[di
 
 
 def median(rows: list[dict[str, Any]], system: str, key: str, first: int = 0) -> float | None:
-    vals = [float(r[key]) for r in measured(rows, system, first)]
+    vals = [float(r[key]) for r in measured(rows, system, first) if r.get(key) is not None]
     return statistics.median(vals) if vals else None
 
 
@@ -299,6 +299,7 @@ def ratios(
     for system in systems:
         out[f"median_wall_s/{system}"] = median(rows, system, "wall_s")
         out[f"median_exposed_s/{system}"] = median(rows, system, "exposed_s")
+        out[f"median_ingest_busy_s/{system}"] = median(rows, system, "ingest_busy_s")
         ua = [
             r["stages"]["update_actor"]
             for r in measured(rows, system)

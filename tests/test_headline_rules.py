@@ -139,3 +139,26 @@ def test_iteration_headlines_refuse_unequal_work_unequal_losses_and_a_long_poll(
     assert "losses differ" in losses[0]["why"]
     polled = iteration_headlines(rows, {}, {"verl_sync_tuned": "waited on a 2 s poll"}, "hf")
     assert "2 s poll" in polled[0]["why"]
+
+
+def _doc(load: float = 0.3, dirty: bool = False) -> dict[str, Any]:
+    rows = _rows("a", [[1.0, 1.1] * 4] * 3) + _rows("b", [[2.0, 2.1] * 4] * 3)
+    machine = {"git_commit": "x", "git_dirty": dirty, "load_average_start": [load, 0, 0], "command": "b.py"}
+    return {
+        "machine": machine,
+        "headlines": [intervals.headline("a beats b", rows, ("a", "b"), "wall_s", 0.9)],
+        "poll_check": {"verl_sync": "waited on a 2 s poll"},
+    }
+
+
+def test_the_page_opens_with_every_stored_headline_and_its_verdict() -> None:
+    from report_headline import headline_lines, headline_section
+
+    page = "\n".join(headline_section({"x.json": _doc(), "old.json": {"rows": []}}))
+    assert "| a beats b | 0.512× | [" in page and "| <= 0.9 | met | `x.json` |" in page
+    assert "`old.json`" in page  # listed among the files with no headline under the rules
+    loud = "\n".join(headline_section({"x.json": _doc(load=1.7)}))
+    assert "not a headline (started at load 1.70 > 1.0" in loud and "| met |" not in loud
+    lines = headline_lines("GRPO", _doc())
+    assert any("headline a beats b" in x and x.endswith(": met.") for x in lines)
+    assert any("verl_sync: waited on a 2 s poll" in x for x in lines)
