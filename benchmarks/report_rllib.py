@@ -10,9 +10,15 @@ from report_fmt import DASH, num, rows_of, table, targets, times
 Doc = dict[str, Any]
 
 
-#: how the native rows read: RLlib's buffer as shipped, holding env-stacked float32 observations
-NATIVE = "native, as shipped (float32 stacks)"
-#: TorchRL's frame-once path, not yet a system of this benchmark
+#: how the peers' rows read: RLlib's buffer as shipped (env-stacked float32 observations), TorchRL as its DQN
+#: recipe lays out a transition (both uint8 stacks), TorchRL's frame-once path (single frames, stacks at sample)
+LABELS = {
+    "native": "native, as shipped (float32 stacks)",
+    "torchrl": "torchrl, recipe layout (both stacks)",
+    "torchrl_frames": "torchrl_frames (single frames, stacks at sample)",
+}
+NATIVE = LABELS["native"]
+#: said where the results file has no ``torchrl_frames`` row (a run from before that system)
 NOT_COMPARED = (
     "- TorchRL's frame-once path (`CatFrames.make_rb_transform_and_sampler` with a slice sampler, each "
     "frame stored once) is not yet a system here: not yet compared."
@@ -43,17 +49,51 @@ def _bytes_stored(d: Doc) -> str:
     )
 
 
+def _peer(key: str) -> str:
+    """The peer a ``ratios`` key sets against Conduit (``refused/<peer>/...``, ``<m>/<peer>_over_conduit/...``,
+    ``<m>/conduit_over_<peer>/...``)."""
+    return key.split("/")[1].removesuffix("_over_conduit").removeprefix("conduit_over_")
+
+
+def _stored(r: dict[str, Any]) -> str:
+    """What one frame-once TorchRL cell stored and how it sampled, from its row."""
+    if "refused" in r:
+        return f"{num(r.get('capacity'), 0)}: refused"
+    w, s = r.get("work") or {}, r.get("sampler") or {}
+    cached = {True: ", trajectory boundaries cached between writes", False: ", boundaries found per sample"}
+    return (
+        f"{num(r.get('capacity'), 0)}: {num(w.get('bytes_per_transition'), 0)} bytes stored per transition, "
+        f"{w.get('sampler', DASH)} ({s.get('class', DASH)}{cached.get(s.get('cache_values'), '')}), "
+        f"{w.get('n_step', DASH)}-step"
+    )
+
+
+def _frames(d: Doc, ratio_lines: list[str]) -> list[str]:
+    """Conduit ÷ TorchRL's frame-once path, the speed comparison, with what each of its cells stored and
+    sampled; :data:`NOT_COMPARED` where the file has no such row."""
+    rows = [r for r in rows_of(d) if r.get("system") == "torchrl_frames"]
+    if not rows:
+        return [NOT_COMPARED]
+    head = (
+        "- The speed comparison, Conduit against TorchRL's frame-once path (`torchrl_frames`: "
+        "`CatFrames.make_rb_transform_and_sampler`'s transform and a slice sampler, single uint8 frames stored, "
+        f"stacks built at sample time): {'; '.join(map(_stored, rows))}."
+    )
+    return [head, *ratio_lines]
+
+
 def rllib_atari(d: Doc) -> list[str]:
     """``rllib_atari.py``: per system, capacity and frame tier the memory, insert rate and prioritized
     sample + update latency with its work; then native / TorchRL ÷ Conduit (or why refused) and the
-    TorchRL target; the 1M TorchRL ratios apart, as bytes stored (:func:`_bytes_stored`)."""
+    TorchRL target; the 1M recipe-layout TorchRL ratios apart, as bytes stored (:func:`_bytes_stored`), and
+    the frame-once TorchRL ratios last, as the speed comparison (:func:`_frames`)."""
     body = []
     for r in rows_of(d):
         w = r.get("work") or {}
         work = (
             f"{w.get('env_steps', DASH)} / {w.get('samples', DASH)} / {w.get('updates', DASH)}" if w else DASH
         )
-        system = NATIVE if r.get("system") == "native" else str(r.get("system", DASH))
+        system = LABELS.get(str(r.get("system")), str(r.get("system", DASH)))
         if "refused" in r:
             body.append([system, num(r.get("capacity"), 0), DASH, str(r["refused"]), *[DASH] * 7])
             continue
@@ -85,12 +125,13 @@ def rllib_atari(d: Doc) -> list[str]:
     head += ["sample+update p50 ms", "p99 ms", "env steps / samples / updates"]
     ratios = d.get("ratios") or {}
     lines = {k: f"- {k}: {times(v) if isinstance(v, (int, float)) else v}" for k, v in ratios.items()}
-    at_1m = [k for k in lines if "torchrl" in k and "/1000000/" in k]
-    out = table(head, body) + [""] + [v for k, v in lines.items() if k not in at_1m]
+    at_1m = [k for k in lines if _peer(k) == "torchrl" and "/1000000/" in k]
+    frames = [k for k in lines if _peer(k) == "torchrl_frames"]
+    out = table(head, body) + [""] + [v for k, v in lines.items() if k not in at_1m + frames]
     out += targets(d.get("targets_met"))
     if at_1m:
         out += [_bytes_stored(d), *(lines[k] for k in at_1m)]
-    return out + [NOT_COMPARED]
+    return out + _frames(d, [lines[k] for k in frames])
 
 
 def rllib_mujoco(d: Doc, extra: tuple[tuple[str, str, int], ...] = ()) -> list[str]:

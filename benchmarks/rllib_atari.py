@@ -1,16 +1,19 @@
 """Atari DQN replay at 100k and 1M transitions (issue 31): the buffer cells, Conduit, native RLlib and TorchRL.
 
     python benchmarks/rllib_atari.py [--quick] [--capacity N ...] [--dim 64|84]
-        [--systems conduit native torchrl] [--torchrl-python PY] [--setup-torchrl] [--out FILE]
+        [--systems conduit native torchrl torchrl_frames] [--torchrl-python PY] [--setup-torchrl] [--out FILE]
 
 Per capacity: Conduit's frame-once replay (``ConduitReplay`` with ``FrameStacking(num_frames=4)``), with
 frames where the planner puts them and on the disk tier (a RAM budget holding only the transition rows);
 native RLlib's ``PrioritizedEpisodeReplayBuffer`` with env-stacked float32 observations
 (``rllib_atari_native.py``); TorchRL's memmapped prioritized buffer (``peers/torchrl_atari.py``, in the venv
-of ``envs/setup_torchrl.sh``). Refused rows say why (no venv, not enough memory or disk). Measured: insert
-rate, sample + priority update latency at batch 32 (p50 / p99, the training batch built), resident memory,
-memmap disk and observation bytes, on Atari-shaped stand-in episodes (``atari_stream.py``), not ALE.
-Ratios (peer ÷ Conduit) are refused where the work differs; ``targets_met`` judges the TorchRL target.
+of ``envs/setup_torchrl.sh``) laid out as its DQN recipe (both 4-frame stacks per transition), and TorchRL's
+frame-once path, ``torchrl_frames`` (``peers/torchrl_atari_frames.py``: ``CatFrames``'s replay transform,
+a prioritized slice sampler, single frames stored). Refused rows say why (no venv, not enough memory or
+disk). Measured: insert rate, sample + priority update latency at batch 32 (p50 / p99, the training batch
+built), resident memory, memmap disk and observation bytes, on Atari-shaped stand-in episodes
+(``atari_stream.py``), not ALE. Ratios (peer ÷ Conduit) are refused where the work differs (a uniform
+sampler included); ``targets_met`` judges the TorchRL target (the recipe layout's cell).
 Method: ``benchmarks/notes/rllib_atari.md``. ``--quick`` (capacity 20k) writes to /tmp unless ``--out``.
 """
 
@@ -138,15 +141,27 @@ def conduit_cell(capacity: int, dim: int, rounds: int, frames: str, disk_dir: Pa
     return row
 
 
-PEERS = ("native", "torchrl")
+PEERS = ("native", "torchrl", "torchrl_frames")
+SYSTEMS = ("conduit", *PEERS)
+#: the TorchRL venv's cells: system -> its script under ``peers/``
+TORCHRL_CELLS = {"torchrl": "torchrl_atari.py", "torchrl_frames": "torchrl_atari_frames.py"}
+#: what two cells' work must share for a ratio (a row whose work has no ``sampler`` sampled by priority)
+WORK_KEYS = ("env_steps", "samples", "updates", "sampler")
 TARGET_CAPACITY, TARGET_TORCHRL_P50 = 1_000_000, 3.0  # issue 31: Conduit >= 3x faster than TorchRL at 1M
 TARGET_NAME = f"Conduit (frames on disk) p50 >= {TARGET_TORCHRL_P50:g}x faster than TorchRL's memmap at 1M"
 
 
+def same_work(a: dict, b: dict) -> bool:
+    """Whether two rows' work records agree on :data:`WORK_KEYS` (``sampler`` defaults to prioritized)."""
+    wa, wb = ({"sampler": "prioritized"} | r["work"] for r in (a, b))
+    return all(wa[k] == wb[k] for k in WORK_KEYS)
+
+
 def ratios(rows: list[dict]) -> dict[str, object]:
-    """Each peer (native RLlib, TorchRL) ÷ Conduit per capacity and Conduit frame tier (latency p50 /
-    p99, resident memory; insert rate Conduit ÷ peer), refused where the work (env steps, samples,
-    updates) differs or the peer's cell was refused."""
+    """Each peer (native RLlib, TorchRL's recipe layout, TorchRL's frame-once path) ÷ Conduit per capacity
+    and Conduit frame tier (latency p50 / p99, resident memory; insert rate Conduit ÷ peer), refused where
+    the work (env steps, samples, updates, prioritized or uniform sampler) differs or the peer's cell was
+    refused."""
     out: dict[str, object] = {}
     for peer in PEERS:
         others = {r["capacity"]: r for r in rows if r["system"] == peer}
@@ -158,8 +173,7 @@ def ratios(rows: list[dict]) -> dict[str, object]:
             if "refused" in n:
                 out[f"refused/{peer}/{key}"] = f"{peer}: {n['refused']}"
                 continue
-            keys = ("env_steps", "samples", "updates")
-            if any(n["work"][k] != c["work"][k] for k in keys):
+            if not same_work(n, c):
                 out[f"refused/{peer}/{key}"] = f"work differs: {peer} {n['work']}, conduit {c['work']}"
                 continue
             for m in ("sample_update_p50_ms", "sample_update_p99_ms", "rss_gib"):
@@ -190,18 +204,20 @@ def targets(rows: list[dict], ratio: dict[str, object]) -> dict[str, object]:
     return {TARGET_NAME: f"not judged ({why})"}
 
 
-def torchrl_row(python: Path, cap: int, dim: int, rounds: int, disk: str, why_not: str | None) -> dict:
-    """TorchRL's cell in a process of the TorchRL venv (``peers/torchrl_atari.py``; its row comes back as
-    JSON), or a refused row saying why the venv cannot run it."""
-    row = {"system": "torchrl", "capacity": cap, "dim": dim, "frames_tier": "disk"}
+def torchrl_row(
+    python: Path, cap: int, dim: int, rounds: int, disk: str, why_not: str | None, system: str = "torchrl"
+) -> dict:
+    """A TorchRL cell (``system``: a key of :data:`TORCHRL_CELLS`) in a process of the TorchRL venv (its
+    row comes back as JSON), or a refused row saying why the venv cannot run it."""
+    row = {"system": system, "capacity": cap, "dim": dim, "frames_tier": "disk"}
     if why_not:
         return row | {"refused": why_not}
-    argv = [str(python), str(Path(__file__).resolve().parent / "peers" / "torchrl_atari.py")]
+    argv = [str(python), str(Path(__file__).resolve().parent / "peers" / TORCHRL_CELLS[system])]
     argv += ["--capacity", str(cap), "--dim", str(dim), "--rounds", str(rounds), "--scratch-dir", disk]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the main venv's paths stay out
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise SystemExit(f"cell torchrl {cap} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"cell {system} {cap} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -227,18 +243,13 @@ def plot(rows: list[dict], png: Path) -> None:
     script.save_figure(fig, png)
 
 
-def main() -> None:
+def cli() -> argparse.ArgumentParser:
+    """The command line (its defaults: both capacities, every system of :data:`SYSTEMS`)."""
     p = script.parser(__doc__, quick="capacity 20k (a check)", out=None)
     p.add_argument("--capacity", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--dim", type=int, default=64, choices=[64, 84])
     p.add_argument("--rounds", type=int, default=2000)
-    p.add_argument(
-        "--systems",
-        nargs="+",
-        default=["conduit", "native", "torchrl"],
-        choices=["conduit", "native", "torchrl"],
-        help="cells to run",
-    )
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS, help="cells to run")
     p.add_argument(
         "--torchrl-python", type=Path, default=DEFAULT_PYTHON, help="python of the TorchRL venv (its cell)"
     )
@@ -249,6 +260,11 @@ def main() -> None:
         "--disk-dir", type=Path, default=None, help="the disk tier's directory (default: a temporary one)"
     )
     p.add_argument("--cell", nargs=3, metavar=("SYSTEM", "CAPACITY", "FRAMES"), help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> None:
+    p = cli()
     args = p.parse_args()
     if min(args.capacity) <= 0 or args.rounds <= 0:
         p.error(f"--capacity and --rounds must be positive, got {args.capacity} and {args.rounds}")
@@ -266,19 +282,20 @@ def main() -> None:
     tok = provenance.start()
     cells = [("conduit", c, f) for c in args.capacity for f in ("auto", "disk") if "conduit" in args.systems]
     cells += [("native", c, "auto") for c in args.capacity if "native" in args.systems]
-    cells += [("torchrl", c, "disk") for c in args.capacity if "torchrl" in args.systems]
+    cells += [(s, c, "disk") for s in TORCHRL_CELLS for c in args.capacity if s in args.systems]
     torchrl_why_not = (
-        ensure_env(args.torchrl_python, args.setup_torchrl) if "torchrl" in args.systems else None
+        ensure_env(args.torchrl_python, args.setup_torchrl)
+        if set(TORCHRL_CELLS) & set(args.systems)
+        else None
     )
     if torchrl_why_not:
         print(f"!! torchrl UNAVAILABLE: {torchrl_why_not}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="conduit_frames_", dir=args.disk_dir) as disk:
         for system, cap, frames in cells:  # each cell in a process of its own: its memory is its own
-            if system == "torchrl":  # in the TorchRL venv
-                rows.append(
-                    torchrl_row(args.torchrl_python, cap, args.dim, args.rounds, disk, torchrl_why_not)
-                )
+            if system in TORCHRL_CELLS:  # in the TorchRL venv
+                why = torchrl_why_not
+                rows.append(torchrl_row(args.torchrl_python, cap, args.dim, args.rounds, disk, why, system))
                 print(rows[-1], flush=True)
                 continue
             argv = [sys.executable, __file__, "--cell", system, str(cap), frames, "--dim", str(args.dim)]
