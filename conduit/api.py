@@ -17,7 +17,6 @@ from conduit.buffer.tiers import check_tier_available
 from conduit.build_buffer import build_buffer
 from conduit.config import BufferConfig, SchedulerConfig
 from conduit.errors import (
-    CapacityError,
     CheckpointError,
     ClosedError,
     ConfigError,
@@ -26,7 +25,7 @@ from conduit.errors import (
     VersionError,
 )
 from conduit.metrics import Metrics
-from conduit.ops.delivery import Delivery, DeliveryPlan, Part, Request
+from conduit.ops.delivery import MAX_EPOCHS, Delivery, DeliveryPlan, Part, Request
 from conduit.ops.operator import Operator
 from conduit.persist.checkpoint import CheckpointReport, covered_items, load_checkpoint, save_checkpoint
 from conduit.persist.journal import Journal, open_journal, replay
@@ -139,7 +138,10 @@ class Conduit:
     def get(self, batch_size: int, version: int | None = None) -> Delivery:
         """A training-ready batch of ``batch_size`` items on ``device`` (async: prepared ahead).
 
-        ``delivery.parts[r]`` is rank ``r``'s share, with its own slots and weights.
+        ``delivery.parts[r]`` is rank ``r``'s share, with its own slots and weights. ``batch_size`` must be
+        an int in ``[1, buffer.max_batch]`` (the capacity; with replacement, or the items 1 GiB holds if
+        that is more): else :class:`~conduit.errors.ConfigError` naming it (a consume-once buffer:
+        :class:`~conduit.errors.CapacityError`), raised here in both overlap modes.
         """
         return self._get(Request(batch_size, self._consumer(version)))
 
@@ -158,16 +160,23 @@ class Conduit:
         minibatch order — ``num_minibatches`` slices of ``minibatch_size`` rows, a fresh permutation per
         epoch. ``minibatch_size`` defaults to the largest share (one minibatch per epoch);
         ``num_minibatches`` to ``ceil(num_epochs * share / minibatch_size)`` (pass it to keep several
-        buffers in step).
+        buffers in step). ``size`` is bounded as in ``get`` (``buffer.max_batch``), the layout to
+        :data:`~conduit.ops.delivery.MAX_EPOCHS` passes over each share.
         """
-        check_size(size)
-        check_size(num_epochs)
+        check_size(size, "get_epochs")
+        check_size(num_epochs, "get_epochs num_epochs")
         if size < self.ranks:  # checked before drawing: a refused layout must not consume items
             raise ConfigError(f"an epoch delivery of {size} items cannot be split over {self.ranks} ranks")
         share = -(-size // self.ranks)
         mb = share if minibatch_size is None else minibatch_size
-        check_size(mb)
+        check_size(mb, "get_epochs minibatch_size")
         k = -(-num_epochs * share // mb) if num_minibatches is None else num_minibatches
+        check_size(k, "get_epochs num_minibatches")
+        if k * mb > MAX_EPOCHS * share:  # the layout's rows are allocated per rank: bounded first
+            raise ConfigError(
+                f"get_epochs: {k} minibatches of {mb} rows are {k * mb} rows per rank, more than "
+                f"{MAX_EPOCHS} passes over its {share} items allow; lay out at most {MAX_EPOCHS * share}"
+            )
         return self._get(Request(size, self._consumer(version), mb, k))
 
     @property
@@ -177,11 +186,7 @@ class Conduit:
 
     def _get(self, request: Request) -> Delivery:
         self._check_open()
-        if self.buffer.sampler.consumes and request.size > self.buffer.capacity:
-            raise CapacityError(
-                f"get({request.size}): a consume-once buffer of capacity {self.buffer.capacity} never "
-                f"holds {request.size} items; ask for at most {self.buffer.capacity}"
-            )
+        self.buffer.check_batch(request.size, "get")  # in the caller, before a worker draws or allocates
         with self.metrics.span("get", exposed=True):
             delivery = self._scheduler.get(request, self.timeout_s)
             delivery.wait()

@@ -83,6 +83,11 @@ class JournalError(ConduitError):
     raises it was not committed, and every later one is refused the same way."""
 
 
+class JournalLockedError(JournalError):
+    """Another journal is writing the directory (in this process or another, named in the message):
+    one writer per journal directory, since two interleave their records and lose items on replay."""
+
+
 class NonFiniteError(ConduitError):
     """A column the schema marks ``check_finite`` (rewards, advantages) holds NaN or inf, and the
     buffer's ``nonfinite`` policy is ``"reject"``."""

@@ -16,6 +16,21 @@ anything a frame holds. Errors of the storage travel as a class name from :attr:
 message, re-raised at the caller as that class (else :attr:`Protocol.error`). A call unanswered for
 :data:`LIVENESS_SLICE_S` asks ``alive()`` (which raises if the storage is gone): a dead storage is
 reported as dead rather than after the whole timeout. Bind to loopback unless another node must reach it.
+
+ZMQ receives a whole message before the port can check its MAC, so the port caps each frame at
+``max_frame_bytes`` (:data:`MAX_FRAME_BYTES`, 1 GiB, by default) with ``ZMQ_MAXMSGSIZE``: a larger frame is
+refused unread and its sender's connection dropped (signed or not: the sender's call goes unanswered). A
+frame is one array of a call (a field's values for the call's keys, the keys, the lengths) or its header,
+so the cap is the largest field one call may carry: nothing in a keyed store bounds a field (its tier
+budgets are optional, count bytes and not rows, and leave object fields out), so the bound is the port's.
+:class:`PortClient` refuses to send a larger frame, naming its size and the cap: split the call. ZMQ does
+not bound how many frames one message holds, so a stranger can still make the port hold several frames
+of up to the cap at once.
+
+Replays are refused within a port's life: its :class:`~conduit.wire.Sessions` start empty, so with a key
+passed in explicitly and reused after a restart, a frame recorded before the restart is accepted again
+while it is fresh (:data:`~conduit.wire.FRESH_S`). The port's owners never pass one (the TransferQueue
+backend's storage actors draw a new key at every start), so a restarted port refuses every earlier frame.
 """
 
 from __future__ import annotations
@@ -35,7 +50,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from conduit.errors import ConduitError
+from conduit.errors import ConduitError, ConfigError
 from conduit.wire import (
     FRESH_S,
     Encoder,
@@ -53,6 +68,8 @@ from conduit.wire import (
 logger = logging.getLogger(__name__)
 
 KEY_BYTES = 32
+#: the largest frame a data port receives (see the module docstring); a larger one is refused unread
+MAX_FRAME_BYTES = 1 << 30
 MAX_MESSAGE_CHARS = 4000  # of an error's message
 LIVENESS_SLICE_S = 2.0  # a call waits this long before asking whether the storage is alive
 
@@ -111,20 +128,30 @@ def _buffers(frames: Sequence[Any]) -> list[memoryview]:
     return [f.buffer if isinstance(f, zmq.Frame) else memoryview(f) for f in frames]
 
 
+def _frame_bound(max_frame_bytes: int) -> int:
+    if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int) or max_frame_bytes < 1024:
+        raise ConfigError(f"max_frame_bytes must be an int >= 1024 (bytes), got {max_frame_bytes!r}")
+    return max_frame_bytes
+
+
 class DataPort:
     """The server side: a thread answering ``protocol``'s methods of ``target`` under ``lock``, on a random
-    TCP port of ``host``, to clients holding :attr:`key`."""
+    TCP port of ``host``, to clients holding :attr:`key`; frames over ``max_frame_bytes`` are refused
+    unread. ``key``: drawn at start when not given (an explicit key reused after a restart lets frames
+    recorded before it be replayed while fresh: see the module docstring)."""
 
     def __init__(self, target: Any, protocol: Protocol, lock: threading.Lock, host: str,
-                 key: bytes | None = None) -> None:  # fmt: skip
+                 key: bytes | None = None, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:  # fmt: skip
         self.target, self.protocol, self.lock = target, protocol, lock
         self.key = key if key is not None else os.urandom(KEY_BYTES)
+        self.max_frame_bytes = _frame_bound(max_frame_bytes)
         self.sessions = Sessions()
         self.warnings = Warnings(logger, f"data port of {type(target).__name__}")
         self._seq = itertools.count(1)
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)  # before a byte of a frame is kept
         port = self.socket.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self._stop = threading.Event()
@@ -198,10 +225,13 @@ class DataPort:
 
 class PortClient:
     """One process's connection to one :class:`DataPort` (use from a single event loop); ``key`` is the
-    port's secret."""
+    port's secret; ``max_frame_bytes`` the port's (a call with a larger frame is refused here)."""
 
-    def __init__(self, address: str, key: bytes, protocol: Protocol) -> None:
+    def __init__(
+        self, address: str, key: bytes, protocol: Protocol, max_frame_bytes: int = MAX_FRAME_BYTES
+    ) -> None:
         self.address, self.key, self.protocol = address, key, protocol
+        self.max_frame_bytes = _frame_bound(max_frame_bytes)
         self.session = os.urandom(16).hex()
         self._seq = itertools.count(1)
         self.last_reply = 0  # the port's sequence number of the newest reply taken
@@ -267,9 +297,9 @@ class PortClient:
     async def call(self, method: str, args: tuple, timeout_s: float,
                    alive: Callable[[], Awaitable[None]]) -> Any:  # fmt: skip
         """``target.method(*args)`` on the port's storage; its exception re-raised here. Arguments that
-        are not data raise the protocol's error here, before anything is sent. Every
-        :data:`LIVENESS_SLICE_S` without an answer ``alive()`` is awaited (it raises if the storage is
-        gone); after ``timeout_s`` :class:`TimeoutError`."""
+        are not data, or a frame over ``max_frame_bytes``, raise the protocol's error here, before anything
+        is sent. Every :data:`LIVENESS_SLICE_S` without an answer ``alive()`` is awaited (it raises if the
+        storage is gone); after ``timeout_s`` :class:`TimeoutError`."""
         body, arrays = self.protocol.encode(method, args)
         socket = self._connect()
         call_id = next(self.ids)
@@ -284,7 +314,14 @@ class PortClient:
                 "id": call_id,
                 "m": method,
             }
-            await self._send(socket, seal(self.key, header, body, arrays))
+            frames = seal(self.key, header, body, arrays)
+            largest = max(memoryview(f).nbytes for f in frames)
+            if largest > self.max_frame_bytes:
+                raise self.protocol.error(
+                    f"{method}: a frame of {largest} bytes; the data port at {self.address} receives at most "
+                    f"{self.max_frame_bytes} bytes per frame (one field of a call, or its header): split the call"
+                )
+            await self._send(socket, frames)
             waited = 0.0
             while True:
                 step = min(LIVENESS_SLICE_S, timeout_s - waited)

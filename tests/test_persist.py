@@ -183,10 +183,10 @@ def test_checkpoint_then_journal_recovers_everything(tmp_path: Path) -> None:
     a.journal.close()  # final flush (a stays open to compare)
     b = Conduit(SCHEMA, cfg, seed=0)  # replays the whole journal at construction
     same(a, b, versions=False)
+    b.close()  # one writer per journal directory
     c = Conduit(SCHEMA, cfg, seed=0)
     c.load(tmp_path / "ckpt")  # the checkpoint, then the journal's later records
     same(a, c, versions=False)
-    b.close()
     c.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from conduit.buffer.rate_limiter import RateLimiter
 from conduit.buffer.writers import RingWriter
 from conduit.config import NONFINITE
 from conduit.errors import (
+    CapacityError,
     CheckpointError,
     ClosedError,
     ConfigError,
@@ -28,6 +30,11 @@ from conduit.errors import (
 )
 from conduit.metrics import Metrics
 from conduit.schema import Schema
+
+#: bytes of items one draw with replacement may gather beyond the buffer's capacity (see ``max_batch``)
+MAX_BATCH_BYTES = 1 << 30
+#: bytes a drawn item takes besides its stored row: its slot, generation, version and weight
+SAMPLE_META_BYTES = 32
 
 
 class Replanner(Protocol):
@@ -99,6 +106,10 @@ class ExperienceBuffer:
         self.moving = threading.Lock()  # one migration or column growth at a time
         self.observer: Any = None  # e.g. a conduit.persist Journal: told of each commit, under the lock
         self.placer: Replanner | None = None  # set by build_buffer for tier="auto": keeps placement planned
+        # Whose writes the slots hold: within one lineage a generation names one write, so a checkpoint
+        # segment of the same lineage with the same generations holds the same bytes (conduit.persist).
+        self.lineage = new_lineage()
+        self.parent: tuple[str, int] | None = None  # (lineage, insert count) of the state last loaded
         self._closed = False
 
     # -- properties ------------------------------------------------------------------------------
@@ -114,6 +125,38 @@ class ExperienceBuffer:
     @property
     def inserted(self) -> int:
         return self.writer.inserted
+
+    @property
+    def max_batch(self) -> int:
+        """The most items one :meth:`sample` (a runtime's ``get``) may ask for.
+
+        A consume-once sampler: the capacity (it never holds more). A sampler that draws with
+        replacement: the capacity or as many items as :data:`MAX_BATCH_BYTES` (1 GiB) holds, whichever
+        is more, an item counting its stored row (ragged columns at their maximum length) and
+        :data:`SAMPLE_META_BYTES`. E.g. 4 float32 observations and an int64 id: 1 GiB / 56 B, about
+        19 million items; 84x84x4 uint8 frames: the capacity, or 3,000-odd if that is fewer."""
+        if self.sampler.consumes:
+            return self.capacity
+        return max(self.capacity, MAX_BATCH_BYTES // (self.schema.nbytes_per_item + SAMPLE_META_BYTES))
+
+    def check_batch(self, n: int, what: str = "sample") -> None:
+        """Raise unless ``n`` is a batch size this buffer serves: :class:`ConfigError` for anything but a
+        positive int or more than :attr:`max_batch` with replacement, :class:`CapacityError` for more
+        than a consume-once buffer holds. Checked before anything is drawn or allocated."""
+        check_size(n, what)
+        bound = self.max_batch
+        if n <= bound:
+            return
+        if self.sampler.consumes:
+            raise CapacityError(
+                f"{what}({n}): a consume-once buffer of capacity {self.capacity} never holds {n} items; "
+                f"ask for at most {self.capacity}"
+            )
+        raise ConfigError(
+            f"{what}({n}): at most {bound} items per draw (max_batch: the capacity {self.capacity} or "
+            f"{MAX_BATCH_BYTES} bytes of {self.schema.nbytes_per_item + SAMPLE_META_BYTES}-byte items, "
+            "whichever is more); ask for fewer"
+        )
 
     def __len__(self) -> int:
         """Items a sample can draw from now (FIFO: items not yet consumed)."""
@@ -195,7 +238,8 @@ class ExperienceBuffer:
     def sample(
         self, n: int, version: int | None = None, out: ColumnBatch | None = None, hold: bool = False
     ) -> Sample:
-        """Read ``n`` committed items (FIFO: the next ``n``, consumed exactly once).
+        """Read ``n`` committed items (FIFO: the next ``n``, consumed exactly once); ``n`` is checked
+        first (:meth:`check_batch`: at most :attr:`max_batch`).
 
         ``out`` (optional) is a batch from an earlier sample of the same size whose fixed columns are
         reused as the destination of the gather — for steady-state consumers that are done with it.
@@ -208,7 +252,7 @@ class ExperienceBuffer:
         (``count/stale_evicted``) in block mode, or raise :class:`StaleDataError` in error mode.
         """
         self._check_open()
-        check_size(n)
+        self.check_batch(n)
         if out is not None:
             self._check_out(out, n)
         with self._cond:
@@ -451,7 +495,10 @@ class ExperienceBuffer:
             return migrate_columns(self.storage, self.writer, self._cond, self.metrics, moves, max_lens)
 
     def state_dict(self, first_undelivered: int | None = None) -> dict[str, object]:
-        """Contents, sampler state and counters; items sampled from ``first_undelivered`` on count as unconsumed."""
+        """Contents, sampler state and counters; items sampled from ``first_undelivered`` on count as unconsumed.
+
+        Not the :attr:`lineage` (an identity, not contents): a checkpoint read adds the saved one as
+        ``"lineage"``, which :meth:`load_state_dict` takes as the new lineage's parent."""
         with self._cond:
             return {
                 "storage": self.storage.state_dict(),
@@ -472,6 +519,8 @@ class ExperienceBuffer:
             value = state[key]
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
                 raise CheckpointError(f"buffer state {key}={str(value)[:40]} is not a count")
+        if state.get("lineage") is not None and not is_lineage(state["lineage"]):
+            raise CheckpointError(f"buffer state lineage {str(state['lineage'])[:40]!r} is not 32 hex digits")
         inserted, sampler = state["inserted"], state["sampler"]
         assert isinstance(inserted, int)
         self.sampler.check_state(sampler, inserted)  # type: ignore[arg-type]
@@ -480,7 +529,11 @@ class ExperienceBuffer:
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore :meth:`state_dict`; a state that does not fit raises :class:`CheckpointError` first
-        (:meth:`check_state`), and the buffer is then unchanged."""
+        (:meth:`check_state`), and the buffer is then unchanged.
+
+        The buffer starts a new :attr:`lineage` whose :attr:`parent` is the state's (lineage, insert
+        count): a checkpoint may reuse the parent's segments up to that count, never another buffer's,
+        and two buffers loaded from one state never reuse each other's later writes."""
         with self._cond:
             self.check_state(state)
             self.storage.load_state_dict(state["storage"])  # type: ignore[arg-type]
@@ -488,6 +541,9 @@ class ExperienceBuffer:
             self.writer.inserted = int(state["inserted"])  # type: ignore[call-overload]
             self.last_version = None  # the runtime keeps (and restores) its own version order
             self.sampled = int(state["sampled"])  # type: ignore[call-overload]
+            lineage = state.get("lineage")
+            self.parent = (lineage, self.writer.inserted) if isinstance(lineage, str) else None
+            self.lineage = new_lineage()
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -501,7 +557,17 @@ class ExperienceBuffer:
             raise ClosedError("the buffer was used after close()")
 
 
-def check_size(n: int) -> None:
-    """Raise :class:`ConfigError` unless ``n`` is a positive int (a sample or batch size)."""
+def new_lineage() -> str:
+    """A fresh lineage id: 128 random bits as 32 hex digits."""
+    return os.urandom(16).hex()
+
+
+def is_lineage(value: object) -> bool:
+    """Whether ``value`` is a lineage id (32 lowercase hex digits)."""
+    return isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+
+
+def check_size(n: int, what: str = "") -> None:
+    """Raise :class:`ConfigError` (naming the call ``what``) unless ``n`` is a positive int (a batch size)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"batch size must be an int >= 1, got {n!r}")
+        raise ConfigError(f"{what}{': ' if what else ''}batch size must be an int >= 1, got {n!r}")

@@ -145,6 +145,11 @@ class Delivery:
             self.ready = None
 
 
+#: passes over its items one epoch delivery may lay out (``num_minibatches * minibatch_size`` rows per
+#: rank at most this many times the rank's share): its rows are gathered, so they are bounded first
+MAX_EPOCHS = 1024
+
+
 def epoch_index(
     n: int, num_minibatches: int, minibatch_size: int, generator: torch.Generator
 ) -> torch.Tensor:
@@ -174,12 +179,13 @@ class DeliveryPlan:
         return 0 if self.held is None else self.held.size
 
     def batches(self, buffer: ExperienceBuffer, request: Request, limit: int) -> int:
-        """How many deliveries one draw prepares: up to ``limit`` (consume-once: no more than are available)."""
+        """How many deliveries one draw prepares: up to ``limit`` (consume-once: no more than are available;
+        with replacement: no more than one draw of ``buffer.max_batch`` items holds)."""
         if request.minibatch_size is not None:
             return 1
         if buffer.sampler.consumes:
             return max(1, min(limit, (len(buffer) + self.held_items) // request.size))
-        return limit
+        return max(1, min(limit, buffer.max_batch // request.size))
 
     def prepare(
         self,

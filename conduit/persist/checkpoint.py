@@ -5,11 +5,16 @@ of slots (only occupied rows), ``state.cdr`` (sampler with its occupied prioriti
 generator, versions) and ``manifest.cdr`` (schema, capacity, files). A segment whose slots were not
 rewritten since the previous checkpoint (same per-slot generations) is taken from it instead of
 being copied from the buffer, once its checksum, slots and generations are verified (a segment that
-fails is copied from the buffer again). It is hard-linked only while another kept checkpoint holds
-that segment in a file of its own, and copied otherwise, so no single damaged file reaches every
-kept checkpoint. The new directory is written under a temporary name, fsync'd and renamed; the
-previous checkpoints are kept, so a crash during a save leaves the last complete one, and a save
-that fails (a full disk) removes what it wrote and raises :class:`CheckpointError`.
+fails is copied from the buffer again). Generations are insert counts, so equal ones say nothing of
+whose data a segment holds: only a checkpoint of the buffer's own lineage (``buffer.lineage``, saved
+in the manifest) is reused, or one of the lineage its last loaded state came from, for generations up
+to that state's insert count (``buffer.parent``). A root holding another buffer's checkpoint gets
+every segment written anew (refusing it would break a fresh run that saves where an earlier one did).
+A reused segment is hard-linked only while another kept checkpoint holds that segment in a file of
+its own, and copied otherwise, so no single damaged file reaches every kept checkpoint. The new
+directory is written under a temporary name, fsync'd and renamed; the previous checkpoints are kept,
+so a crash during a save leaves the last complete one, and a save that fails (a full disk) removes
+what it wrote and raises :class:`CheckpointError`.
 
 Loading verifies everything (every record's checksum, sizes against the file and the schema before
 anything is allocated, slots, generations, sampler and counters) before the target is touched.
@@ -35,7 +40,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from conduit.buffer.buffer import ExperienceBuffer
+from conduit.buffer.buffer import ExperienceBuffer, is_lineage
 from conduit.errors import CheckpointError
 from conduit.persist import atomic
 from conduit.persist.format import FRAME_BYTES, MAX_HEADER, decode, encode, frame, parse_record
@@ -115,11 +120,13 @@ def save_checkpoint(
     seg = _segment_slots(buffer)
 
     holds: list[float] = []  # each time the buffer's lock was held
+    history: list[tuple[str, tuple[str, int] | None]] = []  # the buffer's (lineage, parent) at the start
 
     def generations() -> torch.Tensor:
         with buffer._cond:  # noqa: SLF001 - a short snapshot of the slots' generations
             t = time.perf_counter()
             gen = buffer.storage.generation.to("cpu", copy=True)
+            history.append((buffer.lineage, buffer.parent))
             holds.append(time.perf_counter() - t)
         return gen
 
@@ -128,7 +135,8 @@ def save_checkpoint(
     ref = generations()
     shapes0 = _shapes(buffer)
     keys0 = _keys(ref, seg)
-    reuse = _verified(previous, buffer, ref, seg, keys0) if previous else {}
+    lineage0 = history[0][0]
+    reuse = _verified(previous, buffer, ref, seg, keys0, history[0]) if previous else {}
     copies = {i: _copy_segment(buffer, ref, i, seg) for i in range(len(keys0)) if i not in reuse}
     for _ in range(PRECOPY_ROUNDS):
         now = generations()
@@ -143,7 +151,8 @@ def save_checkpoint(
         with buffer._cond:  # noqa: SLF001 - the final, consistent part: only what changed since
             t = time.perf_counter()
             gen = buffer.storage.generation.to("cpu", copy=True)
-            stale = range(len(keys0)) if _shapes(buffer) != shapes0 else _changed(gen, ref, seg)
+            moved = _shapes(buffer) != shapes0 or buffer.lineage != lineage0  # migrated, or a state loaded
+            stale = range(len(keys0)) if moved else _changed(gen, ref, seg)
             for i in stale:
                 copies[i] = _copy_segment(buffer, gen, i, seg)
             state = {
@@ -153,9 +162,9 @@ def save_checkpoint(
                 **runtime,
             }
             holds.append(time.perf_counter() - t)
-            return gen, state, _layout(buffer, seg)
+            return gen, state, _layout(buffer, seg), buffer.lineage
 
-    gen, state, layout = _snapshot(target, snap)
+    gen, state, layout, lineage = _snapshot(target, snap)
     state["sampler"] = _sparse(state["sampler"], buffer.capacity)  # occupied slots only, off the lock
     keys = _keys(gen, seg)
     if hasattr(buffer.observer, "flush"):
@@ -186,6 +195,7 @@ def save_checkpoint(
         nbytes += atomic.write_file(atomic.inside(tmp, STATE), frame({"state": tree}, tensors))
         manifest = {
             "format": FORMAT_VERSION,
+            "lineage": lineage,  # whose writes the segments hold: what a later save may reuse
             "layout": layout,
             "segments": {str(i): k for i, k in enumerate(keys)},
             "files": files,
@@ -361,11 +371,24 @@ def _verified(
     ref: torch.Tensor,
     seg: int,
     keys: list[str],
+    history: tuple[str, tuple[str, int] | None],
 ) -> dict[int, Path]:
-    """The previous checkpoint's segment files that hold exactly what the buffer holds now (same layout,
-    checksum, slots and generations verified): reused instead of copied from the buffer. One that fails
-    is logged and copied from the buffer again; one that is a symbolic link refuses the save."""
+    """The previous checkpoint's segment files that hold exactly what the buffer holds now (same lineage,
+    layout, checksum, slots and generations verified): reused instead of copied from the buffer. One that
+    fails is logged and copied from the buffer again; one that is a symbolic link refuses the save.
+
+    ``history`` is the buffer's ``(lineage, parent)``: a checkpoint of its own lineage may give any
+    segment, one of its parent's only segments whose generations are all up to the parent's insert count
+    (what the loaded state held), one of any other lineage (or none: an older format) nothing."""
     path, manifest = previous
+    lineage, parent = history
+    saved = manifest.get("lineage")
+    upto: int | None = None  # the highest generation a reused segment may hold (None: any)
+    if saved != lineage:
+        if parent is None or saved != parent[0]:
+            log.info("checkpoint %s holds another buffer's writes: every segment is written", path)
+            return {}
+        upto = parent[1]
     if manifest["layout"] != _layout(buffer, seg):
         return {}
     cols, limit, out = _columns(buffer), _segment_limit(buffer, seg), {}
@@ -382,6 +405,8 @@ def _verified(
             want = torch.nonzero(ref[lo : lo + seg] > 0).flatten() + lo
             if not (torch.equal(rows, want) and torch.equal(meta_rows[:, 0], ref.index_select(0, want))):
                 raise CheckpointError(f"{src.name}: its slots or generations are not the buffer's")
+            if upto is not None and rows.numel() and int(meta_rows[:, 0].max()) > upto:
+                continue  # written by the parent after the state this buffer loaded: not this history
         except CheckpointError as e:
             log.warning("not reusing %s (%s): copying its slots from the buffer again", src, e)
             continue
@@ -503,6 +528,8 @@ def _manifest(path: Path) -> dict[str, Any]:
             raise CheckpointError(
                 f"manifest of {path.name}: {what} is not one name for each of {count} segments"
             )
+    if meta.get("lineage") is not None and not is_lineage(meta["lineage"]):
+        raise CheckpointError(f"manifest of {path.name}: lineage {str(meta['lineage'])[:40]!r} is malformed")
     if not _is_count(meta["items"]) or not _is_count(meta.get("inserted", 0)):
         raise CheckpointError(
             f"manifest of {path.name}: item counts {meta['items']!r}, {meta.get('inserted')!r}"
@@ -596,6 +623,7 @@ def _read_checked(path: Path, target: Runtime | ExperienceBuffer) -> dict[str, A
         "sampler": sampler,
         "inserted": state.pop("inserted"),
         "sampled": state.pop("sampled"),
+        "lineage": manifest.get("lineage"),  # the loading buffer's parent: what its next save may reuse
     }
     try:
         buffer.check_state(buf)

@@ -17,9 +17,15 @@ the journal is rewritten (*compacted*) into one new file holding exactly what th
 so a later recovery gives the same buffer and continues with what was written since. A FIFO buffer
 gets back the items not yet delivered, once; consumed items are never written back.
 
-Pruning: after a checkpoint is durable, :meth:`Journal.prune` starts a new file and removes the
-older files every record of which the checkpoints kept under that root already hold (oldest first,
-so what remains is always a contiguous tail). It first writes ``pruned.cdr`` naming the checkpoint
+One writer per directory: a journal holds an exclusive lock on its directory for its life
+(:class:`~conduit.persist.writer_lock.WriterLock`, released on close and by the OS when the process
+dies); a second opener gets :class:`~conduit.errors.JournalLockedError` naming the holder.
+:func:`open_journal` takes the lock before it replays. :func:`replay` alone takes no lock.
+
+Pruning: after a checkpoint is durable, :meth:`Journal.prune` starts a new file (opened before the
+current one is closed, so a commit racing it always lands in an open file) and removes the older
+files every record of which the checkpoints kept under that root already hold (oldest first, so
+what remains is always a contiguous tail). It first writes ``pruned.cdr`` naming the checkpoint
 root; :func:`open_journal` on a buffer that lacks those records loads that checkpoint before the
 replay, so a journal alone still recovers everything, and ``Conduit.load`` stays exact.
 
@@ -36,7 +42,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -48,6 +54,7 @@ from conduit.metrics import Metrics
 from conduit.persist import atomic
 from conduit.persist.checkpoint import Runtime, load_checkpoint
 from conduit.persist.format import MAGIC, frame, parse_record, write_record
+from conduit.persist.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +142,7 @@ def _items_record(
 
 class Journal:
     """Durable record of a buffer's commits in ``directory`` (a new file per opening and per prune,
-    never rewritten).
+    never rewritten), its only writer while open (:class:`~conduit.errors.JournalLockedError` otherwise).
 
     Example:
         >>> journal = Journal("/data/run1/journal")
@@ -150,17 +157,28 @@ class Journal:
         flush_interval_s: float = 0.25,
         metrics: Metrics | None = None,
         consumes: bool = False,
+        lock: WriterLock | None = None,
     ) -> None:
         """``metrics`` (optional) gets gauge ``journal/lag_s`` (commit to durable, the durability point)
         and bytes ``host->journal`` at each flush. ``consumes``: the buffer is consume-once, so
-        :meth:`delivered` journals how far deliveries reached (ignored otherwise)."""
+        :meth:`delivered` journals how far deliveries reached (ignored otherwise). ``lock``: the
+        directory's writer lock, already taken (by :func:`open_journal`); taken here otherwise, and
+        released by :meth:`close`."""
         self.metrics = metrics
         self.consumes = consumes
         self.directory = atomic.local_dir(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.flush_interval_s = flush_interval_s
         self._reach: dict[Path, int] = {}  # closed file -> insert count a checkpoint needs to cover it
-        self._open_next()
+        self._writer_lock = lock if lock is not None else WriterLock.acquire(self.directory)
+        try:
+            self.path, self._file = self._next_file()
+        except BaseException:
+            self._writer_lock.release()
+            raise
+        self._file_reach = 0
+        self._closed = False
+        self._prune_lock = threading.Lock()  # one prune at a time
         self._pending: list[tuple[float, dict[str, Any], list[torch.Tensor]]] = []
         self._lock = threading.Lock()
         self._io = threading.Lock()
@@ -181,7 +199,7 @@ class Journal:
                 f"the journal at {self.path} failed ({type(self.error).__name__}: {self.error}); "
                 "nothing more is committed: free the space or raise the limit, then reopen"
             )
-        if self._file.closed:
+        if self._closed:
             raise JournalError(f"the journal at {self.path} is closed")
 
     def committed(self, batch: ColumnBatch, slots: torch.Tensor, version: int, first_generation: int) -> None:
@@ -216,12 +234,22 @@ class Journal:
             except JournalError:
                 return  # kept in self.error, raised by the next check()
 
-    def _open_next(self) -> None:
+    def _next_file(self) -> tuple[Path, BinaryIO]:
+        """Create the journal's next file (numbered after every file in the directory)."""
         number = max((n for n, _ in journal_files(self.directory)), default=0) + 1
-        self.path = atomic.inside(self.directory, f"{PREFIX}{number:06d}{SUFFIX}")
-        self._file = open(self.path, "xb")  # noqa: SIM115 - closed by close() or prune()
-        self._file_reach = 0
+        path = atomic.inside(self.directory, f"{PREFIX}{number:06d}{SUFFIX}")
+        file = open(path, "xb")  # noqa: SIM115 - closed by close() or _switch_locked()
         atomic.fsync_dir(self.directory)
+        return path, file
+
+    def _switch_locked(self) -> None:
+        """Start the next file: open it, swap it in, then close the current one (``self._io`` held).
+        Never a moment without an open file, so a commit racing this is never refused."""
+        path, file = self._next_file()
+        old_path, old_file, old_reach = self.path, self._file, self._file_reach
+        self.path, self._file, self._file_reach = path, file, 0
+        old_file.close()
+        self._reach[old_path] = old_reach
 
     def flush(self) -> None:
         """Write and fsync every queued record now; :class:`JournalError` if that fails (for good)."""
@@ -254,20 +282,22 @@ class Journal:
             self.metrics.add_bytes("host->journal", sum(_nbytes(t) for _, _, ts in pending for t in ts))
 
     def _rotate_locked(self) -> None:
-        """Flush, close the current file and start the next one (``self._io`` held)."""
+        """Flush into the current file, then switch to the next one (``self._io`` held)."""
         self._flush_locked()
-        self._file.close()
-        self._reach[self.path] = self._file_reach
-        self._open_next()
+        self._switch_locked()
 
     def prune(self, covered: int, checkpoint_root: str | os.PathLike[str]) -> list[Path]:
         """Remove the journal files whose every record is among the first ``covered`` items, which the
         (durable) checkpoints kept under ``checkpoint_root`` hold; returns the files removed.
 
-        Call only after the checkpoint is durable (``Conduit.save`` does). The current file is closed
-        and a new one started, so what is journaled until the next save is pruned by that save.
+        Call only after the checkpoint is durable (``Conduit.save`` does). A new file is started, so
+        what is journaled until the next save is pruned by that save; commits may go on meanwhile.
         """
         root = atomic.local_dir(checkpoint_root)
+        with self._prune_lock:
+            return self._prune(covered, root)
+
+    def _prune(self, covered: int, root: Path) -> list[Path]:
         with self._io:
             self._rotate_locked()
         removable = []
@@ -302,7 +332,7 @@ class Journal:
     def close(self) -> None:
         """Stop the flusher after a final flush; :class:`JournalError` if the journal had failed (what
         was committed since its last good flush is not durable)."""
-        if self._file.closed:
+        if self._closed:
             return
         self._stop.set()
         self._thread.join()
@@ -311,7 +341,9 @@ class Journal:
                 if self.error is None:
                     self._flush_locked()
         finally:
+            self._closed = True
             self._file.close()
+            self._writer_lock.release()
         if self.error is not None:
             raise JournalError(f"the journal at {self.path} had failed: {self.error}")
 
@@ -321,19 +353,28 @@ def open_journal(buffer: ExperienceBuffer, config: JournalConfig) -> Journal:
 
     If records the buffer lacks were pruned after a checkpoint, that checkpoint is loaded first.
     """
-    pruned = pruned_marker(atomic.local_dir(config.path))
-    if pruned is not None and buffer.inserted < int(pruned["inserted"]):
-        path = load_checkpoint(buffer, pruned["checkpoint"])
-        log.info("journal %s was pruned after a checkpoint: loaded %s first", config.path, path)
-    report = replay(config.path, buffer)
-    if report.items or report.priority_updates:
-        log.info(
-            "recovered %d item(s), %d priority update(s) from %s",
-            report.items,
-            report.priority_updates,
-            config.path,
+    directory = atomic.local_dir(config.path)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = WriterLock.acquire(directory)  # before the replay: a second writer changes nothing
+    try:
+        pruned = pruned_marker(directory)
+        if pruned is not None and buffer.inserted < int(pruned["inserted"]):
+            path = load_checkpoint(buffer, pruned["checkpoint"])
+            log.info("journal %s was pruned after a checkpoint: loaded %s first", config.path, path)
+        report = replay(config.path, buffer)
+        if report.items or report.priority_updates:
+            log.info(
+                "recovered %d item(s), %d priority update(s) from %s",
+                report.items,
+                report.priority_updates,
+                config.path,
+            )
+        journal = Journal(
+            config.path, config.flush_interval_s, buffer.metrics, buffer.sampler.consumes, lock=lock
         )
-    journal = Journal(config.path, config.flush_interval_s, buffer.metrics, consumes=buffer.sampler.consumes)
+    except BaseException:
+        lock.release()
+        raise
     buffer.observer = journal
     return journal
 
@@ -699,9 +740,8 @@ def replay(directory: str | os.PathLike[str], target: Runtime | ExperienceBuffer
                 compaction.delivered_upto(plan.head, plan.inserted)
             if live is not None:
                 with live._io:  # the live file is superseded too: the journal goes on after the compaction
-                    live._file.close()
                     compaction.finish()
-                    live._open_next()
+                    live._switch_locked()
             else:
                 compaction.finish()
             _remove_superseded(base, files, {d.file for d in plan.damaged}, live)
