@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from report_fmt import DASH, get, kv, ms, num, pct, rows_of, table, times, verdict
+from scaling_report import offpath_line, validated, verdict_lines
 
 Doc = dict[str, Any]
 
@@ -286,7 +287,8 @@ def scaling(d: Doc) -> list[str]:
     for s in systems:
         head += [f"{s}: iteration s", f"{s}: data path s (share)"]
     over = (d.get("summary") or {}).get("conduit_over_tq_iteration") or {}
-    head.append("conduit ÷ tq_simplestorage iteration")
+    ok = validated(d)
+    head.append("conduit ÷ tq_simplestorage iteration" + ("" if ok else " (not validated)"))
     rows = []
     for g in gpus:
         kind = next((str(by[s, g].get("kind")) for s in systems if (s, g) in by), DASH)
@@ -301,10 +303,12 @@ def scaling(d: Doc) -> list[str]:
         rows.append(cells)
     summary = d.get("summary") or {}
     sat = d.get("saturation") or {}
-    out = table(head, rows) + [""]
+    out = verdict_lines(d) + table(head, rows) + [""]
     out.append(
-        f"- Target ({summary.get('target', DASH)}): {verdict(summary.get('met'))}; Conduit's worst share "
-        f"{pct(summary.get('conduit_worst_share'))} at {num(summary.get('conduit_worst_at_gpus'))} GPUs."
+        f"- Target ({summary.get('target', DASH)}): "
+        f"{verdict(summary.get('met')) if ok else 'not judged: the modelled scale is not validated'}; "
+        f"Conduit's worst share {pct(summary.get('conduit_worst_share'))} at "
+        f"{num(summary.get('conduit_worst_at_gpus'))} GPUs."
     )
     for s, v in sat.items():
         if isinstance(v, dict):
@@ -380,6 +384,7 @@ def scaling_measured(d: Doc) -> list[str]:
                    f"{vd.get('refit_per_iteration', DASH)}.")  # fmt: skip
         tabs = (refit.get("per_call_held_out") or []) + (refit.get("per_iteration") or [])
         out += ["", *validation_table(tabs), ""]
+        out += offpath_line(refit)
     ratios = (d.get("measured") or {}).get("ratios") or {}
     if ratios:
         out.append("- Conduit ÷ SimpleStorage data path, measured: " + ", ".join(

@@ -49,6 +49,10 @@ ROLLOUT_FIELDS = (
 #: controller requests of one TransferQueue client call: kv_batch_put = kv_retrieve_meta(create) +
 #: notify_data_update + set_custom_meta; kv_batch_get = kv_retrieve_meta
 REQUESTS = {"put": 3, "get": 1}
+#: the replay-buffer poll every polling baseline gets (issue 47): the verl benchmarks' short period
+#: (``verl_demo.POLL_S``), in the model (``Calibration.poll_s``) and in the measured runs alike; verl
+#: ships 2 s, which would hand Conduit's channel a win the poll, not the data path, made
+SHORT_POLL_S = 0.02
 LOGPROB_READS = ("input_ids", "attention_mask", "position_ids", "responses")
 ADVANTAGE_READS = ("token_level_scores", "response_mask")
 UPDATE_READS = (*LOGPROB_READS, "response_mask", "old_log_probs", "ref_log_prob", "advantages")
@@ -179,7 +183,8 @@ class Calibration:
     ``store_share``: the share of a part's time that holds the store (the rest is the caller's own
     side: its serialisation, its copies); measured calls time both sides together, so it is assumed.
     ``channel_s``: Conduit's completion-channel call; ``poll_s``: verl's replay buffer re-reads
-    ``kv_list`` this often; ``rtt_s``: a request's network round trip to the controller.
+    ``kv_list`` this often, at most ``SHORT_POLL_S`` (issue 47: no baseline waits on verl's shipped
+    2 s); ``rtt_s``: a request's network round trip to the controller.
     ``offpath_s``: host CPU seconds each part of a call (one message to a store and its reply) costs
     beyond the call's critical path: the I/O threads that move it at both ends (ZeroMQ's, Ray's core
     worker's), the receiver's wake-up. A lone call on an idle host runs that work on a spare core, so
@@ -187,8 +192,9 @@ class Calibration:
     cores queue for them. It is charged only where a ``Cluster`` has ``host_cores`` (Ray nodes sharing
     one machine's cores: the measured configurations); a cluster node's cores are plentiful next to its
     few data-path processes (``host_cores=0``), so there it costs nothing and the 2-core calibration
-    does not carry into the modelled cluster. Fitted to measured iterations
-    (``scaling_validate.fit_offpath``); 0 in the defaults.
+    does not carry into the modelled cluster; so it is never in a calibration the model extrapolates
+    (``scaling_rules.check_carried``). 0 in the defaults and in the validated calibration;
+    ``scaling_validate.fit_offpath`` fits it as a diagnostic of the measured host only.
     """
 
     # controller: scaling_validate.probe_controller on this 2-core machine (TransferQueue 0.1.11's request
@@ -201,7 +207,7 @@ class Calibration:
     stores: dict[str, dict[str, dict[str, float]]] = field(default_factory=_default_stores)
     store_share: float = 0.5
     channel_s: float = 1.3e-3
-    poll_s: float = 2.0
+    poll_s: float = SHORT_POLL_S
     rtt_s: float = 1e-5
     offpath_s: float = 0.0
     source: str = (
@@ -220,6 +226,11 @@ class Calibration:
             for op in ("put", "get"):
                 self.store(system, op)
         _positive("calibration", poll_s=self.poll_s)
+        if self.poll_s > SHORT_POLL_S:
+            raise ConfigError(
+                f"calibration poll_s must be <= {SHORT_POLL_S} s (issue 47: every polling baseline gets "
+                f"the benchmarks' short poll, not verl's shipped 2 s), got {self.poll_s!r}"
+            )
         off = self.offpath_s
         if isinstance(off, bool) or not isinstance(off, int | float) or not math.isfinite(off) or off < 0:
             raise ConfigError(f"calibration offpath_s must be a finite number >= 0, got {off!r}")

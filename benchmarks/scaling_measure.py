@@ -8,17 +8,26 @@ node per system, native vs ``conduit_rllib.enable``); and TransferQueue's Simple
 node). On two shared cores every node, store, client and runner shares the same two cores: these times
 are calibration points of the model, not scaling figures.
 
+Each configuration's record (``<system>_<nodes>.json``, with its commit, load and poll) is written to a
+folder in the repository, ``benchmarks/results/scaling_measured/`` by default (beside the result JSON:
+``<out stem>_measured/``), so the measured half is committed with the model's; ``--measured-from`` reads
+such a folder back, taking a record only if it was measured at the short poll (``POLL_S``; older ones
+are run again). The logs stay in a temporary folder.
+
 Validation (``scaling_validate``): per call, the driver's calls (made while nothing else runs: the model's
 idle ``call_seconds``), median per configuration and call; per iteration, the measured data path against
 the model's simulation of the same configuration (``nodes`` x 1 rank, one agent-loop worker per node,
 the measured workload, no compute, the measured poll interval). Both against +-25%, met or missed as
 measured. Ratios of the two TQ backends, and of RLlib's two systems, are refused where the work differs.
+The calibration the model extrapolates is fitted and validated without ``offpath_s`` (``scaling_rules``:
+the cluster cannot carry it); its fit is kept as a diagnostic of the measuring host only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -73,11 +82,32 @@ def parse_nodes(text: str) -> list[int]:
     return sorted(set(counts))
 
 
-def run_config(system: str, nodes: int, quick: bool, rllib: bool, logdir: Path) -> dict[str, Any]:
-    """One configuration in its own process (its own session: a timeout ends everything it started)."""
+def measured_dir(out: Path | None, quick: bool) -> Path:
+    """Where a run's per-configuration records go: beside its result JSON (``<stem>_measured/``; default
+    ``benchmarks/results/scaling[_quick]_measured/``), in the repository so that they are committed."""
+    result = out or HERE / "results" / f"scaling{'_quick' if quick else ''}.json"
+    return result.with_name(f"{result.stem}_measured")
+
+
+def reusable(path: Path, poll_s: float = POLL_S) -> dict[str, Any] | None:
+    """An earlier configuration's record at ``path``, or None (printed why) where it is missing, failed
+    or was measured at another poll than ``poll_s`` (before issue 47's rules: none recorded, 0.05 s)."""
+    if not path.exists():
+        return None
+    r = json.loads(path.read_text())
+    if "error" in r or r.get("poll_s") != poll_s:
+        why = r.get("error", f"measured at poll {r.get('poll_s', 'unrecorded')}, not {poll_s} s")
+        print(f"not reusing {path}: {str(why)[:200]}; measuring it again", flush=True)
+        return None
+    return r
+
+
+def run_config(system: str, nodes: int, quick: bool, rllib: bool, logdir: Path, into: Path) -> dict[str, Any]:
+    """One configuration in its own process (its own session: a timeout ends everything it started);
+    its record written to ``into``, its log to ``logdir``."""
     mode = "quick" if quick else "full"
     iters, warmup = ITERS[mode]
-    out = logdir / f"{system}_{nodes}.json"
+    out = into / f"{system}_{nodes}.json"
     cmd = [sys.executable, str(HERE / "scaling_measure_tq.py"), "--system", system, "--nodes", str(nodes),
            "--workload", json.dumps(asdict(QUICK_WORKLOAD if quick else WORKLOAD)), "--iters", str(iters),
            "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
@@ -190,10 +220,11 @@ def validate(
     cal: Calibration,
     workload: Workload,
     host_cores: int,
+    poll_s: float = POLL_S,
 ) -> dict[str, Any]:
     """The per-call and per-iteration tables (+-25%) and the verdicts, stated as met or missed; the
     per-iteration model puts every node, store, client and the controller on ``host_cores`` shared
-    cores, as they ran (``Cluster.host_cores``)."""
+    cores and polls every ``poll_s``, as they ran (``Cluster.host_cores``)."""
     calls = []
     for r in raw:
         groups: dict[tuple, list[float]] = {}
@@ -209,7 +240,7 @@ def validate(
     tq = [r for r in rows if r["system"] in ("conduit", "tq_simplestorage")]
     iters = [{"system": r["system"], "nodes": r["nodes"], "gpus_per_node": 1, "agent_workers": r["nodes"],
               "data_path_s": r["measured_s"]} for r in tq]  # fmt: skip
-    per_iteration = iteration_table(iters, cal, workload, host_cores)
+    per_iteration = iteration_table(iters, cal, workload, host_cores, poll_s)
     for v in per_iteration:
         row = next(r for r in tq if (r["system"], r["nodes"]) == (v["system"], v["nodes"]))
         row["predicted_s"] = round(v["predicted_s"], 4)
@@ -220,9 +251,9 @@ def validate(
 
     out = {"per_call": per_call, "per_iteration": per_iteration,
            "per_call_verdict": verdict(per_call), "per_iteration_verdict": verdict(per_iteration),
-           "tolerance": TOLERANCE}  # fmt: skip
+           "tolerance": TOLERANCE, "poll_s": poll_s}  # fmt: skip
     if set(FIT_NODES) <= {c["nodes"] for c in calls}:  # a (quick) run without them: no refit
-        out["refit"] = refit_validation(calls, iters, cal, workload, host_cores)
+        out["refit"] = refit_validation(calls, iters, cal, workload, host_cores, poll_s)
         out["refit"]["per_call_held_out_verdict"] = verdict(out["refit"]["per_call_held_out"])
         out["refit"]["per_iteration_verdict"] = verdict(out["refit"]["per_iteration"])
         out["refit"]["per_iteration_held_out_verdict"] = verdict(out["refit"]["per_iteration_held_out"])
@@ -233,12 +264,12 @@ def validate(
 
 
 def iteration_table(
-    iters: list[dict[str, Any]], cal: Calibration, workload: Workload, host_cores: int
+    iters: list[dict[str, Any]], cal: Calibration, workload: Workload, host_cores: int, poll_s: float = POLL_S
 ) -> list[dict[str, Any]]:
     """The per-iteration validation of ``iters`` (TQ rows) against the model on ``cal``, as they ran:
-    verl's poll period, no compute, loopback, ``host_cores`` shared cores."""
+    the measured poll period ``poll_s``, no compute, loopback, ``host_cores`` shared cores."""
     table = iteration_validation(
-        iters, replace(cal, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S, host_cores
+        iters, replace(cal, poll_s=poll_s), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S, host_cores
     )
     for v in table:
         v.pop("agent_workers", None)
@@ -251,38 +282,50 @@ def refit_validation(
     cal: Calibration,
     workload: Workload,
     host_cores: int,
+    poll_s: float = POLL_S,
 ) -> dict[str, Any]:
     """One calibration from the measurements on ``FIT_NODES`` only: the store constants refitted to the
-    driver's calls there (``refit_calls``), then ``offpath_s`` to the iterations there (``fit_offpath``,
-    as they ran: ``host_cores`` shared cores); validated on the calls and iterations of the other node
-    counts (held out), every table kept whole too."""
+    driver's calls there (``refit_calls``), ``offpath_s`` 0 (the cluster cannot carry it:
+    ``scaling_rules``); validated on the calls and iterations of the other node counts (held out), as
+    they ran (``host_cores`` shared cores, polling every ``poll_s``), every table kept whole too. The
+    model extrapolates this calibration as it is. ``offpath_diagnostic``: what an off-path term fitted
+    to the fit-node iterations (``fit_offpath``) would give the held-out ones; not used."""
     large = json.loads(LARGE_CALLS.read_text())["rows"]
     nic = Cluster.from_topology(load(TOPOLOGY), 16).nic_bytes_per_s  # as scaling.py validates those calls
-    refit = refit_calls(cal, calls, LOOPBACK_BYTES_PER_S, large, nic)
-    off = fit_offpath(iters, replace(refit, poll_s=POLL_S), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S,
-                      host_cores)  # fmt: skip
-    refit = replace(refit, offpath_s=off, source=f"{refit.source}; offpath_s: fit to the measured iterations "
-                    f"on {list(FIT_NODES)} Ray nodes ({host_cores} shared cores), log least squares")  # fmt: skip
+    refit = replace(refit_calls(cal, calls, LOOPBACK_BYTES_PER_S, large, nic), offpath_s=0.0)
     per_call = call_validation(calls, refit, LOOPBACK_BYTES_PER_S)
-    per_iteration = iteration_table(iters, refit, workload, host_cores)
-    return {"fit_nodes": list(FIT_NODES), "stores": refit.stores, "offpath_s": off, "source": refit.source,
-            "calibration": refit.to_dict(),
+    per_iteration = iteration_table(iters, refit, workload, host_cores, poll_s)
+    off = fit_offpath(iters, replace(refit, poll_s=poll_s), workload, NO_COMPUTE, LOOPBACK_BYTES_PER_S,
+                      host_cores)  # fmt: skip
+    with_off = iteration_table(iters, replace(refit, offpath_s=off), workload, host_cores, poll_s)
+    return {"fit_nodes": list(FIT_NODES), "stores": refit.stores, "offpath_s": refit.offpath_s,
+            "source": refit.source, "calibration": refit.to_dict(),
             "per_call_held_out": [t for t in per_call if t["nodes"] not in FIT_NODES],
             "per_call_in_sample": [t for t in per_call if t["nodes"] in FIT_NODES],
             "per_call_large_in_sample": call_validation(large, refit, nic),
             "per_iteration": per_iteration,
-            "per_iteration_held_out": [t for t in per_iteration if t["nodes"] not in FIT_NODES]}  # fmt: skip
+            "per_iteration_held_out": [t for t in per_iteration if t["nodes"] not in FIT_NODES],
+            "offpath_diagnostic": {"offpath_s": off, "used": False,
+                                   "why": "acts only through the measuring host's shared cores; the modelled "
+                                   "cluster has none, so it is not in the validated calibration",
+                                   "per_iteration_held_out": [t for t in with_off if t["nodes"] not in FIT_NODES]}}  # fmt: skip
 
 
-def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None = None) -> dict[str, Any]:
+def measure(
+    nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None = None, into: Path | None = None
+) -> dict[str, Any]:
     """Every configuration, printed as it ends; the measured rows, the ratios and the validation.
     ``reuse``: a folder of an earlier run's per-configuration JSONs (``<system>_<nodes>.json``), taken as
-    measured there; the configurations missing from it are run."""
+    measured there where ``reusable``; the others are run. Every record used ends up in ``into``
+    (default ``measured_dir(None, quick)``, in the repository)."""
     tok = provenance.start()  # the measuring phase's load, apart from the model's
     logdir = Path(tempfile.mkdtemp(prefix="scaling-measure-"))
+    into = into or measured_dir(None, quick)
+    into.mkdir(parents=True, exist_ok=True)
     workload = QUICK_WORKLOAD if quick else WORKLOAD
     print(
-        f"measure: nodes {nodes}, systems {SYSTEMS} (+ RLlib DQN on Conduit's cluster); logs in {logdir}",
+        f"measure: nodes {nodes}, systems {SYSTEMS} (+ RLlib DQN on Conduit's cluster); records in {into}, "
+        f"logs in {logdir}",
         flush=True,
     )
     raw, rows, errors = [], [], []
@@ -290,10 +333,12 @@ def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None 
         for system in SYSTEMS:
             t = time.perf_counter()
             done = reuse / f"{system}_{n}.json" if reuse else None
-            if done is not None and done.exists():
-                r = json.loads(done.read_text())
-            else:
-                r = run_config(system, n, quick, rllib=system == "Conduit", logdir=logdir)
+            r = reusable(done) if done is not None else None
+            if r is not None and done is not None and done.resolve() != (into / done.name).resolve():
+                shutil.copyfile(done, into / done.name)  # the measured half used is the one committed
+            if r is None:
+                (into / f"{system}_{n}.json").unlink(missing_ok=True)  # no stale record beside this run's
+                r = run_config(system, n, quick, rllib=system == "Conduit", logdir=logdir, into=into)
             if "error" in r:
                 errors.append(r)
                 print(f"{n} node(s) {system}: FAILED ({r['error'][:300]})", flush=True)
@@ -312,8 +357,17 @@ def measure(nodes: list[int], quick: bool, cal: Calibration, reuse: Path | None 
                       f"nodes {nat['runner_nodes']} / {con['runner_nodes']}", flush=True)  # fmt: skip
     return {"rows": rows, "errors": errors, "ratios": backend_ratios([r for r in rows if r["system"] in DESIGN.values()]),
             "validation": validate(rows, raw, cal, workload, host_cores()), "workload": asdict(workload),
-            "setup": setup(quick), "reused": str(reuse) if reuse else None, "logs": str(logdir),
+            "setup": setup(quick), "reused": str(reuse) if reuse else None, "records": repo_path(into),
+            "logs": str(logdir),
             "machine": provenance.finish(tok)}  # fmt: skip
+
+
+def repo_path(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it (a committed folder), else as given."""
+    try:
+        return str(path.resolve().relative_to(HERE.parent))
+    except ValueError:
+        return str(path)
 
 
 def host_cores() -> int:

@@ -9,7 +9,8 @@ The iteration is the model's (``scaling_model.Iteration``) with no compute: per 
 (an agent-loop worker and a training rank, as ``gpus_per_node=1``); the driver (node 0) plays verl's
 trainer. Generation: each agent puts its responses one trajectory at a time, all in flight at once
 (``async_kv_batch_put``, as verl's agent loop); the driver notices completion by polling ``kv_list``
-every ``poll_s`` (SimpleStorage, verl's replay buffer) or when the agents answer (Conduit's channel).
+every ``POLL_S`` (SimpleStorage, verl's replay buffer, at the short poll every baseline gets: issue 47;
+the record keeps it) or when the agents answer (Conduit's channel).
 Log-prob stages: each rank gets its shard (the samples its node's store owns, as the model places
 them), puts its log-probs; the driver gets the field (and puts it again: SimpleStorage's per-stage put).
 Advantage: the driver gets the scores and puts the derived fields. Update: each rank gets its shard's
@@ -33,11 +34,20 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # nodes bind 127.0.0.1 (local_ray.py)
 
 import provenance  # noqa: E402
-from scaling_config import ADVANTAGE_READS, FIELDS, LOGPROB_READS, ROLLOUT_FIELDS, UPDATE_READS, Workload  # noqa: E402
+from scaling_config import (  # noqa: E402
+    ADVANTAGE_READS,
+    FIELDS,
+    LOGPROB_READS,
+    ROLLOUT_FIELDS,
+    SHORT_POLL_S,
+    UPDATE_READS,
+    Workload,
+)
 
 PARTITION = "scaling"
 MIB = 2**20
-POLL_S = 0.05  # the driver's kv_list poll in the SimpleStorage design (verl polls every 2 s; scaled down)
+#: the driver's kv_list poll in the SimpleStorage design: the short poll every baseline gets (issue 47)
+POLL_S = SHORT_POLL_S
 START_TIMEOUT_S = 300.0
 CALL_TIMEOUT_S = 300.0
 SYSTEMS = ("Conduit", "SimpleStorage")
@@ -288,7 +298,7 @@ def run(system: str, nodes: int, workload: Workload, iters: int, warmup: int, rl
                   file=sys.stderr, flush=True)  # fmt: skip
         tq.close()
         out = {"system": system, "nodes": nodes, "startup_s": startup_s, "store_nodes": [ids.index(u) for u in units],
-               "iterations": rows, "wall_s": time.perf_counter() - t_start}  # fmt: skip
+               "poll_s": POLL_S, "iterations": rows, "wall_s": time.perf_counter() - t_start}  # fmt: skip
         if rllib_steps:
             from scaling_measure_rllib import measure
 

@@ -347,11 +347,16 @@ def probe_controller(fields: int = 8, reps: int = 20) -> dict[str, float]:
 def refit_report(result: Mapping[str, Any]) -> dict[str, Any]:
     """The refit redone from a ``scaling.py --measure`` result (its driver-call medians and measured
     iterations): the constants, the held-out and per-iteration validation, and the modelled share of
-    the data path at the largest scale for both designs on the refitted constants."""
+    the data path at the largest scale for both designs on the refitted constants. ``ConfigError`` for
+    a result measured at another poll than the short one (before issue 47's rules)."""
     import scaling_measure as sm
     from scaling_config import TOPOLOGY
 
     from conduit.topology import load
+
+    poll = ((result.get("measured") or {}).get("setup") or {}).get("poll_s")
+    if poll != sm.POLL_S:
+        raise ConfigError(f"refit: measured at poll {poll} s, not {sm.POLL_S} s (issue 47); re-measure")
 
     calls = [dict(r, seconds=r["measured_s"]) for r in result["validation"]["per_call_measured"]]
     iters = [{"system": r["system"], "nodes": r["nodes"], "gpus_per_node": 1, "agent_workers": r["nodes"],
