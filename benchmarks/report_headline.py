@@ -82,13 +82,19 @@ def verdict_cell(h: dict[str, Any], eligible: tuple[bool, str]) -> str:
     return SHOWN.get(v, v)
 
 
+def _n(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, int | float) and not isinstance(x, bool) else "—"
+
+
 def interval_cell(h: dict[str, Any]) -> tuple[str, str]:
-    """(ratio, ``[lo, hi]`` with its level and rounds) of a stored headline, or dashes."""
+    """(ratio, ``[lo, hi]`` with its level and rounds) of a stored headline; dashes where missing."""
     i = _dict(h.get("interval"))
-    if "ratio" not in i:
+    if not isinstance(i.get("ratio"), int | float):
         return "—", "—"
-    level = f"{100 * float(i.get('level', 0.9)):.0f}%"
-    return f"{i['ratio']:.3f}×", f"[{i['lo']:.3f}, {i['hi']:.3f}] ({level}, {i.get('rounds')} rounds)"
+    level = i.get("level")
+    shown = f"{100 * level:.0f}%" if isinstance(level, int | float) else "—"
+    rounds = i.get("rounds") if isinstance(i.get("rounds"), int) else "—"
+    return f"{_n(i['ratio'])}×", f"[{_n(i.get('lo'))}, {_n(i.get('hi'))}] ({shown}, {rounds} rounds)"
 
 
 def headline_rows(docs: dict[str, dict[str, Any]]) -> list[list[str]]:
