@@ -141,8 +141,11 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "verl_paced",
         "verl with a paced rollout (generation on its own hardware, modelled)",
-        ("verl_iteration_paced_grpo.json", "verl_iteration_paced_ppo.json"),
-        algos("verl_iteration_paced_grpo.json", "verl_iteration_paced_ppo.json"),
+        ("verl_iteration_paced_grpo.json", "verl_iteration_paced_ppo.json", f"{PACED_SWEEP}.json"),
+        lambda docs: (
+            algos("verl_iteration_paced_grpo.json", "verl_iteration_paced_ppo.json")(docs)
+            + verl.sweep_point(docs[f"{PACED_SWEEP}.json"], "tail=1,R=1", f"{PACED_SWEEP}.json")
+        ),
         ("verl_iteration_paced_grpo.png", "verl_iteration_paced_ppo.png"),
         subsections=(
             sub(

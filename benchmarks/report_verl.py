@@ -328,3 +328,17 @@ def crash_resume(d: Doc) -> list[str]:
         f"{num(lag.get('median_s'), 3)} s, p95 {num(lag.get('p95_s'), 3)} s, max {num(lag.get('max_s'), 3)} s"
     )
     return out
+
+
+def sweep_point(d: Doc, point: str, name: str) -> list[str]:
+    """One point of the paced sweep (``d``: its results file ``name``) beside the paced headline: the
+    point where overlap has least to hide (tail 1, R 1), so the headline is not read alone."""
+    r = get(d, "sweep_ratios", point) or {}
+    if not r:
+        return [f"- The sweep point {point}: not in `{name}`."]
+    wall, exposed = r.get("wall/conduit_over_verl_sync_tuned"), r.get("exposed/conduit_over_verl_sync_tuned")
+    return [
+        f"- Beside the headline point, the sweep's point {point} (`{name}`, GRPO, one quick round, the "
+        f"sweep's own provenance below): conduit ÷ verl_sync_tuned wall {num(wall, 3)}, exposed "
+        f"{num(exposed, 3)}, losses equal: {num(r.get('losses_equal/conduit_vs_verl_sync_tuned'))}."
+    ]

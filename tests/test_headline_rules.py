@@ -162,3 +162,11 @@ def test_the_page_opens_with_every_stored_headline_and_its_verdict() -> None:
     lines = headline_lines("GRPO", _doc())
     assert any("headline a beats b" in x and x.endswith(": met.") for x in lines)
     assert any("verl_sync: waited on a 2 s poll" in x for x in lines)
+
+
+def test_the_paced_headline_shows_its_tail_1_r_1_point_beside_it() -> None:
+    import report
+
+    page = report.render()
+    paced = page[page.index("## verl with a paced rollout") : page.index("### Paced sweep")]
+    assert "the sweep's point tail=1,R=1" in paced and "wall 0.972, exposed 0.970" in paced
