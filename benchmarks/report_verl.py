@@ -137,9 +137,12 @@ def iteration(docs: list[tuple[str, Doc]]) -> list[str]:
     for label, d in docs:
         sw = d.get("sweep") or {}
         resolved = sw.get("resolved")
+        given = next((x.get("poll_s") for x in d.get("rows") or [] if x.get("poll_s") is not None), None)
         out += [
             f"- {label}: verl_sync_tuned's poll period {num(sw.get('chosen'), 3)} s "
-            f"(rule: {sw.get('rule', DASH)}; sweep resolved the order: {num(resolved)}).",
+            f"(rule: {sw.get('rule', DASH)}; sweep resolved the order: {num(resolved)})."
+            if sw or given is None
+            else f"- {label}: verl_sync_tuned's poll period {num(given, 3)} s, given (`--poll`), no sweep.",
         ]
         out += error_lines(f"- {label}", d, ".")
         out += [f"- {label}: {line.removeprefix('- ')}" for line in targets(d.get("targets"))]
