@@ -87,6 +87,9 @@ class ConsumeOnce(RuleBasedStateMachine):
         except ConfigError:
             assert n < 1
             return
+        except CapacityError:  # more than a consume-once buffer can ever hold: refused at once
+            assert n > CAPACITY
+            return
         except InsufficientDataError:
             assert n > len(self.queue)
             return
