@@ -171,8 +171,9 @@ def torchrl_cell(capacity: int, dim: int, rounds: int, batch: int, scratch_dir: 
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cell_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments every TorchRL cell script takes (capacity, dim, rounds, batch, scratch dir)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capacity", type=int, required=True)
     ap.add_argument("--dim", type=int, required=True)
     ap.add_argument("--rounds", type=int, required=True)
@@ -180,10 +181,20 @@ def main() -> None:
     ap.add_argument(
         "--scratch-dir", type=Path, required=True, help="where the memmap files go (removed after)"
     )
+    return ap
+
+
+def parse_cell(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """``ap``'s arguments, refusing a count that is not positive."""
     args = ap.parse_args()
     for name in ("capacity", "dim", "rounds", "batch"):
         if getattr(args, name) <= 0:
             ap.error(f"--{name} must be positive, got {getattr(args, name)}")
+    return args
+
+
+def main() -> None:
+    args = parse_cell(cell_parser(__doc__))
     row = torchrl_cell(args.capacity, args.dim, args.rounds, args.batch, args.scratch_dir)
     print(json.dumps(row))
 

@@ -26,7 +26,6 @@ row as one JSON line, last on stdout. Usage: ``python torchrl_atari_frames.py --
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -45,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from atari_stream import episode_fragments, latency, memory, memory_growth  # noqa: E402
-from torchrl_atari import ALPHA, BETA, NUM_FRAMES, WARMUP, disk_bytes  # noqa: E402
+from torchrl_atari import ALPHA, BETA, NUM_FRAMES, WARMUP, cell_parser, disk_bytes, parse_cell  # noqa: E402
 
 SYSTEM, N_STEP = "torchrl_frames", 1
 
@@ -220,22 +219,12 @@ def frames_cell(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--capacity", type=int, required=True)
-    ap.add_argument("--dim", type=int, required=True)
-    ap.add_argument("--rounds", type=int, required=True)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument(
-        "--scratch-dir", type=Path, required=True, help="where the memmap files go (removed after)"
-    )
+    ap = cell_parser(__doc__)
     ap.add_argument("--sampler", choices=["prioritized", "uniform"], default="prioritized")
     ap.add_argument(
         "--per-sample-boundaries", action="store_true", help="cache_values=False: boundaries found per sample"
     )
-    args = ap.parse_args()
-    for name in ("capacity", "dim", "rounds", "batch"):
-        if getattr(args, name) <= 0:
-            ap.error(f"--{name} must be positive, got {getattr(args, name)}")
+    args = parse_cell(ap)
     cache = not args.per_sample_boundaries
     row = frames_cell(args.capacity, args.dim, args.rounds, args.batch, args.scratch_dir, args.sampler, cache)
     print(json.dumps(row))
