@@ -54,12 +54,16 @@ class Start:
     load_average_start: list[float] | None
 
 
-def start() -> Start:
-    """Capture the commit, the dirty flag and the load average at the start of a run."""
-    status = git("status", "--porcelain")
+def start(own_outputs: tuple[Path, ...] = ()) -> Start:
+    """Capture the commit, the dirty flag and the load average at the start of a run. Files under
+    ``own_outputs`` (the folder a multi-part run writes its records to) do not make the tree dirty:
+    they are this run's own output, not code it ran."""
+    status = git("status", "--porcelain", "--untracked-files=all")
+    mine = [str(p.resolve().relative_to(REPO)) for p in own_outputs if p.resolve().is_relative_to(REPO)]
+    lines = [x for x in (status or "").splitlines() if not any(x[3:].startswith(m) for m in mine)]
     return Start(
         git_commit=git("rev-parse", "HEAD") or "unknown",
-        git_dirty=None if status is None else bool(status),
+        git_dirty=None if status is None else bool(lines),
         load_average_start=load_average(),
     )
 

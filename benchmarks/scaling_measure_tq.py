@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    tok = provenance.start()  # this configuration's commit and the load around it
+    tok = provenance.start((a.out.parent,))  # this configuration's commit and load; earlier records aside
     out = run(a.system, a.nodes, Workload(**json.loads(a.workload)), a.iters, a.warmup, a.rllib_steps)
     a.out.write_text(json.dumps(out | {"machine": provenance.finish(tok)}, default=str))
     return 0

@@ -51,3 +51,17 @@ def test_headline_eligible_needs_a_command_a_clean_tree_and_a_quiet_start() -> N
 def test_a_command_recorded_at_the_top_level_or_in_method_counts() -> None:
     assert headline_eligible({"command": "a.py", "git_dirty": False})[0]
     assert headline_eligible({"method": {"command": "a.py"}, "git_dirty": False})[0]
+
+
+def test_a_run_s_own_records_do_not_make_the_tree_dirty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-part run (scaling --measure) writes its records into the repository as it goes: the
+    records written before a part must not mark that part's tree dirty; anything else still does."""
+    import provenance
+
+    out = provenance.REPO / "benchmarks" / "results" / "scaling_measured"
+    status = "?? benchmarks/results/scaling_measured/Conduit_1.json"
+    monkeypatch.setattr(provenance, "git", lambda *a: status if a[0] == "status" else "abc")
+    assert provenance.start((out,)).git_dirty is False
+    assert provenance.start().git_dirty is True
+    status += "\n M conduit/api.py"
+    assert provenance.start((out,)).git_dirty is True
