@@ -170,3 +170,12 @@ def test_the_paced_headline_shows_its_tail_1_r_1_point_beside_it() -> None:
     page = report.render()
     paced = page[page.index("## verl with a paced rollout") : page.index("### Paced sweep")]
     assert "the sweep's point tail=1,R=1" in paced and "wall 0.972, exposed 0.970" in paced
+
+
+def test_pre_rule_files_get_their_poll_check_from_their_own_rows() -> None:
+    import verl_vllm_floor_recheck as recheck
+
+    doc = {"rows": [{**r, "system": "verl_colocate_async"} for r in _rows("x", [[0.02, 2.02, 4.02, 2.02]])]}
+    out = recheck.recheck(doc)
+    assert "verl_colocate_async" in out["poll_check"] and "reanalysis" in out
+    assert recheck.recheck({"rows": _rows("verl_sync_tuned", [[0.02, 0.03]])})["poll_check"] == {}
