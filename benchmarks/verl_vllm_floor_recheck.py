@@ -48,13 +48,15 @@ def recheck(doc: dict[str, Any], system: str = "conduit") -> dict[str, Any]:
 
 
 def main() -> int:
-    for name in POLL_FILES:
-        path = RESULTS / name
-        doc = recheck(json.loads(path.read_text()))
+    paths = [RESULTS / name for name in POLL_FILES]
+    docs = [
+        recheck(json.loads(p.read_text())) for p in paths
+    ]  # every file read on a clean tree, then written
+    for path, doc in zip(paths, docs, strict=True):
         path.write_text(json.dumps(doc, indent=1))
         f = doc.get("ingestion_floor") or {}
         print(
-            f"{name}: is_bound={f.get('is_bound')}, undercut_by={f.get('undercut_by')}, polls={doc['poll_check']}"
+            f"{path.name}: is_bound={f.get('is_bound')}, undercut_by={f.get('undercut_by')}, polls={doc['poll_check']}"
         )
     return 0
 
