@@ -93,8 +93,6 @@ def transitions(dim: int, seed: int) -> Any:
 
 def torchrl_cell(capacity: int, dim: int, rounds: int, batch: int, scratch_dir: Path) -> dict[str, Any]:
     """Fill the memmap buffer to ``capacity`` transitions, then time prioritized sample + update."""
-    import tensordict
-    import torchrl
     from torchrl.data import LazyMemmapStorage, PrioritizedSampler, TensorDictReplayBuffer
 
     row: dict[str, Any] = {"system": "torchrl", "capacity": capacity, "dim": dim, "frames_tier": "disk"}
@@ -157,11 +155,7 @@ def torchrl_cell(capacity: int, dim: int, rounds: int, batch: int, scratch_dir: 
                     "samples": rounds,
                     "updates": rounds,
                 },
-                "versions": {
-                    "torch": torch.__version__,
-                    "torchrl": torchrl.__version__,
-                    "tensordict": tensordict.__version__,
-                },
+                "versions": versions(),
             }
         )
         last.clear()
@@ -169,6 +163,14 @@ def torchrl_cell(capacity: int, dim: int, rounds: int, batch: int, scratch_dir: 
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return row
+
+
+def versions() -> dict[str, str]:
+    """The versions a TorchRL cell ran on (torch, torchrl, tensordict)."""
+    import tensordict
+    import torchrl
+
+    return {"torch": torch.__version__, "torchrl": torchrl.__version__, "tensordict": tensordict.__version__}
 
 
 def cell_parser(doc: str | None) -> argparse.ArgumentParser:

@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from atari_stream import episode_fragments, latency, memory, memory_growth  # noqa: E402
-from torchrl_atari import ALPHA, BETA, NUM_FRAMES, WARMUP, cell_parser, disk_bytes, parse_cell  # noqa: E402
+from torchrl_atari import ALPHA, BETA, NUM_FRAMES, WARMUP, cell_parser, disk_bytes, parse_cell, versions  # noqa: E402
 
 SYSTEM, N_STEP = "torchrl_frames", 1
 
@@ -140,8 +140,6 @@ def frames_cell(
     why = refusal(capacity, dim, scratch_dir)
     if why:
         return row | {"refused": why}
-    import tensordict
-    import torchrl
     from tensordict import TensorDict
 
     torch.set_num_threads(1)
@@ -204,11 +202,7 @@ def frames_cell(
                     "slice_len": NUM_FRAMES,
                     "cache_values": cache,
                 },
-                "versions": {
-                    "torch": torch.__version__,
-                    "torchrl": torchrl.__version__,
-                    "tensordict": tensordict.__version__,
-                },
+                "versions": versions(),
             }
         )
         last.clear()
