@@ -296,7 +296,7 @@ def calibrate(root: Path, args: argparse.Namespace, tail: float) -> list[dict[st
     return rows_for_run(work, args.algo, "verl_sync", 1, {})
 
 
-def polled(plain: str, poll: float) -> list[str]:
+def polled(plain: str, poll: float | None) -> list[str]:
     """The harness flag that sets the replay-buffer poll of a polling baseline: every verl trainer
     (sync, colocate_async, separate_async, bounded or not) at ``poll``, except ``verl_sync``, which
     is verl as shipped (2 s); Conduit's trainer mode waits on its own completion channel."""
