@@ -202,6 +202,21 @@ SEAMS: tuple[Seam, ...] = (
         "PPOTrainerColocateAsync.on_sample_end",
         source="abort_replicas(",
     ),
+    # bounded staleness with the rollout on hardware of its own: separate_async's weight push
+    attribute_seam("checkpoint_manager"),
+    *(
+        Seam(
+            f"checkpoint manager method `{name}`",
+            "verl.checkpoint_engine.base",
+            f"CheckpointEngineManager.{name}",
+            params=params,
+        )
+        for name, params in (
+            ("abort_replicas", ()),
+            ("update_weights", ("global_steps",)),
+            ("resume_generation_replicas", ()),
+        )
+    ),
     # trainer state the streaming step reads (or sets: trainer_mode)
     attribute_seam("trainer_mode"),
     attribute_seam("replay_buffer"),
@@ -634,6 +649,26 @@ def async_step_end(trainer: Any) -> None:
     """colocate_async's end of step: push the new weights (``timing_s/update_weights``), resume
     generation."""
     _ColocateAsync.on_step_end(trainer)
+
+
+def separate_sample_end(trainer: Any) -> None:
+    """End of sampling with the rollout on hardware of its own (separate_async's schedule): nothing
+    is aborted or put to sleep, generation carries on while the trainer ingests and updates."""
+    if getattr(trainer, "curr_step_profile", False):
+        trainer._stop_rollout_profiling()
+
+
+def separate_step_end(trainer: Any) -> None:
+    """End of step with the rollout on hardware of its own: what verl's ``CheckpointEngineManager``
+    does for separate_async's standalone rollout (in-flight requests aborted and kept for partial
+    rollout, the new weights pushed, generation resumed at once; ``timing_s/update_weights``), so
+    generation pauses only for the push. A resumed request's samples carry every version that
+    generated them (``min_global_steps``/``max_global_steps``), which the staleness bound reads."""
+    manager = trainer.checkpoint_manager
+    with marked_timer("update_weights", trainer.timing_raw):
+        manager.abort_replicas()
+        manager.update_weights(trainer.global_steps)
+        manager.resume_generation_replicas()
 
 
 # -- one TransferQueue put per piece: the ``tq`` module verl's stage methods write through ------

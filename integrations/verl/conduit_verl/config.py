@@ -51,14 +51,18 @@ class ConduitTrainerConfig:
             nothing, so ``auto`` streams wherever the ingestion it hides pays, without measuring
             whole-batch steps; and with ``max_staleness=0`` each response's per-sample stages —
             old and reference log-probs, values — run as soon as it finishes, before its group
-            does: ``early_rows.py``, counted as ``conduit/early_rows``).
+            does: ``early_rows.py``, counted as ``conduit/early_rows``; with ``max_staleness >= 1``
+            generation never pauses for training, as in verl's ``separate_async``).
         max_staleness: the bound on how old a prompt group may be when it is trained on, in policy
             versions: a group generated (any of its tokens) by weights of version ``v`` may be
             trained on by versions up to ``v + max_staleness`` (the core's FIFO staleness rule,
             ``conduit.buffer.samplers.is_stale``). 0 (default) is the on-policy streaming step.
             ``k >= 1``: generation for the next ``k`` steps runs ahead (``k`` warm-up batches, verl's
-            partial-rollout client, weights pushed to the rollout at each step's end and generation
-            resumed, as verl's ``colocate_async``), finished groups still stream through ingestion,
+            partial-rollout client; with ``rollout_hardware=shared`` generation pauses while the
+            trainer works and resumes on the new weights at each step's end, as verl's
+            ``colocate_async``; with ``separate`` it never pauses for training, and requests in
+            flight at the weight push resume on the new weights, as verl's ``separate_async``),
+            finished groups still stream through ingestion,
             and verl's own ``max_off_policy_threshold`` is not applied (``staleness.py``).
             Needs ``overlap=async``. A checkpoint keeps the prompts drawn ahead (finished groups and
             pending prompts) in Conduit's format, never TransferQueue's pickle (``ahead.py``).

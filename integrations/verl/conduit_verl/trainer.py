@@ -7,9 +7,12 @@ buffer (``delivery.py``). With ``overlap=sync`` it is verl's sync step. With the
 (``trainer.v1.conduit.journal``, default: when verl saves checkpoints) every finished group is
 also journaled by the agent-loop workers (``journal_worker.py``), and a resumed step takes the
 interrupted step's journaled groups back instead of generating them (``resume.py``). With
-``trainer.v1.conduit.max_staleness=k >= 1`` generation runs ``k`` steps ahead the way verl's
-``colocate_async`` does it (warm-up batches, partial-rollout client, weights pushed and generation
-resumed at each step's end: verl's own hooks), and a group older than ``k`` versions is dropped
+``trainer.v1.conduit.max_staleness=k >= 1`` generation runs ``k`` steps ahead (warm-up batches,
+partial-rollout client): with ``rollout_hardware=shared`` the way verl's ``colocate_async`` does it
+(generation paused while the trainer works, weights pushed and generation resumed at each step's
+end: verl's own hooks); with ``rollout_hardware=separate`` the way ``separate_async`` does it
+(generation never pauses for training: in-flight requests are aborted, kept, and resumed on the new
+weights only for the push at each step's end), and a group older than ``k`` versions is dropped
 (evicted and refilled) or trained with recomputed old-log-probs (``staleness.py``). Knobs:
 ``config.py``. The verl methods it overrides and calls are reached through ``compat.py``.
 """
@@ -241,14 +244,25 @@ class ConduitTrainer(SyncTrainerBase):
         if self.conduit_config.max_staleness > 0:  # the next k steps' prompts, ahead of step 1's
             compat.add_warmup_batches(self, self.conduit_config.max_staleness)
 
+    def conduit_disaggregated(self) -> bool:
+        """Generation runs ahead on hardware of its own (``max_staleness >= 1`` with
+        ``rollout_hardware=separate``): separate_async's schedule, generation never pauses for
+        training; with ``rollout_hardware=shared`` it is colocate_async's (paused for the step)."""
+        cfg = self.conduit_config
+        return cfg.max_staleness > 0 and cfg.rollout_hardware == "separate"
+
     def on_sample_end(self) -> None:
-        if self.conduit_config.max_staleness > 0:
+        if self.conduit_disaggregated():
+            compat.separate_sample_end(self)
+        elif self.conduit_config.max_staleness > 0:
             compat.async_sample_end(self)
         else:
             super().on_sample_end()
 
     def on_step_end(self) -> None:
-        if self.conduit_config.max_staleness > 0:
+        if self.conduit_disaggregated():
+            compat.separate_step_end(self)
+        elif self.conduit_config.max_staleness > 0:
             compat.async_step_end(self)
         else:
             super().on_step_end()

@@ -109,6 +109,60 @@ def test_running_ahead_has_its_own_tuner_signature(tmp_path: Path) -> None:
     assert ahead is not None and ahead.algorithm == "verl/grpo/n8/separate/k2"
 
 
+# -- the schedule: colocate_async's on shared hardware, separate_async's on the rollout's own ------
+
+
+class _Manager:
+    """Records what the trainer asks of verl's checkpoint-engine manager."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.calls.append((name, *args))
+
+
+def _hooked(hardware: str, k: int):
+    from conduit_verl.config import ConduitTrainerConfig
+    from conduit_verl.trainer import ConduitTrainer
+
+    trainer = ConduitTrainer.__new__(ConduitTrainer)  # no verl setup: only the hooks are called
+    trainer.conduit_config = ConduitTrainerConfig(max_staleness=k, rollout_hardware=hardware)
+    trainer.checkpoint_manager = _Manager()
+    trainer.timing_raw, trainer.global_steps = {}, 7
+    trainer.curr_step_profile = False
+    return trainer
+
+
+def test_on_separate_hardware_generation_pauses_only_for_the_weight_push() -> None:
+    trainer = _hooked("separate", 1)
+    assert trainer.conduit_disaggregated()
+    trainer.on_sample_end()
+    assert trainer.checkpoint_manager.calls == []  # nothing aborted, nothing put to sleep
+    trainer.on_step_end()
+    assert trainer.checkpoint_manager.calls == [
+        ("abort_replicas",),
+        ("update_weights", 7),
+        ("resume_generation_replicas",),
+    ]
+    assert trainer.timing_raw["update_weights"] >= 0
+
+
+def test_on_shared_hardware_generation_pauses_for_the_step() -> None:
+    trainer = _hooked("shared", 1)
+    assert not trainer.conduit_disaggregated()
+    trainer.on_sample_end()
+    names = [c[0] for c in trainer.checkpoint_manager.calls]
+    assert names == ["abort_replicas", "sleep_replicas"]  # colocate_async: paused at the sample's end
+    trainer.on_step_end()
+    names = [c[0] for c in trainer.checkpoint_manager.calls]
+    assert names[2:] == ["update_weights", "resume_generation_replicas"]
+
+
+def test_on_policy_never_runs_the_disaggregated_schedule() -> None:
+    assert not _hooked("separate", 0).conduit_disaggregated()
+
+
 # -- group versions and the decision -----------------------------------------------------------
 
 
