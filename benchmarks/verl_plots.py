@@ -32,6 +32,15 @@ def stage_bars(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     _finish(fig, ax, out, title, legend_size=7)
 
 
+def rollout_title(rollout: str, tail: float | None = None, R: float | None = None) -> str:
+    """How a figure's title names the rollout its rows ran on (their ``rollout``; a paced one with its
+    ``tail`` and ``R`` where given): paced is a model of separate hardware and says so."""
+    if rollout == "paced":
+        model = ", ".join(f"{k} {v:g}" for k, v in (("tail", tail), ("R", R)) if v is not None)
+        return "PACED rollout (modelled generation)" + (f", {model}" if model else "")
+    return {"vllm": "vLLM rollout (vLLM's CPU build)", "hf": "hf rollout"}.get(rollout, f"{rollout} rollout")
+
+
 def paced_sweep(sweep_ratios: dict[str, dict[str, Any]], out: Path, algo: str) -> None:
     """Speed-up of conduit over verl_sync_tuned (median wall ratio, inverted) against the response
     length tail, one line per R; paced rollout (modelled generation), labelled as such."""
