@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from report_fmt import DASH, Refusals, get, num, table, targets, verdict
+from report_fmt import DASH, Refusals, get, ms, num, table, targets, verdict
 from report_headline import headline_lines
-from report_verl import Doc, error_lines, pair_cell
+from report_verl import Doc, bound_by, error_lines, pair_cell
 from report_vllm import reward as reward_table
 
 
@@ -27,9 +27,12 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
     """``verl_staleness.py``'s runs (GRPO, PPO): per system the bound, the measured staleness (median /
     max and where it came from), work and median wall / exposed / weight-push time; then every ratio
     the JSON holds (conduit k ÷ verl's async trainers only at equal measured staleness, else the
-    refusal; the storage backend alone; conduit_k0 ÷ verl_sync_tuned), the targets, the reward curves."""
+    refusal; the storage backend alone; conduit_k0 ÷ verl_sync_tuned), the targets, the reward curves.
+    Files whose summary carries the two-resource bound add "wall ÷ bound", "bound by" and the seconds
+    per response token (the comparison that holds where two systems' work differs)."""
     refusals = Refusals()
     rows, pair_rows, lines = [], [], []
+    bound = any("wall_over_bound" in s for d in docs.values() if d for s in d.get("summary") or [])
     for name, d in docs.items():
         if not d:
             continue
@@ -54,6 +57,15 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
                     num(s.get("exposed_s"), 3),
                     num(s.get("ingest_busy_s"), 3),
                     num(s.get("update_weights_s"), 3),
+                    *(
+                        [
+                            num(s.get("wall_over_bound"), 2),
+                            bound_by(s.get("bound_by")),
+                            ms(s.get("s_per_token"), 3),
+                        ]
+                        if bound
+                        else []
+                    ),
                 ]
             )
         r = d.get("ratios") or {}
@@ -100,6 +112,7 @@ def staleness(docs: dict[str, Doc]) -> list[str]:
         "exposed s",
         "ingestion busy s",
         "update_weights s",
+        *(["wall ÷ bound", "bound by", "ms per response token"] if bound else []),
     ]
     out = table(head, rows) + [""]
     if pair_rows:

@@ -2,7 +2,10 @@
 
 The JSON's ``ratios`` hold every median and ratio (``median_wall_s/<system>``,
 ``wall/<system>_over_<baseline>``, ``refused/...``, ``losses_equal/...``, ``backend/...``); the
-table shows them per system, one column per baseline the JSON compared against.
+table shows them per system, one column per baseline the JSON compared against. Files that carry the
+two-resource bound (``median_wall_over_bound/<system>``, ``bound_by/<system>``, or rows with
+``wall_over_bound``) get the columns "wall ÷ bound" and "bound by"; a ratio refused for unequal work
+shows its seconds-per-response-token ratio (``s_per_token/...``) beside the refusal.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def pair_cell(r: dict[str, Any], x: str, y: str, refusals: Refusals) -> str:
         if why
         else ("" if wall is None and exposed is None else f"{num(wall, 3)} / {num(exposed, 3)}")
     )
+    per_token = r.get(f"s_per_token/{x}_over_{y}", r.get(f"backend/s_per_token/{x}_over_{y}"))
+    if per_token is not None:
+        cell += f"{', ' if cell else ''}per token {num(per_token, 3)}"
     for key, label in (("losses_equal", "losses"), ("critic_losses_equal", "critic")):
         eq = r.get(f"{key}/{x}_vs_{y}")
         if eq is not None:
@@ -74,7 +80,25 @@ def _per_round(rows: list[dict[str, Any]], key: str) -> str:
     return ", ".join(num(by[k], 3) for k in sorted(by, key=str)) or DASH
 
 
-def system_rows(label: str, d: Doc, baselines: list[str], refusals: Refusals) -> list[list[str]]:
+def has_bound(d: Doc) -> bool:
+    """Whether a results file carries the two-resource bound (its ratios' medians or its rows)."""
+    r = d.get("ratios") or {}
+    return any(k.startswith("median_wall_over_bound/") for k in r) or any(
+        isinstance(x, dict) and "wall_over_bound" in x for x in d.get("rows") or []
+    )
+
+
+def bound_by(counts: Any) -> str:
+    """``{"trainer": 12, "generation": 2}`` -> ``trainer 12 / generation 2``; one resource alone: its name."""
+    if not isinstance(counts, dict) or not any(counts.values()):
+        return DASH
+    seen = [(k, v) for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v]
+    return seen[0][0] if len(seen) == 1 else " / ".join(f"{k} {num(v)}" for k, v in seen)
+
+
+def system_rows(
+    label: str, d: Doc, baselines: list[str], refusals: Refusals, bound: bool = False
+) -> list[list[str]]:
     r = d.get("ratios") or {}
     point = (get(d, "rows", 0, "tail"), get(d, "rows", 0, "R"))
     rows = [x for x in d.get("rows") or [] if (x.get("tail"), x.get("R")) == point]
@@ -96,6 +120,11 @@ def system_rows(label: str, d: Doc, baselines: list[str], refusals: Refusals) ->
             num(r.get(f"median_exposed_s/{s}"), 3),
             num(r.get(f"median_ingest_busy_s/{s}"), 3),
             num(r.get(f"median_update_actor_s/{s}"), 3),
+            *(
+                [num(r.get(f"median_wall_over_bound/{s}"), 2), bound_by(r.get(f"bound_by/{s}"))]
+                if bound
+                else []
+            ),
             f"{_per_round(mine, 'tq_put_s_per_iter')} / {_per_round(mine, 'tq_get_s_per_iter')}"
             if mine
             else DASH,
@@ -126,13 +155,22 @@ HEAD = [
 ]
 
 
+#: the two-resource bound's columns, after ``update_actor s`` (files that carry it: ``has_bound``)
+BOUND_HEAD = ["wall ÷ bound", "bound by"]
+
+
 def iteration(docs: list[tuple[str, Doc]]) -> list[str]:
-    """One table over several runs (GRPO, PPO): per system medians, work, and its ratio to every
-    baseline (wall / exposed, losses equal); then each run's poll sweep and targets."""
+    """One table over several runs (GRPO, PPO): per system medians, work, the two-resource bound
+    where a file carries it, and its ratio to every baseline (wall / exposed, losses equal); then
+    each run's poll sweep and targets."""
     refusals = Refusals()
     baselines = in_order({y for _, d in docs for y in pairs(d.get("ratios") or {})[1]})
-    rows = [row for label, d in docs for row in system_rows(label, d, baselines, refusals)]
-    head = HEAD + [f"÷ {y}: wall / exposed" for y in baselines]
+    bound = any(has_bound(d) for _, d in docs)
+    rows = [row for label, d in docs for row in system_rows(label, d, baselines, refusals, bound)]
+    at = HEAD.index("update_actor s") + 1
+    head = (HEAD[:at] + BOUND_HEAD + HEAD[at:] if bound else HEAD) + [
+        f"÷ {y}: wall / exposed" for y in baselines
+    ]
     out = table(head, rows) + [""] + refusals.lines()
     for label, d in docs:
         sw = d.get("sweep") or {}

@@ -16,6 +16,10 @@ response's release at its modelled time):
 
 PPO adds ``values`` (critic forward: an ingestion stage, per piece in conduit mode) and
 ``update_critic`` (whole batch, like ``update_actor`` not part of the exposed time, in every system).
+
+The two-resource bound (DESIGN.md §9, :func:`two_resource_bound`): a step is no shorter than the larger
+of generation's busy time on the rollout's hardware and the trainer core's busy time (its stages summed;
+verl's timer adds every call, so a conduit step's timers hold every streamed piece's stages too).
 """
 
 from __future__ import annotations
@@ -27,6 +31,21 @@ from typing import Any
 
 INGEST = ("old_log_prob", "ref", "values", "adv")
 STAGES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
+#: the trainer core's stages: a colocated reward (verl's ``timing_s/reward``, only where it ran), ingestion,
+#: the updates and the weight push
+TRAINER = (
+    "reward",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "update_weights",
+)
+#: two systems whose median response tokens per iteration lie further apart than this (relative) trained
+#: different work: their per-iteration times are not compared (``tokens_differ``)
+WORK_TOLERANCE = 0.02
 
 
 def jsonl(path: Path, torn: bool = False) -> list[dict[str, Any]]:
@@ -83,6 +102,8 @@ def rows_for_run(
         g = gen.get(step, {})
         gen_busy = g.get("end", 0.0) - g.get("start", 0.0)
         stages = {k: round(t.get(k, 0.0), 4) for k in STAGES}
+        if "reward" in t:  # verl times a colocated reward only where it runs one
+            stages["reward"] = round(t["reward"], 4)
         wait = max(0.0, t.get("gen", 0.0) - gen_busy)
         if system.startswith("conduit"):
             ingest = float(m.get("conduit/exposed_s", 0.0))
@@ -93,30 +114,64 @@ def rows_for_run(
             gen_busy=round(gen_busy, 4), gen_wait_exposed=round(wait, 4), ingest_exposed=round(ingest, 4)
         )
         row_extra = {"conduit": conduit_view(m)} if system.startswith("conduit") else {}
-        rows.append(
-            {
-                "algo": algo,
-                "system": system,
-                "iteration": step,
-                "wall_s": round(t.get("step", 0.0), 4),
-                "exposed_s": round(wait + ingest, 4),
-                "actor_loss": m.get("actor/pg_loss"),
-                "critic_loss": m.get("critic/vf_loss"),
-                "g_ing": m.get("conduit/piece_groups", m.get("conduit/g_ing")),  # result key kept
-                "score": m.get("critic/score/mean"),
-                "work": {k: int(g.get(k, 0)) for k in ("responses", "response_tokens")},
-                "ingest_s": round(sum(t.get(k, 0.0) for k in INGEST), 4),
-                # busy time of the ingestion stages, summed over the step (a piece's stages included
-                # where Conduit streams them): work moved off the path is still work
-                "ingest_busy_s": round(sum(t.get(k, 0.0) for k in INGEST), 4),
-                "model_gen_s": g.get("model_gen_s"),
-                "late_s": g.get("late_s"),
-                "stages": stages,
-                **row_extra,
-                **extra,
-            }
-        )
+        row: dict[str, Any] = {
+            "algo": algo,
+            "system": system,
+            "iteration": step,
+            "wall_s": round(t.get("step", 0.0), 4),
+            "exposed_s": round(wait + ingest, 4),
+            "actor_loss": m.get("actor/pg_loss"),
+            "critic_loss": m.get("critic/vf_loss"),
+            "g_ing": m.get("conduit/piece_groups", m.get("conduit/g_ing")),  # result key kept
+            "score": m.get("critic/score/mean"),
+            "work": {k: int(g.get(k, 0)) for k in ("responses", "response_tokens")},
+            "ingest_s": round(sum(t.get(k, 0.0) for k in INGEST), 4),
+            # busy time of the ingestion stages, summed over the step (a piece's stages included
+            # where Conduit streams them): work moved off the path is still work
+            "ingest_busy_s": round(sum(t.get(k, 0.0) for k in INGEST), 4),
+            "model_gen_s": g.get("model_gen_s"),
+            "late_s": g.get("late_s"),
+            "stages": stages,
+            **row_extra,
+            **extra,
+        }
+        row.update(two_resource_bound(row), s_per_token=s_per_token(row))
+        rows.append(row)
     return rows
+
+
+def two_resource_bound(row: dict[str, Any]) -> dict[str, Any]:
+    """The least ``row``'s step could take with generation and the trainer each on hardware of its
+    own (DESIGN.md §9): ``bound_s`` = max(``gen_busy_s``, generation's busy time, first request start ->
+    last request end on the rollout's hardware: ``stages["gen_busy"]``; ``trainer_busy_s``, the
+    ``TRAINER`` stages summed), which of the two it is (``bound_by``: "trainer" on a tie) and
+    ``wall_over_bound``. It bounds the steady state: an async step's generation may have begun in
+    the step before, so one step can fall under it. Where the rollout shares the trainer's cores it
+    is looser still (the two cannot both run at full speed).
+    Every field None for a row without stage timers or without a generation log (an old row). E.g.
+    wall 5 s, gen_busy 2 s, old_log_prob 1 s + update_actor 3 s: bound 4 s by the trainer, 1.25x.
+    """
+    stages = row.get("stages") or {}
+    gen = stages.get("gen_busy")
+    if not gen or gen <= 0:  # no stages, or no request logged for this weight version
+        return dict.fromkeys(("trainer_busy_s", "gen_busy_s", "bound_s", "bound_by", "wall_over_bound"))
+    trainer = round(sum(float(stages.get(k) or 0.0) for k in TRAINER), 4)
+    bound = max(float(gen), trainer)
+    wall = row.get("wall_s")
+    return {
+        "trainer_busy_s": trainer,
+        "gen_busy_s": round(float(gen), 4),
+        "bound_s": round(bound, 4),
+        "bound_by": "trainer" if trainer >= gen else "generation",
+        "wall_over_bound": round(float(wall) / bound, 3) if wall is not None else None,
+    }
+
+
+def s_per_token(row: dict[str, Any]) -> float | None:
+    """Seconds of the step's wall per response token it trained (``wall_s`` / ``work.response_tokens``):
+    comparable between systems that trained different amounts of work; None without a token count."""
+    tokens, wall = (row.get("work") or {}).get("response_tokens"), row.get("wall_s")
+    return round(float(wall) / tokens, 7) if tokens and wall is not None else None
 
 
 def conduit_view(m: dict[str, Any]) -> dict[str, float]:
@@ -175,6 +230,75 @@ def measured(rows: list[dict[str, Any]], system: str, first: int = 0) -> list[di
 
 def median(rows: list[dict[str, Any]], system: str, key: str, first: int = 0) -> float | None:
     vals = [float(r[key]) for r in measured(rows, system, first) if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def bound_medians(rows: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
+    """Per system, over its measured rows that have a bound (``two_resource_bound`` of each row's stages,
+    so rows from before the fields count too): ``median_bound_s/``, ``median_trainer_busy_s/``,
+    ``median_gen_busy_s/``, ``median_wall_over_bound/<system>`` and ``bound_by/<system>`` (how many
+    of its iterations each resource bounded); nothing for a system with no such row."""
+    out: dict[str, Any] = {}
+    for system in systems:
+        bounds = [b for r in measured(rows, system) if (b := two_resource_bound(r))["bound_s"]]
+        if not bounds:
+            continue
+        for key in ("bound_s", "trainer_busy_s", "gen_busy_s"):
+            out[f"median_{key}/{system}"] = round(statistics.median(b[key] for b in bounds), 4)
+        walls = [b["wall_over_bound"] for b in bounds if b.get("wall_over_bound") is not None]
+        out[f"median_wall_over_bound/{system}"] = round(statistics.median(walls), 3) if walls else None
+        out[f"bound_by/{system}"] = {
+            k: sum(b["bound_by"] == k for b in bounds) for k in ("trainer", "generation")
+        }
+    return out
+
+
+def _closed(rows: list[dict[str, Any]], system: str, open_last: bool) -> list[dict[str, Any]]:
+    """``system``'s measured rows; ``open_last``: without its last iteration, whose count stops wherever
+    the run ended for a trainer that generates ahead (``work_differs``)."""
+    mine = measured(rows, system)
+    last = max((r["iteration"] for r in mine), default=None)
+    return [r for r in mine if not (open_last and r["iteration"] == last)]
+
+
+def _tokens(rows: list[dict[str, Any]], system: str, open_last: bool = False) -> float | None:
+    """``system``'s median response tokens per measured iteration (None: no token count)."""
+    mine = _closed(rows, system, open_last)
+    vals = [t for r in mine if (t := (r.get("work") or {}).get("response_tokens"))]
+    return statistics.median(vals) if vals else None
+
+
+def tokens_differ(
+    rows: list[dict[str, Any]], a: str, b: str, rel: float = WORK_TOLERANCE, open_last: bool = False
+) -> str | None:
+    """Why ``a``'s and ``b``'s per-iteration times cannot be compared: their median response tokens
+    per iteration lie more than ``rel`` apart (async trainers' response lengths drift with the policy
+    and the timing, so at one seed they train different work; ``--fixed-length`` holds it fixed); or
+    None (equal within ``rel``, or a count missing). ``open_last`` as in ``work_differs``. Beside the
+    refusal: ``per_token``."""
+    ta, tb = _tokens(rows, a, open_last), _tokens(rows, b, open_last)
+    if ta is None or tb is None or abs(ta - tb) <= rel * max(ta, tb):
+        return None
+    return (
+        f"trained work differs: median response tokens per iteration {a} {ta:g}, {b} {tb:g} "
+        f"({abs(ta - tb) / max(ta, tb):.1%} apart, over {rel:.0%}); compare seconds per response token"
+    )
+
+
+def per_token(
+    rows: list[dict[str, Any]], a: str, b: str, prefix: str = "", open_last: bool = False
+) -> dict[str, Any]:
+    """``<prefix>s_per_token/<a>_over_<b>``: the ratio of the two systems' median seconds per trained
+    response token (``s_per_token``), the comparison that holds where their work differs; empty where
+    either has no token count. ``open_last`` as in ``work_differs``."""
+    x, y = median_per_token(rows, a, open_last), median_per_token(rows, b, open_last)
+    return {f"{prefix}s_per_token/{a}_over_{b}": round(x / y, 3)} if x is not None and y else {}
+
+
+def median_per_token(rows: list[dict[str, Any]], system: str, open_last: bool = False) -> float | None:
+    """``system``'s median ``s_per_token`` over its measured rows (from each row's wall and work, so
+    rows from before the field count too; ``open_last``: not its last iteration)."""
+    vals = [v for r in _closed(rows, system, open_last) if (v := s_per_token(r)) is not None]
     return statistics.median(vals) if vals else None
 
 
@@ -268,6 +392,7 @@ def ratios(
                 )
             elif why := work_differs(rows, system, base):
                 out[f"refused/{system}_over_{base}"] = why
+                out.update(per_token(rows, system, base))
             else:
                 allowed.append(system)
         for key in ("wall_s", "exposed_s"):
@@ -291,6 +416,7 @@ def ratios(
         if sep and trainer in systems and not trainer.startswith("conduit"):
             if why := work_differs(rows, system, trainer, open_last="async" in trainer):
                 out[f"refused/backend/{system}_over_{trainer}"] = why
+                out.update(per_token(rows, system, trainer, "backend/", open_last="async" in trainer))
             else:
                 for key in ("wall_s", "exposed_s"):
                     c, b = median(rows, system, key), median(rows, trainer, key)
@@ -307,6 +433,9 @@ def ratios(
         ]
         if ua:  # identical work in every system: a difference here is the machine, not the data path
             out[f"median_update_actor_s/{system}"] = round(statistics.median(ua), 4)
+        if (spt := median_per_token(rows, system)) is not None:
+            out[f"median_s_per_token/{system}"] = round(spt, 7)
+    out.update(bound_medians(rows, systems))
     return out
 
 

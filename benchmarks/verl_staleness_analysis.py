@@ -12,7 +12,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from intervals import headline  # noqa: E402
-from verl_analysis import jsonl, median, ratios, work_differs  # noqa: E402
+from verl_analysis import (  # noqa: E402
+    bound_medians,
+    jsonl,
+    median,
+    median_per_token,
+    per_token,
+    ratios,
+    tokens_differ,
+    two_resource_bound,
+    work_differs,
+)
 from verl_runs import TQ_SUFFIX, split_system  # noqa: E402
 
 #: verl's trainers that generate ahead with no bound of their own (off-policy)
@@ -182,6 +192,7 @@ def summarize(rows: list[dict[str, Any]], systems: list[str]) -> list[dict[str, 
                 "prompts_trained": _sum([r.get("prompts_trained") for r in mine]),
                 "stale_dropped": _sum([r.get("stale_dropped") for r in mine]),
                 "prompts_generated": _sum([r.get("prompts_generated") for r in mine]),
+                **_bound_summary(mine),
                 "storage_s_per_iter": _med(
                     [
                         r["tq_put_s_per_iter"] + r["tq_get_s_per_iter"]
@@ -192,6 +203,23 @@ def summarize(rows: list[dict[str, Any]], systems: list[str]) -> list[dict[str, 
             }
         )
     return out
+
+
+def _bound_summary(mine: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of a system's rows' two-resource bound (``verl_analysis.two_resource_bound``), which
+    resource bounded how many iterations, and its median seconds per response token."""
+    bounds = [b for r in mine if (b := two_resource_bound(r))["bound_s"]]
+    out = {
+        "trainer_busy_s": _med([b["trainer_busy_s"] for b in bounds]),
+        "gen_busy_s": _med([b["gen_busy_s"] for b in bounds]),
+        "bound_s": _med([b["bound_s"] for b in bounds]),
+        "wall_over_bound": _med([b["wall_over_bound"] for b in bounds], 3),
+        "bound_by": {k: sum(b["bound_by"] == k for b in bounds) for k in ("trainer", "generation")}
+        if bounds
+        else None,
+    }
+    spt = median_per_token(mine, mine[0]["system"]) if mine else None
+    return out | {"s_per_token": None if spt is None else round(spt, 7)}
 
 
 def staleness_differs(summary: dict[str, dict[str, Any]], a: str, b: str) -> str | None:
@@ -233,9 +261,13 @@ def staleness_ratios(
     rows: list[dict[str, Any]], summary: dict[str, dict[str, Any]], pairs: list[tuple[str, str]]
 ) -> dict[str, Any]:
     """``a`` ÷ ``b`` (medians of wall and exposed time) for each pair, only where ``a`` trained no staler
-    data than ``b`` (``refused/<a>_over_<b>``: why not; ``staleness/<a>_vs_<b>``: both measurements). ``work/<a>_vs_<b>``: where the generated work differed
-    (``verl_analysis.work_differs``; in async modes it depends on when in-flight requests are
-    aborted and resumed) or ``"equal"``; reported, not a refusal."""
+    data than ``b`` (``refused/<a>_over_<b>``: why not; ``staleness/<a>_vs_<b>``: both measurements)
+    and about the same work: median response tokens per iteration within ``verl_analysis.WORK_TOLERANCE``
+    (``tokens_differ``: async trainers' response lengths drift with the policy and the timing; the
+    refusal says by how much; each system's last iteration left out, as ``work_differs`` does). Beside it ``s_per_token/<a>_over_<b>``, seconds per response token, the
+    ratio that holds whatever the work. ``work/<a>_vs_<b>``: where the generated work differed
+    iteration by iteration (``verl_analysis.work_differs``; in async modes it depends on when in-flight
+    requests are aborted and resumed) or ``"equal"``; reported, not a refusal."""
     out: dict[str, Any] = {}
     for a, b in pairs:
         if a not in summary or b not in summary:
@@ -243,12 +275,16 @@ def staleness_ratios(
         if why := staleness_differs(summary, a, b):
             out[f"refused/{a}_over_{b}"] = why
             continue
+        out.update(per_token(rows, a, b, open_last=True))
+        out[f"work/{a}_vs_{b}"] = work_differs(rows, a, b, open_last=True) or "equal"
+        out[f"staleness/{a}_vs_{b}"] = staleness_compared(summary, a, b)
+        if why := tokens_differ(rows, a, b, open_last=True):
+            out[f"refused/{a}_over_{b}"] = why
+            continue
         for key in ("wall_s", "exposed_s"):
             x, y = median(rows, a, key), median(rows, b, key)
             if x is not None and y:
                 out[f"{key.removesuffix('_s')}/{a}_over_{b}"] = round(x / y, 3)
-        out[f"work/{a}_vs_{b}"] = work_differs(rows, a, b, open_last=True) or "equal"
-        out[f"staleness/{a}_vs_{b}"] = staleness_compared(summary, a, b)
     return out
 
 
@@ -267,6 +303,10 @@ def all_ratios(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> dic
     for s in systems:
         out.setdefault(f"median_wall_s/{s}", median(rows, s, "wall_s"))
         out.setdefault(f"median_exposed_s/{s}", median(rows, s, "exposed_s"))
+        if (spt := median_per_token(rows, s)) is not None:
+            out.setdefault(f"median_s_per_token/{s}", round(spt, 7))
+    for key, value in bound_medians(rows, systems).items():
+        out.setdefault(key, value)
     return out
 
 
