@@ -198,11 +198,12 @@ def round_order(systems: list[str], k: int) -> list[str]:
 
 
 def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
-    """Per system: its backend, measured iterations, median wall and exposed time, TQ calls and
-    verl's ``update_actor`` (the same work in every system)."""
+    """Per system: its backend, measured iterations, median wall and exposed time, TQ calls,
+    verl's ``update_actor`` (the same work in every system) and wall ÷ the two-resource bound
+    (``verl_analysis.two_resource_bound``; nan where no row has one)."""
     head = (
         f"{'system':<28} {'tq_backend':<14} {'n':>3} {'wall_s':>8} {'exposed_s':>9} {'tq_put_s':>9} "
-        f"{'tq_get_s':>9} {'upd_actor':>9}"
+        f"{'tq_get_s':>9} {'upd_actor':>9} {'wall/bound':>10}"
     )
     lines = [head]
     for system in systems:
@@ -218,9 +219,11 @@ def table(rows: list[dict[str, Any]], systems: list[str]) -> str:
             for op in ("put", "get")
         ]
         actor = statistics.median(r["stages"].get("update_actor", float("nan")) for r in mine)
+        over = [r["wall_over_bound"] for r in mine if r.get("wall_over_bound") is not None]
+        bound = statistics.median(over) if over else float("nan")
         lines.append(
             f"{system:<28} {backend:<14} {len(mine):>3} {wall:>8.3f} {exposed:>9.3f} {tq[0]:>9.3f} "
-            f"{tq[1]:>9.3f} {actor:>9.3f}"
+            f"{tq[1]:>9.3f} {actor:>9.3f} {bound:>10.2f}"
         )
     return "\n".join(lines)
 
@@ -261,13 +264,28 @@ def add_run_flags(p: argparse.ArgumentParser, timeout: int, paced: str = "") -> 
     p.add_argument("--timeout", type=int, default=timeout)
     p.add_argument("--work", default=None, help="scratch dir (default: a new temp dir)")
     p.add_argument("--reuse", action="store_true", help="with --work: re-analyse runs already there")
+    p.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="timing runs of equal work: every response runs to --response-length (the harness's "
+        "--fixed-length: vllm ignores EOS, paced draws every length at the cap); the hf rollout refuses it",
+    )
 
 
 def harness_args(
     args: argparse.Namespace, tail: float | None = None, scale: float | None = None
 ) -> list[str]:
-    """The harness flags every run of this invocation shares (shape; the paced rollout's model)."""
+    """The harness flags every run of this invocation shares (shape; the paced rollout's model; with
+    ``--fixed-length``, every response at the length cap: equal work in every system, whatever the
+    policy and the timing do to response lengths)."""
+    fixed = getattr(args, "fixed_length", False)
+    if fixed and args.rollout not in ("paced", "vllm"):
+        raise SystemExit(
+            f"--fixed-length applies to --rollout vllm or paced (got {args.rollout}): the hf rollout "
+            "stops at EOS and has no switch to ignore it"
+        )
     out = ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    out += ["--fixed-length"] if fixed else []
     out += ["--n", str(args.n)] if args.n else []
     if args.rollout == "paced":
         out += ["--rollout", "paced", "--response-length", str(args.response_length)]

@@ -149,10 +149,12 @@ def floor_holds(rows: list[dict[str, Any]], floor: dict[str, Any], system: str) 
 
 
 def run_info(work: Path) -> dict[str, Any]:
-    """From the run's ``summary.json``: how the cores were split (``cores``; None when not split)."""
+    """From the run's ``summary.json``: how the cores were split (``cores``; None when not split) and
+    whether every response ran to the length cap (``fixed_length``, the harness's ``--fixed-length``;
+    None for a run from before the flag)."""
     path = work / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
-    return {"cores": summary.get("cores")}
+    return {"cores": summary.get("cores"), "fixed_length": summary.get("fixed_length")}
 
 
 def engine_steps(work: Path) -> dict[int, dict[str, float]]:

@@ -34,6 +34,7 @@ class CPURunSpec:
     tq_placement: tuple[tuple[str, str], ...] = ()  # Conduit backend: (field, tier) pairs
     pace: tuple[tuple[str, float], ...] = ()  # paced rollout: pace.PaceModel fields; () = plain "hf"
     rollout: str = "hf"  # "hf" (also paced) or "vllm": verl's own vLLM rollout on vLLM's CPU build
+    fixed_length: bool = False  # every response at max_response_length (fixed_length_overrides)
 
 
 def critic_overrides(spec: CPURunSpec) -> list[str]:
@@ -88,6 +89,31 @@ def vllm_overrides(spec: CPURunSpec) -> list[str]:
         f"{arr}.rollout.disable_log_stats=False",  # vLLM's counters on /metrics (vllm_cpu.log_engine_stats)
         f"{arr}.rollout.max_model_len={spec.max_prompt_length + spec.max_response_length}",
     ]
+
+
+def fixed_length_overrides(spec: CPURunSpec) -> list[str]:
+    """Every response at ``max_response_length``, so systems that time differently still train the
+    same work. vLLM: verl's ``rollout.ignore_eos`` (``RolloutConfig.ignore_eos``; verl's vLLM server
+    sets it in every request's ``SamplingParams``, ``vllm_async_server.py``), so a response stops at
+    ``max_tokens`` = the response length only. The paced rollout needs no override: its lengths are
+    drawn from the pace model, which ``run.pace_settings`` fixes at the cap (checked here). The hf
+    rollout is refused: its server stops at EOS and has no switch to ignore it."""
+    if not spec.fixed_length:
+        return []
+    if spec.rollout == "vllm":
+        return ["actor_rollout_ref.rollout.ignore_eos=True"]
+    pace = dict(spec.pace)
+    if not pace:
+        raise ValueError(
+            "fixed-length responses need --rollout vllm (verl's ignore_eos) or paced (lengths drawn at "
+            "the cap); the hf rollout stops at EOS and has no switch to ignore it"
+        )
+    if pace.get("tail") != 1 or pace.get("median_len", 0) < spec.max_response_length:
+        raise ValueError(
+            f"fixed-length paced responses need median_len >= {spec.max_response_length} and tail 1 "
+            f"(every drawn length at the cap), got {pace}"
+        )
+    return []
 
 
 def separate_async_overrides(spec: CPURunSpec) -> list[str]:
@@ -149,6 +175,7 @@ def cpu_overrides(spec: CPURunSpec) -> list[str]:
         # the rollout: rollout "hf" (10) or verl's "vllm", receiving weights after every step
         f"{arr}.rollout.name={'vllm' if spec.rollout == 'vllm' else 'hf'}",
         *vllm_overrides(spec),
+        *fixed_length_overrides(spec),
         f"{arr}.rollout.n={spec.n}",
         f"{arr}.rollout.tensor_model_parallel_size=1",
         f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={spec.n}",

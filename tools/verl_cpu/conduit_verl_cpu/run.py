@@ -79,6 +79,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument(
         "--response-length", type=int, default=None, help="max response tokens (hf, vllm 16; paced 256)"
     )
+    p.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="every response runs to --response-length, so timing runs of different trainer modes train "
+        "the same work: vllm ignores EOS (verl's actor_rollout_ref.rollout.ignore_eos=True); paced draws "
+        "every length at the cap (median = --response-length, tail 1: --pace-median and --pace-tail are "
+        "overridden); hf: refused (its server stops at EOS)",
+    )
     p.add_argument("--pace-median", type=int, default=64, help="paced: median response length (tokens)")
     p.add_argument("--pace-tail", type=float, default=4.0, help="paced: p99 / median of the response length")
     p.add_argument(
@@ -129,6 +137,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         from conduit_verl_cpu.piece_trace import g_schedule
 
         g_schedule(args.g_schedule)  # ConfigError if malformed
+    if args.fixed_length and args.rollout == "hf":
+        p.error(
+            "--fixed-length needs --rollout vllm (verl's ignore_eos) or paced (lengths drawn at the cap): "
+            "the hf rollout stops at EOS and has no switch to ignore it"
+        )
     if args.rollout == "vllm":
         from conduit_verl_cpu.vllm_cpu import cpu_build_version
 
@@ -158,12 +171,15 @@ def core_split(args: argparse.Namespace) -> CoreSplit | None:
 
 
 def pace_settings(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
-    """The paced rollout's ``PaceModel`` fields set from the flags (checked here: ``ConfigError``)."""
+    """The paced rollout's ``PaceModel`` fields set from the flags (checked here: ``ConfigError``);
+    ``--fixed-length``: every response at the cap."""
     if args.rollout != "paced":
         return ()
     from conduit_verl_cpu.pace import PaceModel
 
     pace = {"median_len": args.pace_median, "tail": args.pace_tail, "time_scale": args.pace_scale}
+    if args.fixed_length:  # every drawn length at the cap (pace.PaceModel.draw_length: tail 1 is no spread)
+        pace.update(median_len=args.response_length, tail=1.0)
     PaceModel(max_len=args.response_length, **pace)  # type: ignore[arg-type]
     # the server's wave: every request of a training step in one batch (paced_server.py)
     return (*pace.items(), ("wave", args.batch_size * args.n))
@@ -223,6 +239,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Path]:
         max_response_length=args.response_length,
         pace=args.pace,
         rollout="vllm" if args.rollout == "vllm" else "hf",
+        fixed_length=args.fixed_length,
     )
     overrides = resume_overrides(cpu_overrides(spec), args)
     return overrides + streaming_overrides(args, work), work / "metrics.jsonl"
@@ -394,6 +411,7 @@ def write_summary(
         "cores": args.core_split.as_dict() if args.core_split else None,  # --core-split (None: not split)
         "affinity": watch.report() if watch else None,  # side -> process name -> cores, last seen
         "response_length": args.response_length,
+        "fixed_length": args.fixed_length,  # --fixed-length: every response ran to response_length
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # the allocator every process ran with
         "tq_backend": TQ_BACKENDS[args.tq_backend],  # what was asked for
         "tq_placement": dict(args.tq_placement),
