@@ -90,6 +90,7 @@ from verl_staleness_analysis import (  # noqa: E402
     all_ratios,
     annotate,
     bound,
+    headline_pair,
     headlines,
     summarize,
     targets,
@@ -225,7 +226,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=None,
-        help=f"rounds of the headline pair {HEADLINE} (default 3, quick 1); the other systems run in round 0",
+        help=f"rounds of the headline pair ({HEADLINE}; on vLLM {headline_pair('vllm')}) (default 3, "
+        "quick 1); the other systems run in round 0",
     )
     p.add_argument(
         "--poll",
@@ -300,7 +302,7 @@ def prepare(args: argparse.Namespace, prefix: str) -> tuple[Path, dict[str, Any]
         harness = harness_args(args)
     plan = {
         "poll": args.poll,
-        "pair": HEADLINE,
+        "pair": headline_pair(args.rollout),
         "rounds": rounds,
         "steps": steps,
         "label": "",

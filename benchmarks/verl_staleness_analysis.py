@@ -38,6 +38,27 @@ VERL_WORST = "training/off_policy/trajectory_staleness_worst"
 VERL_EVICTED = "training/off_policy/evicted_samples"
 #: issue 30's targets: conduit k=1 over verl_colocate_async, and the backend under verl's async trainers
 TARGET_WALL, TARGET_EXPOSED, TARGET_BACKEND_SPEEDUP = 0.9, 0.5, 1.1
+#: issue 48: with generation on hardware of its own (vLLM on its own core) the baseline a user runs is
+#: verl's separate_async, under its own bound set equal to Conduit's
+SEPARATE_HEADLINE = ("conduit_k1", "verl_separate_async_k1")
+#: its wall target by the resource that bounds the baseline's step: 0.9x where the trainer's core does,
+#: no slower (the interval's upper end <= 1.0) where generation does
+TARGET_SEPARATE = {"trainer": 0.9, "generation": 1.0}
+
+
+def headline_pair(rollout: str | None) -> tuple[str, str]:
+    """The headline pair of a run on ``rollout``: separate_async's on vLLM (split cores), else
+    colocate_async's (the paced rollout models separate hardware the way issue 30 compared it)."""
+    return SEPARATE_HEADLINE if rollout == "vllm" else HEADLINE
+
+
+def bound_held(rows: list[dict[str, Any]], system: str) -> str | None:
+    """Which resource bounded most of ``system``'s measured steps ("trainer" on a tie; None: no row
+    carries the bound)."""
+    by = [r.get("bound_by") for r in rows if r["system"] == system and r.get("bound_by")]
+    if not by:
+        return None
+    return "trainer" if by.count("trainer") >= by.count("generation") else "generation"
 
 
 def bound(system: str) -> int | None:
@@ -355,12 +376,20 @@ def headlines(
     rows: list[dict[str, Any]], ratio: dict[str, Any], polls: dict[str, str]
 ) -> list[dict[str, Any]]:
     """The file's headline claims: ``conduit_k1`` ÷ ``verl_colocate_async``, wall <= ``TARGET_WALL`` and
-    exposed <= ``TARGET_EXPOSED``, each with its interval and verdict (``intervals.headline``);
+    exposed <= ``TARGET_EXPOSED``, each with its interval and verdict (``intervals.headline``); on
+    vLLM ``conduit_k1`` ÷ ``verl_separate_async_k1``, wall <= ``TARGET_SEPARATE`` of the resource
+    that bounded the baseline (``bound_held``);
     refused where Conduit trained staler data (``all_ratios``) or the baseline waited on a long
     poll (``polls``: ``poll_check.poll_findings``)."""
-    a, b = HEADLINE
+    rollout = rows[0].get("rollout") if rows else None
+    a, b = headline_pair(rollout)
     algo = str(rows[0]["algo"]).upper() if rows else ""
     why = ratio.get(f"refused/{a}_over_{b}") or (f"{b}: {polls[b]}" if b in polls else None)
+    if rollout == "vllm":  # one claim: wall, its target set by what bounded the baseline's steps
+        held = bound_held(rows, b)
+        target = TARGET_SEPARATE.get(held or "trainer", TARGET_SEPARATE["trainer"])
+        claim = f"verl {algo} vLLM, equal staleness bound: {a} ÷ {b}, wall ({held or 'unknown'}-bound)"
+        return [headline(claim, rows, (a, b), "wall_s", target, refused=why)]
     return [
         headline(
             f"verl {algo} paced, bounded staleness: {a} ÷ {b}, {what}",

@@ -475,3 +475,40 @@ def test_the_report_shows_the_reward_only_file(tmp_path: Path) -> None:
     assert "within it: met." in part and "errors in reward_s2_conduit_k1_r0" in part
     assert "- Rollout paced; 16 prompts x n=8, responses up to 256 tokens." in part
     assert "—" in "\n".join(report_staleness.reward(blank(doc)))  # every value missing: no crash
+
+
+def test_on_vllm_the_headline_is_separate_async_at_equal_bound() -> None:
+    from verl_staleness_analysis import HEADLINE, bound_held, headline_pair, headlines
+
+    assert headline_pair("paced") == HEADLINE
+    assert headline_pair("vllm") == ("conduit_k1", "verl_separate_async_k1")
+
+    def row(system: str, rnd: int, it: int, wall: float, by: str) -> dict:
+        return {
+            "system": system,
+            "round": rnd,
+            "iteration": it,
+            "wall_s": wall,
+            "exposed_s": wall / 3,
+            "algo": "grpo",
+            "rollout": "vllm",
+            "bound_by": by,
+        }
+
+    def rows(by: str) -> list[dict]:
+        return [
+            row(s, rnd, it, wall + 0.01 * it, by)
+            for rnd in range(3)
+            for it in range(2, 10)
+            for s, wall in (("conduit_k1", 5.0), ("verl_separate_async_k1", 6.0))
+        ]
+
+    assert bound_held(rows("generation"), "verl_separate_async_k1") == "generation"
+    assert bound_held([], "verl_separate_async_k1") is None
+    (trainer,) = headlines(rows("trainer"), {}, {})
+    assert trainer["pair"] == ["conduit_k1", "verl_separate_async_k1"] and trainer["target"] == 0.9
+    assert "trainer-bound" in trainer["claim"] and trainer["verdict"] == "met"
+    (gen,) = headlines(rows("generation"), {}, {})
+    assert gen["target"] == 1.0 and "generation-bound" in gen["claim"]
+    (refused,) = headlines(rows("trainer"), {"refused/conduit_k1_over_verl_separate_async_k1": "staler"}, {})
+    assert refused["verdict"] == "refused"
