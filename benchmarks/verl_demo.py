@@ -24,9 +24,9 @@ staler data). A demo: one round of a few iterations per system, not a headline (
 ``verl_staleness.py`` make those). Writes ``verl_demo.json`` and ``verl_demo.png``.
 
 Sized for about 8 minutes on 2 cores after setup (most of a run is Ray, verl and vLLM starting, so four
-runs leave room for few iterations): :data:`STEPS` = 3 measured iterations (+1 warm-up) per system of
+runs leave room for few iterations): :data:`STEPS` = 2 measured iterations (+1 warm-up) per system of
 :data:`SHAPE`, 4 prompts x 4 responses up to 256 tokens (it was two systems, 4 iterations of 8 x 4 up
-to 512 tokens). ``--steps 2`` if a machine is slower.
+to 512 tokens; 3 iterations of four systems took 9.7 min). ``--steps 1`` if a machine is slower.
 
 - vLLM (the default where vLLM's CPU build is installed): verl's vLLM rollout, vLLM's engine on one core
   and the rest on the other (``--core-split 0:1``). vLLM batches the requests in flight, so equal losses
@@ -66,8 +66,8 @@ PAIRS = (("conduit", "verl_sync_tuned"), ("conduit_k1", "verl_separate_async_k1"
 BOUND = {s: 0 if s == "conduit" else bound(s) for s in SYSTEMS}
 #: the demo's shape (sized for ~8 minutes on 2 cores; vLLM and paced alike)
 SHAPE = ("--batch-size", "4", "--n", "4", "--response-length", "256")
-#: measured iterations per system (+1 warm-up)
-STEPS = 3
+#: measured iterations per system (+1 warm-up): most of a run is start-up (~80 s of Ray, verl and vLLM)
+STEPS = 2
 #: the replay-buffer poll period (s) of verl's trainers in the demo
 POLL_S = 0.02
 #: one run's limit (s): a run that hangs must not eat the demo's minutes
@@ -262,6 +262,19 @@ def paired_ratios(
     ]
 
 
+def per_token_ratio(rows: list[dict[str, Any]], a: str, b: str, its: list[int]) -> float | None:
+    """``a``'s wall seconds per trained response token over ``b``'s, summed over ``its``: what can be
+    compared where the two trained different work (None: no token counted)."""
+    spt = []
+    for s in (a, b):
+        mine = [r for r in rows if r["system"] == s and r["iteration"] in its]
+        tokens = sum(int((r.get("work") or {}).get("response_tokens", 0)) for r in mine)
+        if not tokens:
+            return None
+        spt.append(sum(float(r["wall_s"]) for r in mine) / tokens)
+    return round(spt[0] / spt[1], 3)
+
+
 def demo_ratios(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> dict[str, Any]:
     """For each of :data:`PAIRS`: ``work/<a>_vs_<b>`` (``work_check``), and ``wall/`` and
     ``exposed/<a>_over_<b>`` (ratios of the medians), or ``refused/<a>_over_<b>``: the work differs by
@@ -278,6 +291,8 @@ def demo_ratios(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> di
         out[f"work/{a}_vs_{b}"] = work
         if work["differs"]:
             out[f"refused/{a}_over_{b}"] = work["differs"]
+            if (spt := per_token_ratio(rows, a, b, work["iterations"])) is not None:
+                out[f"s_per_token/{a}_over_{b}"] = spt
             continue
         if BOUND[b] and (why := staleness_differs(by, a, b)):
             out[f"refused/{a}_over_{b}"] = why
@@ -302,7 +317,9 @@ def ratio_line(rows: list[dict[str, Any]], found: dict[str, Any], a: str, b: str
         )
     )
     if why := found.get(f"refused/{a}_over_{b}"):
-        return f"{a} ÷ {b}: no ratio ({why}){done}"
+        spt = found.get(f"s_per_token/{a}_over_{b}")
+        per_token = "" if spt is None else f"; seconds per trained response token {spt:.3f}"
+        return f"{a} ÷ {b}: no ratio ({why}){per_token}{done}"
     parts = []
     for key in ("wall", "exposed"):
         paired = paired_ratios(rows, f"{key}_s", a, b)
