@@ -45,7 +45,7 @@ import provenance  # noqa: E402
 from poll_check import poll_findings  # noqa: E402
 from verl_analysis import STEADY_FROM, calibration, exposed_profile, ratios, sweep_table, targets  # noqa: E402
 from verl_headlines import PAIR, iteration_headlines  # noqa: E402
-from verl_plots import paced_sweep, stage_bars  # noqa: E402
+from verl_plots import paced_sweep, rollout_title, stage_bars  # noqa: E402
 from verl_runs import (  # noqa: E402
     TQ_SUFFIX,
     add_run_flags,
@@ -267,13 +267,18 @@ def bench(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     if paced or args.rollout == "vllm":
         result["targets"] = targets(result["ratios"], sweep_ratios)
     if args.rollout == "vllm":
-        result["targets"]["identical>=95%"] = result["equivalence"]["conduit_vs_verl_sync_tuned"][
-            "target>=0.95"
-        ]
+        same = result["equivalence"]["conduit_vs_verl_sync_tuned"]
+        result["targets"]["identical>=95%"] = same["target>=0.95"]
+        # vLLM batches the requests in flight: the pair's rule is the share of identical responses
+        result["headlines"] = iteration_headlines(
+            [r for r in result["rows"] if r.get("tail") is None],
+            result["ratios"],
+            result["poll_check"],
+            args.rollout,
+            identical=same["share_identical"],
+        )
     result["method"] = method(args, rounds, steps)
-    label = (
-        f"\nPACED rollout (modelled generation), tail {args.tail:g}, R {args.R:g}" if paced else "hf rollout"
-    )
+    label = ("\n" if paced else "") + rollout_title(args.rollout, *((args.tail, args.R) if paced else ()))
     first = [
         row for row in result["rows"] if row.get("tail") == points[0][0] and row.get("R") == points[0][1]
     ]

@@ -141,6 +141,23 @@ def test_iteration_headlines_refuse_unequal_work_unequal_losses_and_a_long_poll(
     assert "2 s poll" in polled[0]["why"]
 
 
+def test_vllm_iteration_headlines_ask_for_identical_responses_not_equal_losses() -> None:
+    from verl_headlines import iteration_headlines
+
+    rows = [{**r, "algo": "grpo", "exposed_s": r["wall_s"] / 4} for r in _rows("conduit", [[8.0] * 8] * 3)]
+    rows += [
+        {**r, "algo": "grpo", "exposed_s": r["wall_s"]} for r in _rows("verl_sync_tuned", [[10.0] * 8] * 3)
+    ]
+    differ = {"losses_equal/conduit_vs_verl_sync_tuned": False}  # vLLM: a near-tie may go another way
+    ok = iteration_headlines(rows, differ, {}, "vllm", identical=0.97)
+    assert [h["verdict"] for h in ok] == [intervals.MET, intervals.MET]  # wall 0.8, exposed 0.2 <= 0.35
+    assert ok[1]["target"] == 0.35
+    few = iteration_headlines(rows, {}, {}, "vllm", identical=0.9)
+    assert {h["verdict"] for h in few} == {"refused"} and "0.9 of their responses" in few[0]["why"]
+    unknown = iteration_headlines(rows, {}, {}, "vllm")
+    assert {h["verdict"] for h in unknown} == {"refused"}
+
+
 def _doc(load: float = 0.3, dirty: bool = False) -> dict[str, Any]:
     rows = _rows("a", [[1.0, 1.1] * 4] * 3) + _rows("b", [[2.0, 2.1] * 4] * 3)
     machine = {"git_commit": "x", "git_dirty": dirty, "load_average_start": [load, 0, 0], "command": "b.py"}
