@@ -68,7 +68,8 @@ def test_the_committed_vllm_runs_record_whether_their_floor_holds() -> None:
     ppo = json.loads((report.RESULTS / "verl_iteration_vllm_ppo.json").read_text())["ingestion_floor"]
     grpo = json.loads((report.RESULTS / "verl_iteration_vllm_grpo.json").read_text())["ingestion_floor"]
     assert ppo["is_bound"] is False and [u["iteration"] for u in ppo["undercut_by"]] == [2]
-    assert grpo["is_bound"] is True and grpo["undercut_by"] == []
+    # the issue-48 rerun (ABBA 3x8): conduit's exposed time fell below the estimate at iteration 2
+    assert grpo["is_bound"] is False and [u["iteration"] for u in grpo["undercut_by"]] == [2]
 
 
 def test_the_atari_1m_torchrl_comparison_reads_as_bytes_stored_not_speed() -> None:
