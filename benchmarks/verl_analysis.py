@@ -233,6 +233,16 @@ def median(rows: list[dict[str, Any]], system: str, key: str, first: int = 0) ->
     return statistics.median(vals) if vals else None
 
 
+def median_ratios(rows: list[dict[str, Any]], a: str, b: str) -> dict[str, float]:
+    """``wall/<a>_over_<b>`` and ``exposed/<a>_over_<b>``: the ratios of the two systems' medians."""
+    out: dict[str, float] = {}
+    for key in ("wall_s", "exposed_s"):
+        x, y = median(rows, a, key), median(rows, b, key)
+        if x is not None and y:
+            out[f"{key.removesuffix('_s')}/{a}_over_{b}"] = round(x / y, 3)
+    return out
+
+
 def bound_medians(rows: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
     """Per system, over its measured rows that have a bound (``two_resource_bound`` of each row's stages,
     so rows from before the fields count too): ``median_bound_s/``, ``median_trainer_busy_s/``,

@@ -54,7 +54,7 @@ import script  # noqa: E402
 import verl_iteration  # noqa: E402
 import verl_staleness  # noqa: E402
 from poll_check import poll_findings  # noqa: E402
-from verl_analysis import median  # noqa: E402
+from verl_analysis import STAGES, median_ratios, per_token  # noqa: E402
 from verl_plots import rollout_title, stage_bars  # noqa: E402
 from verl_runs import run_method, run_systems  # noqa: E402
 from verl_staleness_analysis import VERL_WORST, annotate, bound, staleness_differs, summarize  # noqa: E402
@@ -262,19 +262,6 @@ def paired_ratios(
     ]
 
 
-def per_token_ratio(rows: list[dict[str, Any]], a: str, b: str, its: list[int]) -> float | None:
-    """``a``'s wall seconds per trained response token over ``b``'s, summed over ``its``: what can be
-    compared where the two trained different work (None: no token counted)."""
-    spt = []
-    for s in (a, b):
-        mine = [r for r in rows if r["system"] == s and r["iteration"] in its]
-        tokens = sum(int((r.get("work") or {}).get("response_tokens", 0)) for r in mine)
-        if not tokens:
-            return None
-        spt.append(sum(float(r["wall_s"]) for r in mine) / tokens)
-    return round(spt[0] / spt[1], 3)
-
-
 def demo_ratios(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> dict[str, Any]:
     """For each of :data:`PAIRS`: ``work/<a>_vs_<b>`` (``work_check``), and ``wall/`` and
     ``exposed/<a>_over_<b>`` (ratios of the medians), or ``refused/<a>_over_<b>``: the work differs by
@@ -291,16 +278,12 @@ def demo_ratios(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> di
         out[f"work/{a}_vs_{b}"] = work
         if work["differs"]:
             out[f"refused/{a}_over_{b}"] = work["differs"]
-            if (spt := per_token_ratio(rows, a, b, work["iterations"])) is not None:
-                out[f"s_per_token/{a}_over_{b}"] = spt
+            out.update(per_token(rows, a, b, open_last=bool(BOUND[a] or BOUND[b])))
             continue
         if BOUND[b] and (why := staleness_differs(by, a, b)):
             out[f"refused/{a}_over_{b}"] = why
             continue
-        for key in ("wall_s", "exposed_s"):
-            x, y = median(rows, a, key), median(rows, b, key)
-            if x is not None and y:
-                out[f"{key.removesuffix('_s')}/{a}_over_{b}"] = round(x / y, 3)
+        out.update(median_ratios(rows, a, b))
     return out
 
 
@@ -329,16 +312,7 @@ def ratio_line(rows: list[dict[str, Any]], found: dict[str, Any], a: str, b: str
 
 
 #: the stages whose time the wall gap is read from (verl's timers; the data path's and the same work's)
-GAP_STAGES = (
-    "gen",
-    "old_log_prob",
-    "ref",
-    "values",
-    "adv",
-    "update_critic",
-    "update_actor",
-    "update_weights",
-)
+GAP_STAGES = STAGES
 
 
 def stage_gaps(

@@ -17,6 +17,7 @@ from verl_analysis import (  # noqa: E402
     jsonl,
     median,
     median_per_token,
+    median_ratios,
     per_token,
     ratios,
     tokens_differ,
@@ -302,10 +303,7 @@ def staleness_ratios(
         if why := tokens_differ(rows, a, b, open_last=True):
             out[f"refused/{a}_over_{b}"] = why
             continue
-        for key in ("wall_s", "exposed_s"):
-            x, y = median(rows, a, key), median(rows, b, key)
-            if x is not None and y:
-                out[f"{key.removesuffix('_s')}/{a}_over_{b}"] = round(x / y, 3)
+        out.update(median_ratios(rows, a, b))
     return out
 
 
