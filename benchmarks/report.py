@@ -187,11 +187,6 @@ SECTIONS: tuple[Section, ...] = (
                 "On vLLM: generation on a core of its own",
                 lambda d: stale.staleness({"verl_staleness_vllm_grpo.json": d}),
             ),
-            sub(
-                "verl_staleness_vllm_ppo",
-                "On vLLM, PPO",
-                lambda d: stale.staleness({"verl_staleness_vllm_ppo.json": d}),
-            ),
         ),
     ),
     single("tq_backends", "TransferQueue storage backends", core.tq_backends),
